@@ -1,0 +1,3 @@
+//! Fault injection and drills for tandem.
+
+pub mod relay;

@@ -1,0 +1,651 @@
+//! The QUIC replication gateway: a thin driver that runs [`protocol`](crate::protocol)
+//! over quinn with mutual TLS.
+//!
+//! For every configured peer the gateway dials out and ships its own origin's events (one
+//! [`Sender`] per connection); it accepts the peers' connections and applies their events
+//! (one [`Receiver`] per connection). The peer's DC name is read from its certificate and
+//! must be a configured peer, else the connection is refused and counted.
+//!
+//! Every frame on a stream is a big-endian u32 length followed by a postcard
+//! [`Envelope`](tandem_schemas::Envelope). Lengths are bounded before anything is read.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use rand::Rng;
+use tandem_schemas::{
+    decode_frame, encode_frame, ChangeEvent, Frame, Mark, Snapshot, FRAME_BYTES_MAX, SNAPSHOT_FRAME_BYTES_MAX,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::log::{ApplyReport, EventLog, LogError};
+use crate::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamError, StreamTuning};
+use crate::tls::{self, ReloadableTls};
+
+/// ALPN: the protocol and its major version. A peer speaking another one fails the TLS
+/// handshake before any frame is exchanged.
+pub const ALPN: &[u8] = b"tandem-repl/1";
+
+/// The durable store the gateway ships from and applies into.
+///
+/// The root crate implements it on its RocksDB committer so that every apply is one
+/// atomic, synced write that also updates the node's in-memory view.
+pub trait ReplicaStore: Clone + Send + Sync + 'static {
+    /// Runs `f` with read access to the log (used for reading own events and snapshots).
+    fn with_log<R: Send + 'static>(
+        &self,
+        f: Box<dyn FnOnce(&dyn EventLog) -> R + Send>,
+    ) -> impl Future<Output = Result<R, LogError>> + Send;
+    fn apply_remote(
+        &self,
+        channel_dc: String,
+        events: Vec<ChangeEvent>,
+    ) -> impl Future<Output = Result<ApplyReport, LogError>> + Send;
+    fn install_snapshot(
+        &self,
+        channel_dc: String,
+        snapshot: Snapshot,
+    ) -> impl Future<Output = Result<ApplyReport, LogError>> + Send;
+    fn purge_remote_tombstones(
+        &self,
+        origin: String,
+        upto_seq: u64,
+    ) -> impl Future<Output = Result<(), LogError>> + Send;
+    /// The peer durably holds this origin up to `mark` (input of the purge floor).
+    fn peer_acked(&self, peer_dc: String, mark: Mark) -> impl Future<Output = Result<(), LogError>> + Send;
+    /// The receiver's current mark of an origin.
+    fn mark_of(&self, origin: String) -> impl Future<Output = Result<Option<Mark>, LogError>> + Send;
+    /// Changes whenever the own origin's last seq does.
+    fn own_progress(&self) -> watch::Receiver<u64>;
+}
+
+/// A configured peer DC.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerConfig {
+    pub dc: String,
+    pub addr: SocketAddr,
+}
+
+/// Gateway settings.
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    pub local_dc: String,
+    pub listen: SocketAddr,
+    pub peers: Vec<PeerConfig>,
+    pub stream: StreamTuning,
+    pub backoff_initial_ms: u64,
+    pub backoff_max_ms: u64,
+}
+
+/// Link state of one peer, as users see it in status and metrics.
+#[derive(Clone, Debug, Default)]
+pub struct PeerLink {
+    /// Outbound: our events to the peer.
+    pub out_connected: bool,
+    pub out_last_ack_wall_ms: u64,
+    pub out_acked_seq: u64,
+    pub out_connects: u64,
+    pub out_failures: u64,
+    pub out_last_error: String,
+    pub snapshots_sent: u64,
+    /// Inbound: the peer's events to us.
+    pub in_connected: bool,
+    /// Wall-clock ms of the last frame from the peer (any kind).
+    pub in_last_contact_wall_ms: u64,
+    /// Monotonic ms (since gateway start) of the last frame from the peer.
+    pub in_last_contact_mono_ms: u64,
+    /// The peer's own last seq as it last told us.
+    pub in_origin_last_seq: u64,
+    pub events_applied: u64,
+    pub snapshots_installed: u64,
+    /// Recent lag samples: source commit to durable apply here, ms (bounded ring).
+    pub lag_ms_recent: LagRing,
+}
+
+/// A bounded ring of recent lag samples.
+#[derive(Clone, Debug)]
+pub struct LagRing {
+    samples: Vec<u64>,
+    next: usize,
+}
+
+const LAG_SAMPLES_MAX: usize = 4096;
+
+impl Default for LagRing {
+    fn default() -> Self {
+        LagRing { samples: Vec::new(), next: 0 }
+    }
+}
+
+impl LagRing {
+    pub fn push(&mut self, v: u64) {
+        if self.samples.len() < LAG_SAMPLES_MAX {
+            self.samples.push(v);
+        } else {
+            self.samples[self.next] = v;
+            self.next = (self.next + 1) % LAG_SAMPLES_MAX;
+        }
+    }
+    /// The q-quantile (0..=1) of the recent samples.
+    pub fn quantile(&self, q: f64) -> Option<u64> {
+        if self.samples.is_empty() {
+            return None;
+        }
+        let mut s = self.samples.clone();
+        s.sort_unstable();
+        let idx = ((s.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
+        s.get(idx).copied()
+    }
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+}
+
+/// Counters and per-peer state shared with the node for status and metrics.
+#[derive(Debug, Default)]
+pub struct GatewayStats {
+    pub peers: Mutex<BTreeMap<String, PeerLink>>,
+    pub refused_connections: AtomicU64,
+    pub protocol_errors: AtomicU64,
+    pub frames_sent: AtomicU64,
+    pub frames_received: AtomicU64,
+}
+
+impl GatewayStats {
+    fn with_peer<R>(&self, dc: &str, f: impl FnOnce(&mut PeerLink) -> R) -> R {
+        let mut g = self.peers.lock();
+        f(g.entry(dc.to_owned()).or_default())
+    }
+}
+
+/// A running gateway. Dropping it does not stop it; call [`Gateway::shutdown`].
+pub struct Gateway {
+    endpoint: quinn::Endpoint,
+    tls: Arc<ReloadableTls>,
+    stats: Arc<GatewayStats>,
+    started: tokio::time::Instant,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+pub fn wall_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("tls: {0}")]
+    Tls(#[from] tls::TlsError),
+    #[error("cannot bind the replication listener on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+}
+
+impl Gateway {
+    /// Binds the listener and starts one dialer per peer and the accept loop.
+    pub fn start<S: ReplicaStore>(
+        cfg: GatewayConfig,
+        tls: Arc<ReloadableTls>,
+        store: S,
+    ) -> Result<Gateway, GatewayError> {
+        let server_cfg = tls.server_config(ALPN)?;
+        let endpoint = quinn::Endpoint::server(server_cfg, cfg.listen)
+            .map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
+        let stats = Arc::new(GatewayStats::default());
+        for p in &cfg.peers {
+            stats.with_peer(&p.dc, |_| ());
+        }
+        let (shutdown, shut_rx) = watch::channel(false);
+        let started = tokio::time::Instant::now();
+        let cfg = Arc::new(cfg);
+        let mut tasks = Vec::new();
+        tasks.push(tokio::spawn(accept_loop(
+            endpoint.clone(),
+            cfg.clone(),
+            store.clone(),
+            stats.clone(),
+            started,
+            shut_rx.clone(),
+        )));
+        for peer in cfg.peers.clone() {
+            tasks.push(tokio::spawn(dial_loop(
+                endpoint.clone(),
+                cfg.clone(),
+                peer,
+                tls.clone(),
+                store.clone(),
+                stats.clone(),
+                shut_rx.clone(),
+            )));
+        }
+        Ok(Gateway { endpoint, tls, stats, started, shutdown, tasks })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.endpoint.local_addr()
+    }
+
+    pub fn stats(&self) -> Arc<GatewayStats> {
+        self.stats.clone()
+    }
+
+    /// Milliseconds since the gateway started (the clock of `in_last_contact_mono_ms`).
+    pub fn mono_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Re-reads the certificate files. New connections use the new material; established
+    /// connections and their streams continue untouched. On error the old material stays.
+    pub fn reload_tls(&self) -> Result<(), tls::TlsError> {
+        self.tls.reload()?;
+        self.endpoint.set_server_config(Some(self.tls.server_config(ALPN)?));
+        info!("replication certificates reloaded");
+        Ok(())
+    }
+
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        self.endpoint.close(0u32.into(), b"shutdown");
+        for t in self.tasks {
+            t.abort();
+            let _ = t.await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await;
+    }
+}
+
+async fn write_frame(send: &mut quinn::SendStream, frame: &Frame) -> Result<(), StreamError> {
+    let bytes = encode_frame(frame);
+    let len = u32::try_from(bytes.len())
+        .map_err(|_| StreamError { code: tandem_schemas::RefuseCode::Internal, message: "frame too large".into() })?;
+    let io = |e: quinn::WriteError| StreamError { code: tandem_schemas::RefuseCode::Internal, message: e.to_string() };
+    send.write_all(&len.to_be_bytes()).await.map_err(io)?;
+    send.write_all(&bytes).await.map_err(io)?;
+    Ok(())
+}
+
+/// Reads one frame; `Ok(None)` on a clean end of stream.
+async fn read_frame(recv: &mut quinn::RecvStream, max: usize) -> Result<Option<Frame>, StreamError> {
+    let io = |m: String| StreamError { code: tandem_schemas::RefuseCode::Invalid, message: m };
+    let mut len = [0u8; 4];
+    match recv.read_exact(&mut len).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(e) => return Err(io(e.to_string())),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > max {
+        return Err(io(format!("frame of {len} bytes exceeds {max}")));
+    }
+    let mut buf = vec![0u8; len];
+    recv.read_exact(&mut buf).await.map_err(|e| io(e.to_string()))?;
+    decode_frame(&buf, max).map(Some).map_err(|e| io(e.to_string()))
+}
+
+async fn dial_loop<S: ReplicaStore>(
+    endpoint: quinn::Endpoint,
+    cfg: Arc<GatewayConfig>,
+    peer: PeerConfig,
+    tls: Arc<ReloadableTls>,
+    store: S,
+    stats: Arc<GatewayStats>,
+    mut shut: watch::Receiver<bool>,
+) {
+    let mut backoff_ms = cfg.backoff_initial_ms.max(1);
+    loop {
+        if *shut.borrow() {
+            return;
+        }
+        let started = tokio::time::Instant::now();
+        let res = tokio::select! {
+            r = send_session(&endpoint, &cfg, &peer, &tls, &store, &stats) => r,
+            _ = shut.changed() => return,
+        };
+        stats.with_peer(&peer.dc, |p| {
+            p.out_connected = false;
+            p.out_failures += 1;
+            if let Err(e) = &res {
+                p.out_last_error = e.clone();
+            }
+        });
+        if let Err(e) = &res {
+            debug!(peer = %peer.dc, error = %e, "replication stream to peer ended");
+        }
+        // A session that ran for a while resets the backoff.
+        if started.elapsed() > Duration::from_secs(10) {
+            backoff_ms = cfg.backoff_initial_ms.max(1);
+        }
+        let jitter = rand::thread_rng().gen_range(0..=backoff_ms / 2);
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(backoff_ms / 2 + jitter)) => {}
+            _ = shut.changed() => return,
+        }
+        backoff_ms = (backoff_ms * 2).min(cfg.backoff_max_ms.max(1));
+    }
+}
+
+fn now_ms(started: tokio::time::Instant) -> u64 {
+    started.elapsed().as_millis() as u64
+}
+
+async fn send_session<S: ReplicaStore>(
+    endpoint: &quinn::Endpoint,
+    cfg: &GatewayConfig,
+    peer: &PeerConfig,
+    tls: &ReloadableTls,
+    store: &S,
+    stats: &GatewayStats,
+) -> Result<(), String> {
+    let client_cfg = tls.client_config(ALPN).map_err(|e| e.to_string())?;
+    let conn = endpoint
+        .connect_with(client_cfg, peer.addr, &peer.dc)
+        .map_err(|e| e.to_string())?
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+    let clock = tokio::time::Instant::now();
+    let peer_dc = peer.dc.clone();
+    let tuning = cfg.stream.clone();
+    let (mut sender, hello) = store
+        .with_log(Box::new(move |log: &dyn EventLog| Sender::new(&LogRef(log), &peer_dc, tuning, 0)))
+        .await
+        .map_err(|e| e.to_string())?;
+    write_frame(&mut send, &hello).await.map_err(|e| e.message)?;
+    stats.with_peer(&peer.dc, |p| {
+        p.out_connected = true;
+        p.out_connects += 1;
+    });
+    info!(peer = %peer.dc, "replication stream to peer open");
+    let mut progress = store.own_progress();
+    let mut tick = tokio::time::interval(Duration::from_millis(cfg.stream.ping_interval_ms.clamp(10, 1000)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        // Send everything the window allows.
+        let now = now_ms(clock);
+        let (s, out) = store
+            .with_log(Box::new(move |log: &dyn EventLog| {
+                let mut frames = Vec::new();
+                let mut events = Vec::new();
+                let mut err = None;
+                // Bounded: at most one window's worth plus a ping per round.
+                for _ in 0..64 {
+                    match sender.poll_transmit(&LogRef(log), now) {
+                        Ok(Some((f, ev))) => {
+                            frames.push(f);
+                            events.extend(ev);
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            err = Some(e);
+                            break;
+                        }
+                    }
+                }
+                (sender, (frames, events, err))
+            }))
+            .await
+            .map_err(|e| e.to_string())?;
+        sender = s;
+        let (frames, events, err) = out;
+        for f in &frames {
+            write_frame(&mut send, f).await.map_err(|e| e.message)?;
+            stats.frames_sent.fetch_add(1, Ordering::Relaxed);
+        }
+        for ev in events {
+            if let SenderEvent::SnapshotSent(m) = ev {
+                info!(peer = %peer.dc, seq = m.seq, "sent snapshot to peer");
+                stats.with_peer(&peer.dc, |p| p.snapshots_sent += 1);
+            }
+        }
+        if let Some(e) = err {
+            let _ = write_frame(&mut send, &e.to_frame()).await;
+            return Err(e.message);
+        }
+        tokio::select! {
+            f = read_frame(&mut recv, FRAME_BYTES_MAX) => {
+                let f = f.map_err(|e| e.message)?;
+                let Some(f) = f else { return Err("peer closed the stream".into()) };
+                stats.frames_received.fetch_add(1, Ordering::Relaxed);
+                let (s, res) = store
+                    .with_log(Box::new(move |log: &dyn EventLog| {
+                        let r = sender.handle_frame(&LogRef(log), f);
+                        (sender, r)
+                    }))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                sender = s;
+                match res {
+                    Ok(evs) => {
+                        for ev in evs {
+                            match ev {
+                                SenderEvent::PeerAcked(m) => {
+                                    stats.with_peer(&peer.dc, |p| {
+                                        p.out_acked_seq = m.seq;
+                                        p.out_last_ack_wall_ms = wall_ms();
+                                    });
+                                    store.peer_acked(peer.dc.clone(), m).await.map_err(|e| e.to_string())?;
+                                }
+                                SenderEvent::SnapshotSent(_) => {}
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                        let _ = write_frame(&mut send, &e.to_frame()).await;
+                        return Err(e.message);
+                    }
+                }
+            }
+            _ = progress.changed() => {}
+            _ = tick.tick() => {}
+            r = conn.closed() => return Err(format!("connection closed: {r}")),
+        }
+    }
+}
+
+async fn accept_loop<S: ReplicaStore>(
+    endpoint: quinn::Endpoint,
+    cfg: Arc<GatewayConfig>,
+    store: S,
+    stats: Arc<GatewayStats>,
+    started: tokio::time::Instant,
+    mut shut: watch::Receiver<bool>,
+) {
+    loop {
+        let incoming = tokio::select! {
+            i = endpoint.accept() => i,
+            _ = shut.changed() => return,
+        };
+        let Some(incoming) = incoming else { return };
+        let cfg = cfg.clone();
+        let store = store.clone();
+        let stats = stats.clone();
+        tokio::spawn(async move {
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    stats.refused_connections.fetch_add(1, Ordering::Relaxed);
+                    warn!(error = %e, "refused replication connection (TLS handshake failed)");
+                    return;
+                }
+            };
+            let peer_dc = match tls::peer_dc(&conn) {
+                Ok(dc) if cfg.peers.iter().any(|p| p.dc == dc) && dc != cfg.local_dc => dc,
+                Ok(dc) => {
+                    stats.refused_connections.fetch_add(1, Ordering::Relaxed);
+                    warn!(peer = %dc, "refused replication connection from a DC that is not a configured peer");
+                    conn.close(1u32.into(), b"not a configured peer");
+                    return;
+                }
+                Err(e) => {
+                    stats.refused_connections.fetch_add(1, Ordering::Relaxed);
+                    warn!(error = %e, "refused replication connection without a usable identity");
+                    conn.close(1u32.into(), b"no identity");
+                    return;
+                }
+            };
+            let res = receive_session(&conn, &cfg, &peer_dc, &store, &stats, started).await;
+            stats.with_peer(&peer_dc, |p| p.in_connected = false);
+            if let Err(e) = res {
+                debug!(peer = %peer_dc, error = %e, "replication stream from peer ended");
+            }
+        });
+    }
+}
+
+async fn receive_session<S: ReplicaStore>(
+    conn: &quinn::Connection,
+    cfg: &GatewayConfig,
+    peer_dc: &str,
+    store: &S,
+    stats: &GatewayStats,
+    started: tokio::time::Instant,
+) -> Result<(), String> {
+    let (mut send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
+    let mut receiver = Receiver::new(&cfg.local_dc, peer_dc);
+    stats.with_peer(peer_dc, |p| p.in_connected = true);
+    info!(peer = %peer_dc, "replication stream from peer open");
+    loop {
+        let frame = read_frame(&mut recv, SNAPSHOT_FRAME_BYTES_MAX).await;
+        let frame = match frame {
+            Ok(Some(f)) => f,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                let _ = write_frame(&mut send, &e.to_frame()).await;
+                return Err(e.message);
+            }
+        };
+        stats.frames_received.fetch_add(1, Ordering::Relaxed);
+        let mono = now_ms(started);
+        stats.with_peer(peer_dc, |p| {
+            p.in_last_contact_wall_ms = wall_ms();
+            p.in_last_contact_mono_ms = mono;
+        });
+        let mark = store.mark_of(peer_dc.to_owned()).await.map_err(|e| e.to_string())?;
+        let actions = match receiver.handle_frame(mark, frame) {
+            Ok(a) => a,
+            Err(e) => {
+                stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                let _ = write_frame(&mut send, &e.to_frame()).await;
+                let _ = send.finish();
+                return Err(e.message);
+            }
+        };
+        for action in actions {
+            let ack = match action {
+                ReceiverAction::Send(f) => Some(Ok(f)),
+                ReceiverAction::Apply { batch_id, events } => {
+                    let times: Vec<u64> = events.iter().map(|e| e.commit_time_ms).collect();
+                    let report =
+                        store.apply_remote(peer_dc.to_owned(), events).await.map_err(|e| e.to_string())?;
+                    let now = wall_ms();
+                    stats.with_peer(peer_dc, |p| {
+                        p.events_applied += report.applied as u64;
+                        for t in times.iter().take(report.applied + report.superseded + report.duplicates) {
+                            p.lag_ms_recent.push(now.saturating_sub(*t));
+                        }
+                        if let Some(m) = report.mark {
+                            p.in_origin_last_seq = p.in_origin_last_seq.max(m.seq);
+                        }
+                    });
+                    Some(receiver.applied(batch_id, &report))
+                }
+                ReceiverAction::Install { batch_id, snapshot } => {
+                    let report = match store.install_snapshot(peer_dc.to_owned(), snapshot).await {
+                        Ok(r) => r,
+                        // A refused snapshot changed nothing; tell the sender why.
+                        Err(LogError::Refused(r)) => ApplyReport { refusal: Some(r), ..Default::default() },
+                        Err(e) => return Err(e.to_string()),
+                    };
+                    stats.with_peer(peer_dc, |p| p.snapshots_installed += 1);
+                    Some(receiver.applied(batch_id, &report))
+                }
+                ReceiverAction::PurgeTombstones { upto_seq } => {
+                    store.purge_remote_tombstones(peer_dc.to_owned(), upto_seq).await.map_err(|e| e.to_string())?;
+                    None
+                }
+                ReceiverAction::Contact { last_seq, .. } => {
+                    stats.with_peer(peer_dc, |p| p.in_origin_last_seq = p.in_origin_last_seq.max(last_seq));
+                    None
+                }
+            };
+            match ack {
+                None => {}
+                Some(Ok(f)) => {
+                    write_frame(&mut send, &f).await.map_err(|e| e.message)?;
+                    stats.frames_sent.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(Err(e)) => {
+                    stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                    warn!(peer = %peer_dc, error = %e, "refusing replication stream");
+                    let _ = write_frame(&mut send, &e.to_frame()).await;
+                    let _ = send.finish();
+                    return Err(e.message);
+                }
+            }
+        }
+        let _ = send.flush().await;
+    }
+}
+
+/// Adapts `&dyn EventLog` to the generic protocol functions.
+struct LogRef<'a>(&'a dyn EventLog);
+
+impl EventLog for LogRef<'_> {
+    fn local_dc(&self) -> &str {
+        self.0.local_dc()
+    }
+    fn own_mark(&self) -> Mark {
+        self.0.own_mark()
+    }
+    fn mark_of(&self, origin: &str) -> Option<Mark> {
+        self.0.mark_of(origin)
+    }
+    fn marks(&self) -> BTreeMap<String, Mark> {
+        self.0.marks()
+    }
+    fn purge_floor(&self) -> u64 {
+        self.0.purge_floor()
+    }
+    fn append_local(&mut self, _events: &[ChangeEvent]) -> Result<(), LogError> {
+        Err(LogError::Storage("read-only view".into()))
+    }
+    fn read_own(&self, after_seq: u64, max: usize) -> Result<Vec<ChangeEvent>, LogError> {
+        self.0.read_own(after_seq, max)
+    }
+    fn apply_remote(&mut self, _c: &str, _e: &[ChangeEvent]) -> Result<ApplyReport, LogError> {
+        Err(LogError::Storage("read-only view".into()))
+    }
+    fn install_snapshot(&mut self, _c: &str, _s: &Snapshot) -> Result<ApplyReport, LogError> {
+        Err(LogError::Storage("read-only view".into()))
+    }
+    fn snapshot_own(&self) -> Result<Snapshot, LogError> {
+        self.0.snapshot_own()
+    }
+    fn purge_own(&mut self, _upto_seq: u64) -> Result<(), LogError> {
+        Err(LogError::Storage("read-only view".into()))
+    }
+    fn purge_remote_tombstones(&mut self, _o: &str, _u: u64) -> Result<(), LogError> {
+        Err(LogError::Storage("read-only view".into()))
+    }
+    fn held(&self, key: &tandem_schemas::InstanceKey) -> crate::merge::Held {
+        self.0.held(key)
+    }
+    fn instances(&self) -> Result<Vec<(u64, tandem_schemas::InstanceRecord)>, LogError> {
+        self.0.instances()
+    }
+    fn tombstones(&self) -> Result<Vec<tandem_schemas::Tombstone>, LogError> {
+        self.0.tombstones()
+    }
+}
+

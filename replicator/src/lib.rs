@@ -1,0 +1,16 @@
+//! Cross-DC replication for tandem.
+//!
+//! - [`merge`]: the merge rules as pure functions (no I/O, no clock).
+//! - [`log`]: the event-log contract, its in-memory model and the conformance suite.
+//! - [`protocol`]: the sans-IO sender and receiver state machines of the replication stream.
+//! - [`tls`]: certificates, mutual TLS and peer identity for the QUIC gateway.
+//! - [`gateway`]: the thin QUIC driver that runs the protocol over quinn.
+//!
+//! Architecture invariant: only this crate knows quinn and rustls; it never depends on
+//! RocksDB (the root crate provides the durable [`log::EventLog`]).
+
+pub mod log;
+pub mod merge;
+pub mod tls;
+pub mod gateway;
+pub mod protocol;

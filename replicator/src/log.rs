@@ -1,0 +1,322 @@
+//! The event-log contract every storage implementation keeps, an in-memory model of it,
+//! and the conformance suite that checks an implementation against the contract.
+//!
+//! The production implementation lives in the root crate (RocksDB); this crate must never
+//! depend on RocksDB. [`MemLog`] is the reference model: the deterministic simulation and
+//! the property tests run on it, and it passes the same [`conformance`] checks as RocksDB.
+//!
+//! Every mutating call is atomic: the log entries, the materialized instances, the
+//! tombstones and the per-origin marks change together or not at all.
+
+use std::collections::BTreeMap;
+
+use tandem_schemas::{ChangeEvent, DeregisterReason, InstanceKey, InstanceRecord, Mark, Op, Snapshot, SnapshotInstance, Tombstone};
+
+use crate::merge::{self, Effect, Held, Refusal};
+
+/// Errors of a log implementation.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// The request was refused by the merge rules; nothing changed.
+    #[error("refused: {0}")]
+    Refused(#[from] Refusal),
+    /// Events at or below the purge floor are gone; the reader needs a snapshot.
+    #[error("events up to seq {floor} were purged")]
+    Purged { floor: u64 },
+    /// A local append that does not continue the own log; nothing changed.
+    #[error("local append out of sequence: expected seq {expected}, got {got}")]
+    OutOfSequence { expected: u64, got: u64 },
+    /// The storage failed; the write may or may not have happened (retry is safe: every
+    /// apply is idempotent).
+    #[error("storage: {0}")]
+    Storage(String),
+    /// Stored bytes could not be decoded: corruption. Nothing changed.
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+}
+
+/// What applying a remote batch did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ApplyReport {
+    pub applied: usize,
+    pub superseded: usize,
+    pub duplicates: usize,
+    /// The origin's mark after the batch.
+    pub mark: Option<Mark>,
+    /// A refusal stopped the batch here; what came before it was applied.
+    pub refusal: Option<Refusal>,
+    /// Effects on state, in order, for the caller's in-memory view.
+    pub changes: Vec<StateChange>,
+}
+
+/// A change to the materialized state, reported so that in-memory views follow the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateChange {
+    Put { seq: u64, record: InstanceRecord },
+    Remove { key: InstanceKey },
+}
+
+/// The contract of a DC's event log and replicated state.
+pub trait EventLog {
+    fn local_dc(&self) -> &str;
+    /// The own origin's epoch and last seq (seq 0: nothing written yet).
+    fn own_mark(&self) -> Mark;
+    /// The applied high-water mark of a remote origin.
+    fn mark_of(&self, origin: &str) -> Option<Mark>;
+    /// All remote origins' marks.
+    fn marks(&self) -> BTreeMap<String, Mark>;
+    /// Seqs of the own origin at or below this are purged.
+    fn purge_floor(&self) -> u64;
+
+    /// Appends own-origin events (consecutive seqs after `own_mark().seq`) and their
+    /// effects on state, atomically and durably.
+    fn append_local(&mut self, events: &[ChangeEvent]) -> Result<(), LogError>;
+    /// Own-origin events after `after_seq`, at most `max`.
+    fn read_own(&self, after_seq: u64, max: usize) -> Result<Vec<ChangeEvent>, LogError>;
+    /// Applies a batch of a remote origin received over `channel_dc`, with the merge rules,
+    /// atomically with the origin's mark.
+    fn apply_remote(&mut self, channel_dc: &str, events: &[ChangeEvent]) -> Result<ApplyReport, LogError>;
+    /// Installs a remote origin's snapshot atomically.
+    fn install_snapshot(&mut self, channel_dc: &str, snap: &Snapshot) -> Result<ApplyReport, LogError>;
+    /// The own origin's whole state at the current own mark.
+    fn snapshot_own(&self) -> Result<Snapshot, LogError>;
+    /// Purges own log entries and own tombstones at or below `upto_seq`.
+    fn purge_own(&mut self, upto_seq: u64) -> Result<(), LogError>;
+    /// Drops tombstones of a remote origin at or below `upto_seq` (the origin purged them).
+    fn purge_remote_tombstones(&mut self, origin: &str, upto_seq: u64) -> Result<(), LogError>;
+
+    /// What the state holds for a key.
+    fn held(&self, key: &InstanceKey) -> Held;
+    /// Every live instance with the seq of the event that produced it, in key order.
+    fn instances(&self) -> Result<Vec<(u64, InstanceRecord)>, LogError>;
+    /// Every tombstone, in key order.
+    fn tombstones(&self) -> Result<Vec<Tombstone>, LogError>;
+}
+
+/// Effects of a local event on the state, as the owner applies them.
+pub fn local_effect(ev: &ChangeEvent) -> Effect {
+    match ev.op {
+        Op::Register(_) | Op::Update(_) => Effect::Put,
+        Op::Deregister { .. } => Effect::Tombstone,
+    }
+}
+
+/// Checks that `events` continue the own log at `own`. Shared by implementations.
+pub fn check_local_sequence(own: Mark, local_dc: &str, events: &[ChangeEvent]) -> Result<(), LogError> {
+    let mut expected = own.seq + 1;
+    for ev in events {
+        if ev.seq != expected || ev.origin_epoch != own.epoch || ev.origin_dc != local_dc {
+            return Err(LogError::OutOfSequence { expected, got: ev.seq });
+        }
+        expected += 1;
+    }
+    Ok(())
+}
+
+/// The in-memory reference model of [`EventLog`].
+#[derive(Clone, Debug)]
+pub struct MemLog {
+    dc: String,
+    own: Mark,
+    floor: u64,
+    log: BTreeMap<u64, ChangeEvent>,
+    marks: BTreeMap<String, Mark>,
+    live: BTreeMap<InstanceKey, (u64, InstanceRecord)>,
+    tombs: BTreeMap<InstanceKey, (u64, DeregisterReason)>,
+}
+
+impl MemLog {
+    pub fn new(dc: &str, epoch: u64) -> Self {
+        MemLog {
+            dc: dc.to_owned(),
+            own: Mark { epoch, seq: 0 },
+            floor: 0,
+            log: BTreeMap::new(),
+            marks: BTreeMap::new(),
+            live: BTreeMap::new(),
+            tombs: BTreeMap::new(),
+        }
+    }
+
+    fn put_effect(&mut self, ev: &ChangeEvent, effect: Effect) -> StateChange {
+        let key = ev.op.key().clone();
+        match (effect, &ev.op) {
+            (Effect::Put, Op::Register(r) | Op::Update(r)) => {
+                self.tombs.remove(&key);
+                self.live.insert(key, (ev.seq, r.clone()));
+                StateChange::Put { seq: ev.seq, record: r.clone() }
+            }
+            (Effect::Tombstone, Op::Deregister { reason, .. }) => {
+                self.live.remove(&key);
+                self.tombs.insert(key.clone(), (ev.seq, *reason));
+                StateChange::Remove { key }
+            }
+            // The merge never pairs these; treat as no change rather than panic.
+            (Effect::Put, Op::Deregister { .. }) | (Effect::Tombstone, Op::Register(_) | Op::Update(_)) => {
+                StateChange::Remove { key }
+            }
+        }
+    }
+}
+
+impl EventLog for MemLog {
+    fn local_dc(&self) -> &str {
+        &self.dc
+    }
+    fn own_mark(&self) -> Mark {
+        self.own
+    }
+    fn mark_of(&self, origin: &str) -> Option<Mark> {
+        self.marks.get(origin).copied()
+    }
+    fn marks(&self) -> BTreeMap<String, Mark> {
+        self.marks.clone()
+    }
+    fn purge_floor(&self) -> u64 {
+        self.floor
+    }
+
+    fn append_local(&mut self, events: &[ChangeEvent]) -> Result<(), LogError> {
+        check_local_sequence(self.own, &self.dc, events)?;
+        for ev in events {
+            self.put_effect(ev, local_effect(ev));
+            self.log.insert(ev.seq, ev.clone());
+            self.own.seq = ev.seq;
+        }
+        Ok(())
+    }
+
+    fn read_own(&self, after_seq: u64, max: usize) -> Result<Vec<ChangeEvent>, LogError> {
+        if after_seq < self.floor {
+            return Err(LogError::Purged { floor: self.floor });
+        }
+        Ok(self.log.range(after_seq + 1..).take(max).map(|(_, e)| e.clone()).collect())
+    }
+
+    fn apply_remote(&mut self, channel_dc: &str, events: &[ChangeEvent]) -> Result<ApplyReport, LogError> {
+        if channel_dc == self.dc {
+            return Err(LogError::Refused(Refusal::WrongChannel {
+                channel: channel_dc.to_owned(),
+                origin: self.dc.clone(),
+            }));
+        }
+        let mark = self.marks.get(channel_dc).copied();
+        let plan = merge::plan_batch(channel_dc, mark, |k| self.held(k), events);
+        let mut report = ApplyReport {
+            applied: plan.changes.len(),
+            superseded: plan.superseded,
+            duplicates: plan.duplicates,
+            mark: plan.new_mark.or(mark),
+            refusal: plan.refusal.clone(),
+            changes: Vec::new(),
+        };
+        let changes: Vec<(ChangeEvent, Effect)> =
+            plan.changes.iter().map(|c| (c.event.clone(), c.effect)).collect();
+        for (ev, effect) in &changes {
+            let ch = self.put_effect(ev, *effect);
+            report.changes.push(ch);
+        }
+        if let Some(m) = plan.new_mark {
+            self.marks.insert(channel_dc.to_owned(), m);
+        }
+        Ok(report)
+    }
+
+    fn install_snapshot(&mut self, channel_dc: &str, snap: &Snapshot) -> Result<ApplyReport, LogError> {
+        if channel_dc == self.dc {
+            return Err(LogError::Refused(Refusal::WrongChannel {
+                channel: channel_dc.to_owned(),
+                origin: self.dc.clone(),
+            }));
+        }
+        let live: Vec<InstanceKey> = self.live.keys().filter(|k| k.owner_dc == channel_dc).cloned().collect();
+        let tombs: Vec<InstanceKey> = self.tombs.keys().filter(|k| k.owner_dc == channel_dc).cloned().collect();
+        let plan = merge::plan_snapshot(channel_dc, self.mark_of(channel_dc), &live, &tombs, snap)?;
+        let mut report = ApplyReport { mark: Some(plan.new_mark), ..Default::default() };
+        for k in plan.remove {
+            self.live.remove(&k);
+            report.changes.push(StateChange::Remove { key: k });
+        }
+        for k in plan.remove_tombstones {
+            self.tombs.remove(&k);
+        }
+        for SnapshotInstance { seq, record } in &snap.instances {
+            self.tombs.remove(&record.key);
+            self.live.insert(record.key.clone(), (*seq, record.clone()));
+            report.changes.push(StateChange::Put { seq: *seq, record: record.clone() });
+        }
+        for t in &snap.tombstones {
+            if self.live.remove(&t.key).is_some() {
+                report.changes.push(StateChange::Remove { key: t.key.clone() });
+            }
+            self.tombs.insert(t.key.clone(), (t.seq, t.reason));
+        }
+        report.applied = snap.instances.len() + snap.tombstones.len();
+        self.marks.insert(channel_dc.to_owned(), plan.new_mark);
+        Ok(report)
+    }
+
+    fn snapshot_own(&self) -> Result<Snapshot, LogError> {
+        Ok(Snapshot {
+            origin_dc: self.dc.clone(),
+            mark: self.own,
+            instances: self
+                .live
+                .iter()
+                .filter(|(k, _)| k.owner_dc == self.dc)
+                .map(|(_, (seq, r))| SnapshotInstance { seq: *seq, record: r.clone() })
+                .collect(),
+            tombstones: self
+                .tombs
+                .iter()
+                .filter(|(k, _)| k.owner_dc == self.dc)
+                .map(|(k, (seq, reason))| Tombstone { key: k.clone(), seq: *seq, reason: *reason })
+                .collect(),
+        })
+    }
+
+    fn purge_own(&mut self, upto_seq: u64) -> Result<(), LogError> {
+        let upto = upto_seq.min(self.own.seq);
+        if upto <= self.floor {
+            return Ok(());
+        }
+        self.log.retain(|s, _| *s > upto);
+        let dc = self.dc.clone();
+        self.tombs.retain(|k, (s, _)| k.owner_dc != dc || *s > upto);
+        self.floor = upto;
+        Ok(())
+    }
+
+    fn purge_remote_tombstones(&mut self, origin: &str, upto_seq: u64) -> Result<(), LogError> {
+        if origin == self.dc {
+            return Ok(());
+        }
+        let upto = upto_seq.min(self.mark_of(origin).map_or(0, |m| m.seq));
+        self.tombs.retain(|k, (s, _)| k.owner_dc != origin || *s > upto);
+        Ok(())
+    }
+
+    fn held(&self, key: &InstanceKey) -> Held {
+        if let Some((seq, _)) = self.live.get(key) {
+            Held::Live { seq: *seq }
+        } else if let Some((seq, _)) = self.tombs.get(key) {
+            Held::Tombstone { seq: *seq }
+        } else {
+            Held::Absent
+        }
+    }
+
+    fn instances(&self) -> Result<Vec<(u64, InstanceRecord)>, LogError> {
+        Ok(self.live.values().cloned().collect())
+    }
+
+    fn tombstones(&self) -> Result<Vec<Tombstone>, LogError> {
+        Ok(self
+            .tombs
+            .iter()
+            .map(|(k, (seq, reason))| Tombstone { key: k.clone(), seq: *seq, reason: *reason })
+            .collect())
+    }
+}
+
+pub mod conformance;

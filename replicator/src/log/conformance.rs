@@ -1,0 +1,249 @@
+//! Conformance checks every [`EventLog`] implementation must pass.
+//!
+//! Each check is a named function over a [`Harness`] that opens fresh logs and reopens
+//! them as after a crash. Use [`conformance_tests!`](crate::conformance_tests) to turn the
+//! whole suite into `#[test]` functions for an implementation.
+
+use tandem_schemas::{ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Op, Status};
+
+use super::{EventLog, LogError};
+use crate::merge::{Held, Refusal};
+
+/// Opens logs for the checks.
+pub trait Harness {
+    type Log: EventLog;
+    /// A fresh, empty log for `dc` with the given epoch.
+    fn fresh(&mut self, dc: &str, epoch: u64) -> Self::Log;
+    /// Closes `log` without any orderly shutdown and opens it again from its storage.
+    fn reopen(&mut self, log: Self::Log) -> Self::Log;
+}
+
+pub fn key(owner: &str, id: &str) -> InstanceKey {
+    InstanceKey {
+        owner_dc: owner.into(),
+        namespace: "default".into(),
+        service: "svc".into(),
+        instance_id: id.into(),
+    }
+}
+
+pub fn record(owner: &str, id: &str) -> InstanceRecord {
+    InstanceRecord {
+        key: key(owner, id),
+        address: "10.0.0.1".into(),
+        port: 8080,
+        zone: "z1".into(),
+        weight: 100,
+        app_version: "1.0".into(),
+        tags: vec!["t".into()],
+        metadata: [("k".to_string(), "v".to_string())].into_iter().collect(),
+        persistent: false,
+        lease_ttl_ms: 30_000,
+        status: Status::Up,
+        health: Health::Healthy,
+        damped: false,
+    }
+}
+
+pub fn ev(origin: &str, epoch: u64, seq: u64, op: Op) -> ChangeEvent {
+    ChangeEvent {
+        event_id: uuid::Uuid::from_u128(u128::from(seq)),
+        origin_dc: origin.into(),
+        origin_epoch: epoch,
+        seq,
+        commit_time_ms: 1_000 + seq,
+        op,
+    }
+}
+
+pub fn reg(origin: &str, epoch: u64, seq: u64, id: &str) -> ChangeEvent {
+    ev(origin, epoch, seq, Op::Register(record(origin, id)))
+}
+
+pub fn dereg(origin: &str, epoch: u64, seq: u64, id: &str) -> ChangeEvent {
+    ev(origin, epoch, seq, Op::Deregister { key: key(origin, id), reason: DeregisterReason::Explicit })
+}
+
+/// Appending own events advances the own mark and materializes their effects.
+pub fn append<H: Harness>(h: &mut H) {
+    let mut log = h.fresh("dc-a", 11);
+    assert_eq!(log.own_mark(), Mark { epoch: 11, seq: 0 });
+    log.append_local(&[reg("dc-a", 11, 1, "i1"), reg("dc-a", 11, 2, "i2")]).unwrap();
+    log.append_local(&[dereg("dc-a", 11, 3, "i1")]).unwrap();
+    assert_eq!(log.own_mark(), Mark { epoch: 11, seq: 3 });
+    assert_eq!(log.held(&key("dc-a", "i1")), Held::Tombstone { seq: 3 });
+    assert_eq!(log.held(&key("dc-a", "i2")), Held::Live { seq: 2 });
+    // A gap, a repeat or another epoch is refused and changes nothing.
+    for bad in [reg("dc-a", 11, 5, "x"), reg("dc-a", 11, 3, "x"), reg("dc-a", 12, 4, "x")] {
+        assert!(matches!(log.append_local(&[bad]), Err(LogError::OutOfSequence { .. })));
+    }
+    assert_eq!(log.own_mark(), Mark { epoch: 11, seq: 3 });
+    assert_eq!(log.held(&key("dc-a", "x")), Held::Absent);
+}
+
+/// Reading a range returns exactly the requested consecutive events.
+pub fn range_read<H: Harness>(h: &mut H) {
+    let mut log = h.fresh("dc-a", 1);
+    let evs: Vec<_> = (1..=20).map(|s| reg("dc-a", 1, s, &format!("i{s}"))).collect();
+    log.append_local(&evs).unwrap();
+    let got = log.read_own(5, 4).unwrap();
+    assert_eq!(got, evs[5..9].to_vec());
+    assert_eq!(log.read_own(20, 10).unwrap(), vec![]);
+    assert_eq!(log.read_own(0, 100).unwrap().len(), 20);
+}
+
+/// A remote batch changes state and the origin's mark together; a refused event stops the
+/// batch and leaves state and mark exactly at the last accepted event.
+pub fn atomicity_with_state<H: Harness>(h: &mut H) {
+    let mut log = h.fresh("dc-b", 2);
+    let rep = log.apply_remote("dc-a", &[reg("dc-a", 7, 1, "i1"), reg("dc-a", 7, 2, "i2")]).unwrap();
+    assert_eq!(rep.applied, 2);
+    assert_eq!(log.mark_of("dc-a"), Some(Mark { epoch: 7, seq: 2 }));
+    // Gap at seq 5: seq 3 applies, the rest does not.
+    let rep = log
+        .apply_remote("dc-a", &[dereg("dc-a", 7, 3, "i1"), reg("dc-a", 7, 5, "i5"), reg("dc-a", 7, 6, "i6")])
+        .unwrap();
+    assert_eq!(rep.applied, 1);
+    assert_eq!(rep.refusal, Some(Refusal::Gap { expected: 4, got: 5 }));
+    assert_eq!(log.mark_of("dc-a"), Some(Mark { epoch: 7, seq: 3 }));
+    assert_eq!(log.held(&key("dc-a", "i1")), Held::Tombstone { seq: 3 });
+    assert_eq!(log.held(&key("dc-a", "i5")), Held::Absent);
+    // Duplicates change nothing, even the stale register of a tombstoned key.
+    let rep = log.apply_remote("dc-a", &[reg("dc-a", 7, 1, "i1")]).unwrap();
+    assert_eq!(rep.duplicates, 1);
+    assert_eq!(log.held(&key("dc-a", "i1")), Held::Tombstone { seq: 3 });
+    // Wrong channel: refused, nothing changes.
+    let rep = log.apply_remote("dc-c", &[reg("dc-a", 7, 4, "i4")]).unwrap();
+    assert!(matches!(rep.refusal, Some(Refusal::WrongChannel { .. })));
+    assert_eq!(log.mark_of("dc-a"), Some(Mark { epoch: 7, seq: 3 }));
+    assert_eq!(log.mark_of("dc-c"), None);
+    // The own origin can never be applied as remote.
+    assert!(log.apply_remote("dc-b", &[reg("dc-b", 2, 1, "x")]).is_err());
+    let n = log.instances().unwrap().len();
+    assert_eq!(n, 1);
+}
+
+/// Everything acknowledged survives a crash and a reopen, byte for byte.
+pub fn crash_reopen<H: Harness>(h: &mut H) {
+    let mut log = h.fresh("dc-a", 5);
+    log.append_local(&[reg("dc-a", 5, 1, "i1"), reg("dc-a", 5, 2, "i2"), dereg("dc-a", 5, 3, "i1")]).unwrap();
+    log.apply_remote("dc-b", &[reg("dc-b", 9, 1, "r1"), dereg("dc-b", 9, 2, "r1"), reg("dc-b", 9, 3, "r2")])
+        .unwrap();
+    let before_inst = log.instances().unwrap();
+    let before_tomb = log.tombstones().unwrap();
+    let before_events = log.read_own(0, 100).unwrap();
+    let log = h.reopen(log);
+    assert_eq!(log.own_mark(), Mark { epoch: 5, seq: 3 });
+    assert_eq!(log.mark_of("dc-b"), Some(Mark { epoch: 9, seq: 3 }));
+    assert_eq!(log.instances().unwrap(), before_inst);
+    assert_eq!(log.tombstones().unwrap(), before_tomb);
+    assert_eq!(log.read_own(0, 100).unwrap(), before_events);
+    assert_eq!(log.held(&key("dc-b", "r1")), Held::Tombstone { seq: 2 });
+}
+
+/// Purging removes own entries and tombstones at or below the floor, nothing above it;
+/// reads below the floor report `Purged`; a snapshot still describes the whole state.
+pub fn purge_floor<H: Harness>(h: &mut H) {
+    let mut log = h.fresh("dc-a", 3);
+    log.append_local(&[
+        reg("dc-a", 3, 1, "i1"),
+        dereg("dc-a", 3, 2, "i1"),
+        reg("dc-a", 3, 3, "i3"),
+        dereg("dc-a", 3, 4, "i3"),
+        reg("dc-a", 3, 5, "i5"),
+    ])
+    .unwrap();
+    log.purge_own(2).unwrap();
+    assert_eq!(log.purge_floor(), 2);
+    assert!(matches!(log.read_own(1, 10), Err(LogError::Purged { floor: 2 })));
+    assert_eq!(log.read_own(2, 10).unwrap().len(), 3);
+    assert_eq!(log.held(&key("dc-a", "i1")), Held::Absent);
+    assert_eq!(log.held(&key("dc-a", "i3")), Held::Tombstone { seq: 4 });
+    // The floor never moves back and survives a reopen.
+    log.purge_own(1).unwrap();
+    assert_eq!(log.purge_floor(), 2);
+    let log = h.reopen(log);
+    assert_eq!(log.purge_floor(), 2);
+    let snap = log.snapshot_own().unwrap();
+    assert_eq!(snap.mark, Mark { epoch: 3, seq: 5 });
+    assert_eq!(snap.instances.len(), 1);
+    assert_eq!(snap.tombstones.len(), 1);
+}
+
+/// A snapshot replaces everything of its origin it does not hold, and a regressing one is
+/// refused.
+pub fn snapshot_install<H: Harness>(h: &mut H) {
+    let mut src = h.fresh("dc-a", 4);
+    src.append_local(&[reg("dc-a", 4, 1, "keep"), reg("dc-a", 4, 2, "gone"), dereg("dc-a", 4, 3, "gone")])
+        .unwrap();
+    let mut dst = h.fresh("dc-b", 8);
+    // The receiver holds a zombie of an older epoch and an unrelated origin's instance.
+    dst.apply_remote("dc-a", &[reg("dc-a", 1, 1, "zombie")]).unwrap();
+    dst.apply_remote("dc-c", &[reg("dc-c", 1, 1, "other")]).unwrap();
+    src.purge_own(3).unwrap();
+    let snap = src.snapshot_own().unwrap();
+    let rep = dst.install_snapshot("dc-a", &snap).unwrap();
+    assert_eq!(rep.mark, Some(Mark { epoch: 4, seq: 3 }));
+    assert_eq!(dst.held(&key("dc-a", "zombie")), Held::Absent);
+    assert_eq!(dst.held(&key("dc-a", "keep")), Held::Live { seq: 1 });
+    assert_eq!(dst.held(&key("dc-c", "other")), Held::Live { seq: 1 });
+    // The tail continues after the snapshot.
+    src.append_local(&[dereg("dc-a", 4, 4, "keep")]).unwrap();
+    dst.apply_remote("dc-a", &src.read_own(3, 10).unwrap()).unwrap();
+    assert_eq!(dst.held(&key("dc-a", "keep")), Held::Tombstone { seq: 4 });
+    // An older snapshot of the same epoch is refused.
+    assert!(matches!(dst.install_snapshot("dc-a", &snap), Err(LogError::Refused(Refusal::CursorRegressed { .. }))));
+    let dst = h.reopen(dst);
+    assert_eq!(dst.mark_of("dc-a"), Some(Mark { epoch: 4, seq: 4 }));
+}
+
+/// Turns the suite into `#[test]` functions: `conformance_tests!(|| MyHarness::new());`
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        #[test]
+        fn conformance_append() {
+            $crate::log::conformance::append(&mut ($make)());
+        }
+        #[test]
+        fn conformance_range_read() {
+            $crate::log::conformance::range_read(&mut ($make)());
+        }
+        #[test]
+        fn conformance_atomicity_with_state() {
+            $crate::log::conformance::atomicity_with_state(&mut ($make)());
+        }
+        #[test]
+        fn conformance_crash_reopen() {
+            $crate::log::conformance::crash_reopen(&mut ($make)());
+        }
+        #[test]
+        fn conformance_purge_floor() {
+            $crate::log::conformance::purge_floor(&mut ($make)());
+        }
+        #[test]
+        fn conformance_snapshot_install() {
+            $crate::log::conformance::snapshot_install(&mut ($make)());
+        }
+    };
+}
+
+#[cfg(test)]
+mod memlog {
+    use super::Harness;
+    use crate::log::MemLog;
+
+    struct Mem;
+    impl Harness for Mem {
+        type Log = MemLog;
+        fn fresh(&mut self, dc: &str, epoch: u64) -> MemLog {
+            MemLog::new(dc, epoch)
+        }
+        fn reopen(&mut self, log: MemLog) -> MemLog {
+            // The model has no volatile part: everything it holds is "durable".
+            log
+        }
+    }
+
+    crate::conformance_tests!(|| Mem);
+}

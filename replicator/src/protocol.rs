@@ -1,0 +1,402 @@
+//! The replication stream as two sans-IO state machines.
+//!
+//! One stream carries one origin's events from its own DC (the [`Sender`]) to one peer
+//! (the [`Receiver`]). The sender dials; the receiver answers. Frames:
+//!
+//! ```text
+//! sender                                   receiver
+//!   Hello{dc, epoch, last_seq}  ------->
+//!                               <-------  HelloAck{dc, mark of sender's origin}
+//!   Snapshot{..}  (only if the receiver's mark is of another epoch or below the purge floor)
+//!   Batch{id, events after the mark} --->  apply durably with the mark, then
+//!                               <-------  Ack{id, mark}
+//!   ... at most `window` unacknowledged batches ...
+//!   Ping{last_seq, floor_seq, now} ----->  (when idle: liveness, lag, purge floor)
+//! ```
+//!
+//! Architecture invariant: no sockets, no clocks, no tasks here. Time comes in as
+//! `now_ms`; the log is read through [`EventLog`]; outputs are frames to send and
+//! [`SenderEvent`]s / [`ReceiverAction`]s the driver performs. This is what lets the
+//! deterministic simulation run the exact code the QUIC gateway runs.
+
+use std::collections::VecDeque;
+
+use tandem_schemas::{ChangeEvent, Frame, Mark, RefuseCode, Snapshot};
+
+use crate::log::{ApplyReport, EventLog, LogError};
+use crate::merge::Refusal;
+
+/// Tuning of the stream. All bounds, all with units.
+#[derive(Clone, Debug)]
+pub struct StreamTuning {
+    /// Most events per batch frame.
+    pub batch_events_max: usize,
+    /// Most unacknowledged batches in flight (backpressure).
+    pub window_batches_max: usize,
+    /// Send a ping when nothing was sent for this long.
+    pub ping_interval_ms: u64,
+}
+
+impl Default for StreamTuning {
+    fn default() -> Self {
+        StreamTuning { batch_events_max: 512, window_batches_max: 8, ping_interval_ms: 1_000 }
+    }
+}
+
+/// A protocol violation that ends the stream. The driver sends the `Refuse` frame (when
+/// there is one) and closes; nothing was applied because of the offending frame.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{code:?}: {message}")]
+pub struct StreamError {
+    pub code: RefuseCode,
+    pub message: String,
+}
+
+impl StreamError {
+    fn new(code: RefuseCode, message: impl Into<String>) -> Self {
+        StreamError { code, message: message.into() }
+    }
+
+    /// The frame that tells the other side why.
+    pub fn to_frame(&self) -> Frame {
+        Frame::Refuse { code: self.code, message: self.message.clone() }
+    }
+}
+
+/// What the sender wants the driver to know about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SenderEvent {
+    /// The peer durably holds the origin up to `mark`: record it (purge floor input).
+    PeerAcked(Mark),
+    /// The peer needed a snapshot and one was sent.
+    SnapshotSent(Mark),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SenderPhase {
+    AwaitHelloAck,
+    Streaming,
+    Closed,
+}
+
+/// The origin side of one stream.
+#[derive(Debug)]
+pub struct Sender {
+    local_dc: String,
+    peer_dc: String,
+    tuning: StreamTuning,
+    phase: SenderPhase,
+    next_batch_id: u64,
+    /// Highest seq handed to the wire.
+    sent_seq: u64,
+    /// Highest seq the peer acknowledged on this stream.
+    acked_seq: u64,
+    /// (batch id, last seq of the batch), oldest first.
+    inflight: VecDeque<(u64, u64)>,
+    pending_snapshot: bool,
+    last_send_ms: u64,
+}
+
+impl Sender {
+    /// Starts a stream to `peer_dc`; returns the sender and the Hello to send first.
+    pub fn new<L: EventLog>(log: &L, peer_dc: &str, tuning: StreamTuning, now_ms: u64) -> (Self, Frame) {
+        let own = log.own_mark();
+        let s = Sender {
+            local_dc: log.local_dc().to_owned(),
+            peer_dc: peer_dc.to_owned(),
+            tuning,
+            phase: SenderPhase::AwaitHelloAck,
+            next_batch_id: 1,
+            sent_seq: 0,
+            acked_seq: 0,
+            inflight: VecDeque::new(),
+            pending_snapshot: false,
+            last_send_ms: now_ms,
+        };
+        let hello = Frame::Hello { dc: s.local_dc.clone(), epoch: own.epoch, last_seq: own.seq };
+        (s, hello)
+    }
+
+    pub fn peer_dc(&self) -> &str {
+        &self.peer_dc
+    }
+
+    /// Seq the peer acknowledged on this stream.
+    pub fn acked_seq(&self) -> u64 {
+        self.acked_seq
+    }
+
+    /// Number of batches awaiting acknowledgement.
+    pub fn inflight_batches(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Handles a frame from the receiver.
+    pub fn handle_frame<L: EventLog>(&mut self, log: &L, frame: Frame) -> Result<Vec<SenderEvent>, StreamError> {
+        match (self.phase, frame) {
+            (SenderPhase::AwaitHelloAck, Frame::HelloAck { dc, mark }) => {
+                if dc != self.peer_dc {
+                    return Err(StreamError::new(
+                        RefuseCode::UnknownDc,
+                        format!("expected peer {}, it says it is {dc}", self.peer_dc),
+                    ));
+                }
+                let own = log.own_mark();
+                let floor = log.purge_floor();
+                match mark {
+                    Some(m) if m.epoch == own.epoch && m.seq >= floor && m.seq <= own.seq => {
+                        self.sent_seq = m.seq;
+                        self.acked_seq = m.seq;
+                    }
+                    Some(m) if m.epoch == own.epoch && m.seq > own.seq => {
+                        // The peer holds more of this epoch than the origin does: the origin
+                        // lost its tail without taking a new epoch. Refuse loudly.
+                        return Err(StreamError::new(
+                            RefuseCode::CursorRegressed,
+                            format!(
+                                "peer holds seq {} of epoch {} but this origin is at {}; \
+                                 the origin must take a new epoch",
+                                m.seq, m.epoch, own.seq
+                            ),
+                        ));
+                    }
+                    None if floor == 0 => {
+                        self.sent_seq = 0;
+                        self.acked_seq = 0;
+                    }
+                    Some(_) | None => self.pending_snapshot = true,
+                }
+                self.phase = SenderPhase::Streaming;
+                Ok(vec![])
+            }
+            (SenderPhase::Streaming, Frame::Ack { batch_id, mark }) => {
+                let Some(&(front_id, front_seq)) = self.inflight.front() else {
+                    return Err(StreamError::new(RefuseCode::Invalid, "ack with nothing in flight"));
+                };
+                if batch_id != front_id {
+                    return Err(StreamError::new(
+                        RefuseCode::Invalid,
+                        format!("ack for batch {batch_id}, expected {front_id}"),
+                    ));
+                }
+                if mark.seq < self.acked_seq || mark.epoch != log.own_mark().epoch {
+                    return Err(StreamError::new(
+                        RefuseCode::CursorRegressed,
+                        format!("ack at {}:{} after {}", mark.epoch, mark.seq, self.acked_seq),
+                    ));
+                }
+                if mark.seq < front_seq {
+                    return Err(StreamError::new(
+                        RefuseCode::Invalid,
+                        format!("ack at seq {} does not cover batch end {front_seq}", mark.seq),
+                    ));
+                }
+                self.inflight.pop_front();
+                self.acked_seq = mark.seq;
+                Ok(vec![SenderEvent::PeerAcked(mark)])
+            }
+            (SenderPhase::Closed, _) => Err(StreamError::new(RefuseCode::Invalid, "stream closed")),
+            (_, Frame::Refuse { code, message }) => {
+                self.phase = SenderPhase::Closed;
+                Err(StreamError { code, message: format!("peer refused: {message}") })
+            }
+            (phase, other) => Err(StreamError::new(
+                RefuseCode::Invalid,
+                format!("unexpected {} in phase {phase:?}", frame_name(&other)),
+            )),
+        }
+    }
+
+    /// The next frame to send, if any: a snapshot, a batch within the window, or a ping
+    /// when idle. Call until it returns `Ok(None)`.
+    pub fn poll_transmit<L: EventLog>(
+        &mut self,
+        log: &L,
+        now_ms: u64,
+    ) -> Result<Option<(Frame, Vec<SenderEvent>)>, StreamError> {
+        if self.phase != SenderPhase::Streaming {
+            return Ok(None);
+        }
+        if self.inflight.len() >= self.tuning.window_batches_max {
+            return Ok(None);
+        }
+        if self.pending_snapshot {
+            return self.snapshot_frame(log, now_ms).map(Some);
+        }
+        let own = log.own_mark();
+        if self.sent_seq < own.seq {
+            match log.read_own(self.sent_seq, self.tuning.batch_events_max) {
+                Ok(events) if !events.is_empty() => {
+                    let last = events.last().map_or(self.sent_seq, |e| e.seq);
+                    let id = self.next_batch_id;
+                    self.next_batch_id += 1;
+                    self.inflight.push_back((id, last));
+                    self.sent_seq = last;
+                    self.last_send_ms = now_ms;
+                    return Ok(Some((Frame::Batch { batch_id: id, events }, vec![])));
+                }
+                Ok(_) => {}
+                Err(LogError::Purged { .. }) => {
+                    // Purged under our feet (the peer was not counted in the floor): only
+                    // a snapshot can bring it up to date.
+                    self.pending_snapshot = true;
+                    return self.snapshot_frame(log, now_ms).map(Some);
+                }
+                Err(e) => return Err(StreamError::new(RefuseCode::Internal, e.to_string())),
+            }
+        }
+        if now_ms.saturating_sub(self.last_send_ms) >= self.tuning.ping_interval_ms {
+            self.last_send_ms = now_ms;
+            let ping = Frame::Ping { last_seq: own.seq, floor_seq: log.purge_floor(), now_ms };
+            return Ok(Some((ping, vec![])));
+        }
+        Ok(None)
+    }
+
+    fn snapshot_frame<L: EventLog>(&mut self, log: &L, now_ms: u64) -> Result<(Frame, Vec<SenderEvent>), StreamError> {
+        // A snapshot must not overtake batches in flight of the old cursor; wait for them.
+        let snapshot: Snapshot =
+            log.snapshot_own().map_err(|e| StreamError::new(RefuseCode::Internal, e.to_string()))?;
+        let mark = snapshot.mark;
+        let id = self.next_batch_id;
+        self.next_batch_id += 1;
+        self.inflight.push_back((id, mark.seq));
+        self.sent_seq = mark.seq;
+        self.pending_snapshot = false;
+        self.last_send_ms = now_ms;
+        Ok((Frame::Snapshot { batch_id: id, snapshot }, vec![SenderEvent::SnapshotSent(mark)]))
+    }
+}
+
+/// What the receiver asks the driver to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReceiverAction {
+    /// Send this frame.
+    Send(Frame),
+    /// Apply these events durably (merge rules, atomically with the mark), then call
+    /// [`Receiver::applied`] with the report.
+    Apply { batch_id: u64, events: Vec<ChangeEvent> },
+    /// Install this snapshot durably, then call [`Receiver::applied`].
+    Install { batch_id: u64, snapshot: Snapshot },
+    /// The origin purged up to `upto_seq`: drop its tombstones at or below.
+    PurgeTombstones { upto_seq: u64 },
+    /// Liveness and lag: the origin is at `last_seq`, its clock read `origin_now_ms`.
+    Contact { last_seq: u64, origin_now_ms: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReceiverPhase {
+    AwaitHello,
+    Streaming,
+}
+
+/// The peer side of one stream: receives one origin's events.
+#[derive(Debug)]
+pub struct Receiver {
+    local_dc: String,
+    /// The DC the channel is authenticated as (from its certificate).
+    channel_dc: String,
+    phase: ReceiverPhase,
+    /// The batch being applied, if any: applies are strictly one at a time, in order.
+    applying: Option<u64>,
+}
+
+impl Receiver {
+    pub fn new(local_dc: &str, channel_dc: &str) -> Self {
+        Receiver {
+            local_dc: local_dc.to_owned(),
+            channel_dc: channel_dc.to_owned(),
+            phase: ReceiverPhase::AwaitHello,
+            applying: None,
+        }
+    }
+
+    pub fn channel_dc(&self) -> &str {
+        &self.channel_dc
+    }
+
+    /// Handles a frame from the sender. `mark` is the receiver's current mark of the
+    /// channel's origin.
+    pub fn handle_frame(&mut self, mark: Option<Mark>, frame: Frame) -> Result<Vec<ReceiverAction>, StreamError> {
+        match (self.phase, frame) {
+            (ReceiverPhase::AwaitHello, Frame::Hello { dc, last_seq, .. }) => {
+                if dc != self.channel_dc {
+                    return Err(StreamError::new(
+                        RefuseCode::WrongOrigin,
+                        format!("certificate says {}, hello says {dc}", self.channel_dc),
+                    ));
+                }
+                self.phase = ReceiverPhase::Streaming;
+                Ok(vec![
+                    ReceiverAction::Send(Frame::HelloAck { dc: self.local_dc.clone(), mark }),
+                    ReceiverAction::Contact { last_seq, origin_now_ms: 0 },
+                ])
+            }
+            (ReceiverPhase::Streaming, Frame::Batch { batch_id, events }) => {
+                self.begin_apply(batch_id)?;
+                Ok(vec![ReceiverAction::Apply { batch_id, events }])
+            }
+            (ReceiverPhase::Streaming, Frame::Snapshot { batch_id, snapshot }) => {
+                self.begin_apply(batch_id)?;
+                Ok(vec![ReceiverAction::Install { batch_id, snapshot }])
+            }
+            (ReceiverPhase::Streaming, Frame::Ping { last_seq, floor_seq, now_ms }) => Ok(vec![
+                ReceiverAction::Contact { last_seq, origin_now_ms: now_ms },
+                ReceiverAction::PurgeTombstones { upto_seq: floor_seq },
+            ]),
+            (_, Frame::Refuse { code, message }) => {
+                Err(StreamError { code, message: format!("peer refused: {message}") })
+            }
+            (phase, other) => Err(StreamError::new(
+                RefuseCode::Invalid,
+                format!("unexpected {} in phase {phase:?}", frame_name(&other)),
+            )),
+        }
+    }
+
+    fn begin_apply(&mut self, batch_id: u64) -> Result<(), StreamError> {
+        if let Some(busy) = self.applying {
+            return Err(StreamError::new(
+                RefuseCode::Internal,
+                format!("batch {batch_id} arrived while {busy} is being applied"),
+            ));
+        }
+        self.applying = Some(batch_id);
+        Ok(())
+    }
+
+    /// The durable apply of `batch_id` finished with `report`: the Ack to send, or the
+    /// refusal that ends the stream (the sender reconnects and resumes from the mark).
+    pub fn applied(&mut self, batch_id: u64, report: &ApplyReport) -> Result<Frame, StreamError> {
+        self.applying = None;
+        if let Some(r) = &report.refusal {
+            return Err(refusal_error(r));
+        }
+        match report.mark {
+            Some(mark) => Ok(Frame::Ack { batch_id, mark }),
+            None => Err(StreamError::new(RefuseCode::Invalid, "batch applied nothing and no mark is held")),
+        }
+    }
+}
+
+/// Maps a merge refusal to the code sent to the peer.
+pub fn refusal_error(r: &Refusal) -> StreamError {
+    let code = match r {
+        Refusal::WrongChannel { .. } => RefuseCode::WrongOrigin,
+        Refusal::EpochMismatch { .. } | Refusal::Gap { .. } => RefuseCode::Gap,
+        Refusal::CursorRegressed { .. } => RefuseCode::CursorRegressed,
+    };
+    StreamError::new(code, r.to_string())
+}
+
+fn frame_name(f: &Frame) -> &'static str {
+    match f {
+        Frame::Hello { .. } => "Hello",
+        Frame::HelloAck { .. } => "HelloAck",
+        Frame::Batch { .. } => "Batch",
+        Frame::Snapshot { .. } => "Snapshot",
+        Frame::Ack { .. } => "Ack",
+        Frame::Ping { .. } => "Ping",
+        Frame::Refuse { .. } => "Refuse",
+    }
+}

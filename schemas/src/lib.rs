@@ -1,0 +1,280 @@
+//! The wire format of tandem.
+//!
+//! Everything that crosses a process boundary between DCs — change events, the replication
+//! frames that carry them, snapshots — is defined here and nowhere else. postcard is not
+//! self-describing, so **field order is the wire format**: reordering, inserting or removing
+//! a field, or reordering enum variants, is a breaking change that needs a new
+//! [`SCHEMA_VERSION`] (see docs/schemas.md). Golden vectors in `tests/golden.rs` pin the
+//! bytes.
+//!
+//! Architecture invariant: this crate does no I/O and depends on no runtime, storage or
+//! network crate. Decoding untrusted bytes is bounded ([`decode_frame`]) and never panics.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+mod validate;
+
+pub use validate::{
+    validate_address, validate_dc, validate_event, validate_instance_id, validate_key, validate_name,
+    validate_record, Limits, ValidationError, LIMITS,
+};
+
+/// Version of the wire schema. Bumped for any change that an older peer would misread.
+pub const SCHEMA_VERSION: u16 = 1;
+
+/// Largest encoded frame a peer may send (one batch of events or one control message).
+pub const FRAME_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// Largest encoded snapshot frame. Snapshots carry one origin's whole live state.
+pub const SNAPSHOT_FRAME_BYTES_MAX: usize = 256 * 1024 * 1024;
+
+/// Most events one batch frame may carry.
+pub const BATCH_EVENTS_MAX: usize = 4096;
+
+/// Identity of an instance: who owns it and what it is. The owner DC never changes.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct InstanceKey {
+    pub owner_dc: String,
+    pub namespace: String,
+    pub service: String,
+    pub instance_id: String,
+}
+
+/// Status the instance sets for itself (graceful up/down).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Status {
+    Up,
+    Draining,
+    OutOfService,
+}
+
+/// Health as judged by the owner DC's lease checker. Only the owner decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Health {
+    Healthy,
+    Suspect,
+    Unhealthy,
+}
+
+/// The replicated description of one instance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceRecord {
+    pub key: InstanceKey,
+    pub address: String,
+    pub port: u16,
+    pub zone: String,
+    pub weight: u32,
+    /// Application version string of the instance (not the event version).
+    pub app_version: String,
+    pub tags: Vec<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub persistent: bool,
+    /// Lease length for ephemeral instances, in milliseconds (0 for persistent ones).
+    pub lease_ttl_ms: u32,
+    pub status: Status,
+    pub health: Health,
+    /// True while flap damping holds this instance in its last stable health.
+    pub damped: bool,
+}
+
+/// Why an instance was removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DeregisterReason {
+    Explicit,
+    LeaseExpired,
+    Evicted,
+}
+
+/// What a change event does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    Register(InstanceRecord),
+    Update(InstanceRecord),
+    Deregister { key: InstanceKey, reason: DeregisterReason },
+}
+
+impl Op {
+    pub fn key(&self) -> &InstanceKey {
+        match self {
+            Op::Register(r) | Op::Update(r) => &r.key,
+            Op::Deregister { key, .. } => key,
+        }
+    }
+}
+
+/// One visible change, minted by the owner DC of the instance it touches.
+///
+/// The version of an event is the dot (origin_dc, origin_epoch, seq); `commit_time_ms` is
+/// wall-clock metadata for lag figures and never decides an ordering.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeEvent {
+    pub event_id: Uuid,
+    pub origin_dc: String,
+    pub origin_epoch: u64,
+    pub seq: u64,
+    pub commit_time_ms: u64,
+    pub op: Op,
+}
+
+/// A version of one origin's history: which epoch and how far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Mark {
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+/// A tombstone: the key and the version of the deregistration that removed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    pub key: InstanceKey,
+    pub seq: u64,
+    pub reason: DeregisterReason,
+}
+
+/// A live instance as held in a snapshot, with the seq of the event that produced it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInstance {
+    pub seq: u64,
+    pub record: InstanceRecord,
+}
+
+/// One origin's whole state at `mark`: every live instance and tombstone it owns.
+/// Anything of this origin at or below `mark.seq` that is not in the snapshot is removed
+/// by the receiver.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub origin_dc: String,
+    pub mark: Mark,
+    pub instances: Vec<SnapshotInstance>,
+    pub tombstones: Vec<Tombstone>,
+}
+
+/// Replication frames. Every frame travels inside an [`Envelope`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Frame {
+    /// Sender -> receiver, first frame: who I am and which history I ship.
+    Hello { dc: String, epoch: u64, last_seq: u64 },
+    /// Receiver -> sender: who I am and how far I have applied the sender's origin.
+    /// `mark` is `None` when the receiver holds nothing of that origin.
+    HelloAck { dc: String, mark: Option<Mark> },
+    /// Sender -> receiver: consecutive events of the sender's own origin.
+    Batch { batch_id: u64, events: Vec<ChangeEvent> },
+    /// Sender -> receiver: the origin's whole state; the tail follows as batches.
+    Snapshot { batch_id: u64, snapshot: Snapshot },
+    /// Receiver -> sender: everything up to `mark` is durably applied.
+    Ack { batch_id: u64, mark: Mark },
+    /// Sender -> receiver, when idle: proves the link is alive. Carries the sender's last
+    /// seq (lag in events) and its purge floor: the sender has purged its log and its
+    /// tombstones at or below `floor_seq`, so the receiver may drop its copies of those
+    /// tombstones too.
+    Ping { last_seq: u64, floor_seq: u64, now_ms: u64 },
+    /// Either way: a fatal refusal with a reason; the connection closes after it.
+    Refuse { code: RefuseCode, message: String },
+}
+
+/// Why a peer refused the other end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RefuseCode {
+    SchemaVersion,
+    UnknownDc,
+    WrongOrigin,
+    CursorRegressed,
+    Gap,
+    Invalid,
+    Internal,
+}
+
+/// The outer layer of every frame: the schema version first, so any future version can
+/// read at least that much and refuse cleanly.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub schema_version: u16,
+    pub frame: Frame,
+}
+
+/// Errors from decoding bytes received from a peer. Decoding never changes any state.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge { len: usize, max: usize },
+    #[error("peer speaks schema version {got}, this node speaks {expected}")]
+    SchemaVersion { got: u16, expected: u16 },
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+    #[error("invalid frame: {0}")]
+    Invalid(#[from] ValidationError),
+}
+
+/// Encodes an envelope for the current schema version.
+pub fn encode_frame(frame: &Frame) -> Vec<u8> {
+    let env = Envelope { schema_version: SCHEMA_VERSION, frame: frame.clone() };
+    // Encoding owned, well-formed values into a Vec cannot fail.
+    postcard::to_allocvec(&env).expect("postcard encoding into a Vec is infallible")
+}
+
+/// Decodes and validates one frame of untrusted bytes. `max` bounds the input size
+/// (use [`FRAME_BYTES_MAX`] or [`SNAPSHOT_FRAME_BYTES_MAX`]).
+pub fn decode_frame(bytes: &[u8], max: usize) -> Result<Frame, DecodeError> {
+    if bytes.len() > max {
+        return Err(DecodeError::TooLarge { len: bytes.len(), max });
+    }
+    // Read the version alone first so that a newer peer gets a precise refusal rather
+    // than a "malformed" one.
+    let (version, _) = postcard::take_from_bytes::<u16>(bytes)
+        .map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    if version != SCHEMA_VERSION {
+        return Err(DecodeError::SchemaVersion { got: version, expected: SCHEMA_VERSION });
+    }
+    let env: Envelope =
+        postcard::from_bytes(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    validate::validate_frame(&env.frame)?;
+    Ok(env.frame)
+}
+
+/// Encodes one change event (the form stored in the event log).
+pub fn encode_event(ev: &ChangeEvent) -> Vec<u8> {
+    postcard::to_allocvec(ev).expect("postcard encoding into a Vec is infallible")
+}
+
+/// Decodes and validates one stored or received change event.
+pub fn decode_event(bytes: &[u8]) -> Result<ChangeEvent, DecodeError> {
+    if bytes.len() > FRAME_BYTES_MAX {
+        return Err(DecodeError::TooLarge { len: bytes.len(), max: FRAME_BYTES_MAX });
+    }
+    let ev: ChangeEvent =
+        postcard::from_bytes(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    validate_event(&ev)?;
+    Ok(ev)
+}
+
+/// Encodes an instance record (the form stored as materialized state).
+pub fn encode_record(r: &InstanceRecord) -> Vec<u8> {
+    postcard::to_allocvec(r).expect("postcard encoding into a Vec is infallible")
+}
+
+/// Decodes and validates an instance record.
+pub fn decode_record(bytes: &[u8]) -> Result<InstanceRecord, DecodeError> {
+    if bytes.len() > FRAME_BYTES_MAX {
+        return Err(DecodeError::TooLarge { len: bytes.len(), max: FRAME_BYTES_MAX });
+    }
+    let r: InstanceRecord =
+        postcard::from_bytes(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    validate_record(&r)?;
+    Ok(r)
+}
+
+/// Encodes any schema value with postcard (keys, tombstones, snapshots).
+pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    postcard::to_allocvec(v).expect("postcard encoding into a Vec is infallible")
+}
+
+/// Decodes any schema value with a size bound; callers validate the content.
+pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8], max: usize) -> Result<T, DecodeError> {
+    if bytes.len() > max {
+        return Err(DecodeError::TooLarge { len: bytes.len(), max });
+    }
+    postcard::from_bytes(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))
+}

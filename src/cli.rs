@@ -1,0 +1,479 @@
+//! The `tandem` command line: `server`, `dev`, `certs`, and client commands for people and
+//! scripts (`register`, `heartbeat`, `deregister`, `status-set`, `discover`, `watch`,
+//! `status`). Client commands print JSON on stdout and errors on stderr; the exit status is
+//! 0 on success, 1 on an error answer, 2 when no registry answered.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+
+use crate::client::{Client, ClientError};
+use crate::config::{Config, PeerSection, ReplicationSection};
+use crate::node::Node;
+
+#[derive(Parser)]
+#[command(name = "tandem", version, about = "A service registry for two (or more) data centers")]
+pub struct Cli {
+    /// Log format: human or json.
+    #[arg(long, global = true, env = "TANDEM_LOG_FORMAT")]
+    log_format: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run one registry node from a TOML config file.
+    Server {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Override `http_addr`.
+        #[arg(long)]
+        http_addr: Option<SocketAddr>,
+        /// Override `data_dir`.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+    /// Run a complete two-DC sandbox on loopback (dc-a and dc-b, replicating over QUIC).
+    Dev {
+        /// Where certificates and data dirs live (created when missing).
+        #[arg(long, default_value = ".tandem-dev")]
+        dir: PathBuf,
+        /// HTTP port of dc-a; dc-b uses the next one.
+        #[arg(long, default_value_t = 8500)]
+        http_port: u16,
+        /// Replication (UDP) port of dc-a; dc-b uses the next one.
+        #[arg(long, default_value_t = 7500)]
+        repl_port: u16,
+        /// Mark remote copies stale after this many ms of link silence.
+        #[arg(long, default_value_t = 10_000)]
+        stale_after_ms: u64,
+    },
+    /// Create a development CA and a certificate and key per DC.
+    Certs {
+        #[arg(long, default_value = "certs")]
+        out: PathBuf,
+        /// DC names (repeat); default dc-a and dc-b.
+        #[arg(long = "dc")]
+        dcs: Vec<String>,
+        /// Replace existing files.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Register an instance.
+    Register {
+        #[command(flatten)]
+        conn: Conn,
+        #[arg(long)]
+        service: String,
+        #[arg(long)]
+        address: String,
+        #[arg(long)]
+        port: u16,
+        #[arg(long)]
+        instance_id: Option<String>,
+        #[arg(long)]
+        zone: Option<String>,
+        #[arg(long)]
+        weight: Option<u32>,
+        #[arg(long = "app-version")]
+        app_version: Option<String>,
+        #[arg(long = "tag")]
+        tags: Vec<String>,
+        /// key=value (repeat).
+        #[arg(long = "meta")]
+        metadata: Vec<String>,
+        #[arg(long)]
+        ttl_ms: Option<u64>,
+        #[arg(long)]
+        persistent: bool,
+        /// Keep heartbeating every this many ms until Ctrl-C, then deregister.
+        #[arg(long)]
+        keepalive_ms: Option<u64>,
+    },
+    /// Renew an instance's lease once.
+    Heartbeat {
+        #[command(flatten)]
+        conn: Conn,
+        service: String,
+        instance_id: String,
+    },
+    /// Deregister an instance.
+    Deregister {
+        #[command(flatten)]
+        conn: Conn,
+        service: String,
+        instance_id: String,
+    },
+    /// Set an instance's status: up, draining or out_of_service.
+    StatusSet {
+        #[command(flatten)]
+        conn: Conn,
+        service: String,
+        instance_id: String,
+        status: String,
+    },
+    /// Discover a service's instances.
+    Discover {
+        #[command(flatten)]
+        conn: Conn,
+        service: String,
+        /// Only this owner DC's instances (or "all"), without policy.
+        #[arg(long)]
+        dc: Option<String>,
+        /// Say for every known instance why it is or is not in the answer.
+        #[arg(long)]
+        explain: bool,
+    },
+    /// Print a service's instances each time they change (blocking queries).
+    Watch {
+        #[command(flatten)]
+        conn: Conn,
+        service: String,
+        /// Stop after this many changes (default: until Ctrl-C).
+        #[arg(long)]
+        count: Option<u64>,
+    },
+    /// Show the node's status: DC, log, replication marks and links, self-preservation.
+    Status {
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+#[derive(clap::Args)]
+struct Conn {
+    /// Registry HTTP address(es), comma-separated.
+    #[arg(long, env = "TANDEM_ADDR", default_value = "http://127.0.0.1:8500", value_delimiter = ',')]
+    addr: Vec<String>,
+    #[arg(long, short, default_value = "default")]
+    namespace: String,
+}
+
+fn init_tracing(format: Option<&str>, level: Option<&str>) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(level.unwrap_or("info,quinn=warn,rustls=warn")));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        Some("json") => builder.json().try_init(),
+        _ => builder.try_init(),
+    };
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    rt.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> ExitCode {
+    let fmt = cli.log_format.clone();
+    let res = match cli.cmd {
+        Cmd::Server { config, http_addr, data_dir } => server(config, http_addr, data_dir, fmt).await,
+        Cmd::Dev { dir, http_port, repl_port, stale_after_ms } => {
+            init_tracing(fmt.as_deref(), None);
+            dev(dir, http_port, repl_port, stale_after_ms).await
+        }
+        Cmd::Certs { out, dcs, force } => certs(out, dcs, force),
+        other => return client_cmd(other).await,
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn server(
+    path: PathBuf,
+    http_addr: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
+    fmt: Option<String>,
+) -> anyhow::Result<()> {
+    let mut cfg = Config::load(&path)?;
+    if let Some(a) = http_addr {
+        cfg.http_addr = a;
+    }
+    if let Some(d) = data_dir {
+        cfg.data_dir = d;
+    }
+    init_tracing(fmt.as_deref().or(cfg.log.format.as_deref()), cfg.log.level.as_deref());
+    let node = Node::start(cfg, Some(path)).await?;
+    println!("tandem node {} serving HTTP on http://{}", node.shared.registry.dc, node.http_addr());
+    wait_for_stop(&[&node]).await;
+    node.shutdown().await;
+    Ok(())
+}
+
+/// Waits for Ctrl-C or SIGTERM; SIGHUP reloads the nodes' configuration.
+async fn wait_for_stop(nodes: &[&Node]) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut hup = signal(SignalKind::hangup()).ok();
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => break,
+            _ = async { match hup.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {
+                for n in nodes {
+                    match n.shared.reload() {
+                        Ok(()) => tracing::info!("reloaded on SIGHUP"),
+                        Err(e) => tracing::error!(error = %e, "reload refused; the old configuration stays"),
+                    }
+                }
+            }
+        }
+    }
+    tracing::info!("stopping");
+}
+
+fn certs(out: PathBuf, mut dcs: Vec<String>, force: bool) -> anyhow::Result<()> {
+    if dcs.is_empty() {
+        dcs = vec!["dc-a".into(), "dc-b".into()];
+    }
+    let names: Vec<&str> = dcs.iter().map(String::as_str).collect();
+    let pki = tandem_replicator::tls::generate_dev_pki(&out, &names, force)?;
+    println!("development CA: {}", out.join("ca.pem").display());
+    for dc in &names {
+        if let Some(p) = pki.paths(dc) {
+            println!("{dc}: cert {} key {}", p.cert.display(), p.key.display());
+        }
+    }
+    Ok(())
+}
+
+/// Configs of the two sandbox DCs.
+pub fn dev_configs(dir: &std::path::Path, http_port: u16, repl_port: u16, stale_after_ms: u64) -> anyhow::Result<[Config; 2]> {
+    let certs = dir.join("certs");
+    let pki = tandem_replicator::tls::generate_dev_pki(&certs, &["dc-a", "dc-b"], false)
+        .or_else(|_| tandem_replicator::tls::generate_dev_pki(&certs, &["dc-a", "dc-b"], true))
+        .context("cannot create development certificates")?;
+    let mk = |dc: &str, i: u16, peer: &str, j: u16| -> anyhow::Result<Config> {
+        let paths = pki.paths(dc).context("missing certificate paths")?;
+        let mut c = Config::single(
+            dc,
+            dir.join(dc).join("data"),
+            SocketAddr::from(([127, 0, 0, 1], http_port + i)),
+        );
+        c.replication = Some(ReplicationSection {
+            listen: SocketAddr::from(([127, 0, 0, 1], repl_port + i)),
+            peers: vec![PeerSection { dc: peer.into(), addr: SocketAddr::from(([127, 0, 0, 1], repl_port + j)) }],
+            ca_cert: paths.ca_cert.clone(),
+            cert: paths.cert.clone(),
+            key: paths.key.clone(),
+            batch_events_max: 512,
+            window_batches_max: 8,
+            backoff_initial_ms: 100,
+            backoff_max_ms: 2_000,
+            stale_after_ms,
+            purge_grace_ms: 600_000,
+            ping_interval_ms: 500,
+        });
+        Ok(c)
+    };
+    Ok([mk("dc-a", 0, "dc-b", 1)?, mk("dc-b", 1, "dc-a", 0)?])
+}
+
+async fn dev(dir: PathBuf, http_port: u16, repl_port: u16, stale_after_ms: u64) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let [a, b] = dev_configs(&dir, http_port, repl_port, stale_after_ms)?;
+    let na = Node::start(a, None).await?;
+    let nb = Node::start(b, None).await?;
+    let (ha, hb) = (na.http_addr(), nb.http_addr());
+    println!("tandem dev: two DCs on loopback, data and certificates in {}", dir.display());
+    println!("  dc-a  http://{ha}   replication udp {}", na.repl_addr().map(|a| a.to_string()).unwrap_or_default());
+    println!("  dc-b  http://{hb}   replication udp {}", nb.repl_addr().map(|a| a.to_string()).unwrap_or_default());
+    println!();
+    println!("try:");
+    println!("  curl -s -XPOST http://{ha}/v1/register -d '{{\"service\":\"orders\",\"address\":\"10.0.0.7\",\"port\":8080,\"persistent\":true}}' -H 'content-type: application/json'");
+    println!("  curl -s 'http://{hb}/v1/services/default/orders?dc=all'");
+    println!("  curl -s http://{hb}/v1/status");
+    println!("Ctrl-C stops both DCs.");
+    wait_for_stop(&[&na, &nb]).await;
+    na.shutdown().await;
+    nb.shutdown().await;
+    Ok(())
+}
+
+fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+fn client_exit(e: ClientError) -> ExitCode {
+    eprintln!("error: {e}");
+    match e {
+        ClientError::Unreachable(_) => ExitCode::from(2),
+        ClientError::Api { .. } | ClientError::Decode(_) => ExitCode::from(1),
+    }
+}
+
+async fn client_cmd(cmd: Cmd) -> ExitCode {
+    let res: Result<(), ClientError> = match cmd {
+        Cmd::Register {
+            conn,
+            service,
+            address,
+            port,
+            instance_id,
+            zone,
+            weight,
+            app_version,
+            tags,
+            metadata,
+            ttl_ms,
+            persistent,
+            keepalive_ms,
+        } => {
+            let mut meta = serde_json::Map::new();
+            for kv in metadata {
+                match kv.split_once('=') {
+                    Some((k, v)) => {
+                        meta.insert(k.to_owned(), Value::String(v.to_owned()));
+                    }
+                    None => {
+                        eprintln!("error: --meta takes key=value, got {kv:?}");
+                        return ExitCode::from(1);
+                    }
+                }
+            }
+            let mut body = json!({"namespace": conn.namespace, "service": service, "address": address, "port": port});
+            let o = body.as_object_mut().expect("object literal");
+            let mut put = |k: &str, v: Value| {
+                o.insert(k.into(), v);
+            };
+            if let Some(v) = instance_id {
+                put("instance_id", v.into());
+            }
+            if let Some(v) = zone {
+                put("zone", v.into());
+            }
+            if let Some(v) = weight {
+                put("weight", v.into());
+            }
+            if let Some(v) = app_version {
+                put("version", v.into());
+            }
+            if !tags.is_empty() {
+                put("tags", tags.into());
+            }
+            if !meta.is_empty() {
+                put("metadata", Value::Object(meta));
+            }
+            if let Some(v) = ttl_ms {
+                put("ttl_ms", v.into());
+            }
+            if persistent {
+                put("persistent", true.into());
+            }
+            let client = Client::new(&conn.addr);
+            match client.register(&body).await {
+                Ok(v) => {
+                    print_json(&v);
+                    match keepalive_ms {
+                        Some(ms) => keepalive(&client, &conn.namespace, &service, &body, v, ms).await,
+                        None => Ok(()),
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Cmd::Heartbeat { conn, service, instance_id } => {
+            Client::new(&conn.addr).heartbeat(&conn.namespace, &service, &instance_id).await.map(|v| print_json(&v))
+        }
+        Cmd::Deregister { conn, service, instance_id } => {
+            Client::new(&conn.addr).deregister(&conn.namespace, &service, &instance_id).await.map(|v| print_json(&v))
+        }
+        Cmd::StatusSet { conn, service, instance_id, status } => Client::new(&conn.addr)
+            .set_status(&conn.namespace, &service, &instance_id, &status)
+            .await
+            .map(|v| print_json(&v)),
+        Cmd::Discover { conn, service, dc, explain } => {
+            let mut q = Vec::new();
+            if let Some(dc) = dc {
+                q.push(format!("dc={dc}"));
+            }
+            if explain {
+                q.push("explain=true".into());
+            }
+            Client::new(&conn.addr).discover(&conn.namespace, &service, &q.join("&")).await.map(|v| print_json(&v))
+        }
+        Cmd::Watch { conn, service, count } => {
+            let client = Client::new(&conn.addr);
+            let mut index = 0u64;
+            let mut seen = 0u64;
+            loop {
+                match client.watch(&conn.namespace, &service, index, Duration::from_secs(60)).await {
+                    Ok(v) => {
+                        let new_index = v["index"].as_u64().unwrap_or(index);
+                        if new_index != index {
+                            println!("{}", serde_json::to_string(&v).unwrap_or_default());
+                            index = new_index;
+                            seen += 1;
+                            if count.is_some_and(|c| seen >= c) {
+                                break Ok(());
+                            }
+                        }
+                    }
+                    Err(e @ ClientError::Api { .. }) => break Err(e),
+                    Err(e) => {
+                        eprintln!("watch: {e}; retrying in 1 s");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        }
+        Cmd::Status { conn } => Client::new(&conn.addr).status().await.map(|v| print_json(&v)),
+        Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } => Ok(()),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => client_exit(e),
+    }
+}
+
+/// Heartbeats until Ctrl-C (re-registering on 404), then drains and deregisters.
+async fn keepalive(
+    client: &Client,
+    ns: &str,
+    svc: &str,
+    body: &Value,
+    reg: Value,
+    every_ms: u64,
+) -> Result<(), ClientError> {
+    let mut id = reg["instance_id"].as_str().unwrap_or_default().to_owned();
+    let mut body = body.clone();
+    body["instance_id"] = Value::String(id.clone());
+    let mut tick = tokio::time::interval(Duration::from_millis(every_ms.max(100)));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                match client.heartbeat(ns, svc, &id).await {
+                    Ok(_) => {}
+                    Err(ClientError::Api { status: 404, .. }) => {
+                        let v = client.register(&body).await?;
+                        id = v["instance_id"].as_str().unwrap_or_default().to_owned();
+                        eprintln!("re-registered {id}");
+                    }
+                    Err(e) => eprintln!("heartbeat: {e}"),
+                }
+            }
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+    let _ = client.set_status(ns, svc, &id, "draining").await;
+    client.deregister(ns, svc, &id).await.map(|v| print_json(&v))
+}

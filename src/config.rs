@@ -1,0 +1,278 @@
+//! Node configuration: one TOML file per node (see `examples/tandem.toml`).
+//!
+//! The keys `dc`, `data_dir`, `http_addr` and the `[replication]` table with `listen`,
+//! `peers = [{ dc, addr }]`, `ca_cert`, `cert`, `key` are public contract. Everything else
+//! has a default; unknown keys are rejected so that a typo never goes unnoticed.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::failover::PolicyConfig;
+use crate::health::HealthConfig;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Name of this node's DC: 1-32 of a-z, 0-9, '-'.
+    pub dc: String,
+    /// Where RocksDB keeps the event log and state.
+    pub data_dir: PathBuf,
+    /// Client-facing HTTP API.
+    #[serde(default = "default_http_addr")]
+    pub http_addr: SocketAddr,
+    #[serde(default)]
+    pub health: HealthSection,
+    #[serde(default)]
+    pub protection: ProtectionSection,
+    #[serde(default)]
+    pub replication: Option<ReplicationSection>,
+    #[serde(default)]
+    pub failover: PolicyConfig,
+    #[serde(default)]
+    pub log: LogSection,
+}
+
+fn default_http_addr() -> SocketAddr {
+    "127.0.0.1:8500".parse().expect("constant address")
+}
+
+/// Lease and health timing (defaults follow Nacos: beat 5 s, unhealthy 15 s, gone 30 s).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthSection {
+    pub heartbeat_interval_ms: u64,
+    pub suspect_after_ms: u64,
+    pub unhealthy_after_ms: u64,
+    pub expire_after_ms: u64,
+    pub recovery_heartbeats: u32,
+    pub flap_window_ms: u64,
+    pub flap_transitions_max: u32,
+    /// How often the lease checker runs.
+    pub check_interval_ms: u64,
+}
+
+impl Default for HealthSection {
+    fn default() -> Self {
+        let d = HealthConfig::default();
+        HealthSection {
+            heartbeat_interval_ms: d.heartbeat_interval_ms,
+            suspect_after_ms: d.suspect_after_ms,
+            unhealthy_after_ms: d.unhealthy_after_ms,
+            expire_after_ms: d.expire_after_ms,
+            recovery_heartbeats: d.recovery_heartbeats,
+            flap_window_ms: d.flap_window_ms,
+            flap_transitions_max: d.flap_transitions_max,
+            check_interval_ms: 200,
+        }
+    }
+}
+
+/// Server-side protection against collapsed answers.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProtectionSection {
+    pub self_preservation: bool,
+    /// Expiry pauses when renewals fall below this share of those expected.
+    pub self_preservation_threshold: f64,
+    pub self_preservation_window_ms: u64,
+    /// Default protect threshold: when the healthy share of a service falls below it,
+    /// discovery returns all its instances. 0 disables.
+    pub protect_threshold: f64,
+    /// Per-service protect thresholds: `"namespace/service" = 0.3`.
+    pub services: std::collections::BTreeMap<String, f64>,
+}
+
+impl Default for ProtectionSection {
+    fn default() -> Self {
+        ProtectionSection {
+            self_preservation: true,
+            self_preservation_threshold: 0.85,
+            self_preservation_window_ms: 60_000,
+            protect_threshold: 0.5,
+            services: Default::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PeerSection {
+    pub dc: String,
+    pub addr: SocketAddr,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicationSection {
+    /// UDP address of this DC's replication gateway (QUIC).
+    pub listen: SocketAddr,
+    pub peers: Vec<PeerSection>,
+    pub ca_cert: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Most events per replication batch.
+    #[serde(default = "d_batch")]
+    pub batch_events_max: usize,
+    /// Most unacknowledged batches per stream.
+    #[serde(default = "d_window")]
+    pub window_batches_max: usize,
+    #[serde(default = "d_backoff_initial")]
+    pub backoff_initial_ms: u64,
+    #[serde(default = "d_backoff_max")]
+    pub backoff_max_ms: u64,
+    /// A remote origin's instances are marked stale after its link was silent this long.
+    #[serde(default = "d_stale")]
+    pub stale_after_ms: u64,
+    /// Own log entries and tombstones are purged only when every peer acked past them and
+    /// they are older than this.
+    #[serde(default = "d_grace")]
+    pub purge_grace_ms: u64,
+    /// Liveness ping when a stream is idle.
+    #[serde(default = "d_ping")]
+    pub ping_interval_ms: u64,
+}
+
+fn d_batch() -> usize {
+    512
+}
+fn d_window() -> usize {
+    8
+}
+fn d_backoff_initial() -> u64 {
+    200
+}
+fn d_backoff_max() -> u64 {
+    10_000
+}
+fn d_stale() -> u64 {
+    30_000
+}
+fn d_grace() -> u64 {
+    3_600_000
+}
+fn d_ping() -> u64 {
+    1_000
+}
+
+#[derive(Clone, Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSection {
+    /// "human" (default) or "json".
+    pub format: Option<String>,
+    /// A tracing filter such as "info" or "tandem=debug".
+    pub level: Option<String>,
+}
+
+/// A configuration problem, with the key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {source}")]
+    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let cfg: Config = toml::from_str(&text)
+            .map_err(|source| ConfigError::Parse { path: path.into(), source: Box::new(source) })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// A single node on embedded defaults.
+    pub fn single(dc: &str, data_dir: PathBuf, http_addr: SocketAddr) -> Config {
+        Config {
+            dc: dc.into(),
+            data_dir,
+            http_addr,
+            health: Default::default(),
+            protection: Default::default(),
+            replication: None,
+            failover: Default::default(),
+            log: Default::default(),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let inv = |m: String| ConfigError::Invalid(m);
+        tandem_schemas::validate_dc("dc", &self.dc).map_err(|e| inv(e.to_string()))?;
+        self.health_config().validate().map_err(|e| inv(format!("[health] {e}")))?;
+        let p = &self.protection;
+        if !(0.0..=1.0).contains(&p.self_preservation_threshold) {
+            return Err(inv("[protection] self_preservation_threshold must be within 0..=1".into()));
+        }
+        if !(0.0..=1.0).contains(&p.protect_threshold) {
+            return Err(inv("[protection] protect_threshold must be within 0..=1".into()));
+        }
+        for (k, v) in &p.services {
+            if !(0.0..=1.0).contains(v) || !k.contains('/') {
+                return Err(inv(format!("[protection.services] {k:?}: use \"namespace/service\" = 0..=1")));
+            }
+        }
+        if self.health.check_interval_ms == 0 || self.health.check_interval_ms > 10_000 {
+            return Err(inv("[health] check_interval_ms must be 1..=10000".into()));
+        }
+        if let Some(r) = &self.replication {
+            for peer in &r.peers {
+                tandem_schemas::validate_dc("replication.peers.dc", &peer.dc).map_err(|e| inv(e.to_string()))?;
+                if peer.dc == self.dc {
+                    return Err(inv(format!("[replication] peer {} is this node's own DC", peer.dc)));
+                }
+            }
+            let mut names: Vec<&str> = r.peers.iter().map(|p| p.dc.as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            if names.len() != r.peers.len() {
+                return Err(inv("[replication] a peer DC is listed twice".into()));
+            }
+            if r.batch_events_max == 0 || r.batch_events_max > tandem_schemas::BATCH_EVENTS_MAX {
+                return Err(inv(format!(
+                    "[replication] batch_events_max must be 1..={}",
+                    tandem_schemas::BATCH_EVENTS_MAX
+                )));
+            }
+            if r.window_batches_max == 0 || r.window_batches_max > 1024 {
+                return Err(inv("[replication] window_batches_max must be 1..=1024".into()));
+            }
+            if r.backoff_initial_ms == 0 || r.backoff_max_ms < r.backoff_initial_ms {
+                return Err(inv("[replication] need 0 < backoff_initial_ms <= backoff_max_ms".into()));
+            }
+            if r.ping_interval_ms == 0 || r.ping_interval_ms >= r.stale_after_ms {
+                return Err(inv("[replication] need 0 < ping_interval_ms < stale_after_ms".into()));
+            }
+        }
+        self.failover.validate().map_err(|e| inv(format!("[failover] {e}")))?;
+        Ok(())
+    }
+
+    pub fn health_config(&self) -> HealthConfig {
+        let h = &self.health;
+        let p = &self.protection;
+        HealthConfig {
+            heartbeat_interval_ms: h.heartbeat_interval_ms,
+            suspect_after_ms: h.suspect_after_ms,
+            unhealthy_after_ms: h.unhealthy_after_ms,
+            expire_after_ms: h.expire_after_ms,
+            recovery_heartbeats: h.recovery_heartbeats,
+            flap_window_ms: h.flap_window_ms,
+            flap_transitions_max: h.flap_transitions_max,
+            self_preservation_enabled: p.self_preservation,
+            self_preservation_threshold: p.self_preservation_threshold,
+            self_preservation_window_ms: p.self_preservation_window_ms,
+            ..HealthConfig::default()
+        }
+    }
+
+    /// The protect threshold of one service.
+    pub fn protect_threshold(&self, namespace: &str, service: &str) -> f64 {
+        let k = format!("{namespace}/{service}");
+        self.protection.services.get(&k).copied().unwrap_or(self.protection.protect_threshold)
+    }
+}

@@ -1,0 +1,65 @@
+//! Errors of the client-facing API, shaped as `{"error":{"code","message"}}` with stable
+//! codes. Every variant leaves the registry unchanged unless it says otherwise.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// An API error: an HTTP status, a stable machine-readable code and a message for people.
+#[derive(Clone, Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Inner<'a>,
+}
+
+#[derive(Serialize)]
+struct Inner<'a> {
+    code: &'a str,
+    message: &'a str,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, code, message: message.into() }
+    }
+    /// A field broke a rule (400 `invalid_argument`). Nothing changed.
+    pub fn invalid(e: tandem_schemas::ValidationError) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_argument", e.to_string())
+    }
+    pub fn invalid_field(field: &str, problem: impl std::fmt::Display) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_argument", format!("{field}: {problem}"))
+    }
+    /// Unknown instance (404 `not_found`): the client should re-register. Nothing changed.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+    /// Another DC owns the instance (409 `not_owner`). Nothing changed.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "not_owner", message)
+    }
+    /// The write could not be made durable (503 `unavailable`); retrying is safe.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}): {}", self.status.as_u16(), self.code, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Body { error: Inner { code: self.code, message: &self.message } };
+        (self.status, axum::Json(body)).into_response()
+    }
+}

@@ -1,0 +1,219 @@
+//! The client-facing HTTP API (JSON under /v1, Prometheus text at /metrics).
+//!
+//! Every handler validates its input and answers errors as
+//! `{"error":{"code":"...","message":"..."}}`; bodies are size-limited before parsing.
+//! This module holds no state of its own: it translates HTTP to [`Registry`] calls.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post, put};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::error::ApiError;
+use crate::node::NodeShared;
+use crate::registry::{DcFilter, RegisterRequest, StatusName};
+
+/// Largest accepted request body.
+pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;
+/// Blocking queries wait this long when `wait` is absent.
+pub const WAIT_DEFAULT: Duration = Duration::from_secs(30);
+/// And never longer than this.
+pub const WAIT_MAX: Duration = Duration::from_secs(300);
+
+pub fn router(node: Arc<NodeShared>) -> Router {
+    Router::new()
+        .route("/v1/register", post(register))
+        .route("/v1/heartbeat/{namespace}/{service}/{instance_id}", put(heartbeat))
+        .route("/v1/instances/{namespace}/{service}/{instance_id}", delete(deregister))
+        .route("/v1/instances/{namespace}/{service}/{instance_id}/status", put(set_status))
+        .route("/v1/services/{namespace}/{service}", get(discover))
+        .route("/v1/services", get(list_services))
+        .route("/v1/status", get(status))
+        .route("/v1/admin/reload", post(reload))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
+        .layer(DefaultBodyLimit::max(REQUEST_BODY_BYTES_MAX))
+        .with_state(node)
+}
+
+fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    match body {
+        Ok(Json(v)) => Ok(v),
+        Err(rej) => {
+            let status = rej.status();
+            let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "too_large" } else { "invalid_body" };
+            let status = if status == StatusCode::PAYLOAD_TOO_LARGE { status } else { StatusCode::BAD_REQUEST };
+            Err(ApiError::new(status, code, rej.body_text()))
+        }
+    }
+}
+
+async fn register(
+    State(node): State<Arc<NodeShared>>,
+    body: Result<Json<RegisterRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let req = json_body(body)?;
+    let resp = node.registry.register(req).await?;
+    Ok((StatusCode::OK, Json(resp)).into_response())
+}
+
+async fn heartbeat(
+    State(node): State<Arc<NodeShared>>,
+    Path((ns, svc, id)): Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    node.registry.heartbeat(&ns, &svc, &id).await?;
+    Ok(Json(json!({"ok": true})).into_response())
+}
+
+async fn deregister(
+    State(node): State<Arc<NodeShared>>,
+    Path((ns, svc, id)): Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    let version = node.registry.deregister(&ns, &svc, &id).await?;
+    Ok(Json(json!({"version": version})).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusBody {
+    status: StatusName,
+}
+
+async fn set_status(
+    State(node): State<Arc<NodeShared>>,
+    Path((ns, svc, id)): Path<(String, String, String)>,
+    body: Result<Json<StatusBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let b = json_body(body)?;
+    let version = node.registry.set_status(&ns, &svc, &id, b.status.into()).await?;
+    Ok(Json(json!({"version": version})).into_response())
+}
+
+#[derive(Deserialize, Default)]
+struct DiscoverQuery {
+    index: Option<String>,
+    wait: Option<String>,
+    dc: Option<String>,
+    explain: Option<String>,
+}
+
+/// Parses `wait`: `250ms`, `10s`, `5m`, or a bare number of seconds.
+pub fn parse_wait(s: &str) -> Result<Duration, ApiError> {
+    let bad = || ApiError::invalid_field("wait", "use a duration such as 250ms, 30s or 5m (at most 5m)");
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?),
+        _ => return Err(bad()),
+    };
+    if d > WAIT_MAX {
+        return Err(bad());
+    }
+    Ok(d)
+}
+
+fn parse_bool(field: &str, v: Option<&str>) -> Result<bool, ApiError> {
+    match v {
+        None | Some("false") | Some("0") => Ok(false),
+        Some("") | Some("true") | Some("1") => Ok(true),
+        Some(_) => Err(ApiError::invalid_field(field, "must be true or false")),
+    }
+}
+
+async fn discover(
+    State(node): State<Arc<NodeShared>>,
+    Path((ns, svc)): Path<(String, String)>,
+    query: Result<Query<DiscoverQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", e.body_text()))?;
+    let filter = match q.dc.as_deref() {
+        None | Some("") => DcFilter::Policy,
+        Some("all") => DcFilter::All,
+        Some(dc) => DcFilter::Only(dc.to_owned()),
+    };
+    let explain = parse_bool("explain", q.explain.as_deref())?;
+    // Validate before blocking, so a bad request fails at once.
+    node.registry.discover(&ns, &svc, &filter, false)?;
+    if let Some(idx) = q.index.as_deref() {
+        let idx: u64 = idx.parse().map_err(|_| ApiError::invalid_field("index", "must be an unsigned integer"))?;
+        let wait = match q.wait.as_deref() {
+            Some(w) => parse_wait(w)?,
+            None => WAIT_DEFAULT,
+        };
+        node.registry.wait_for(&ns, &svc, idx, wait).await;
+    } else if q.wait.is_some() {
+        return Err(ApiError::invalid_field("wait", "needs index"));
+    }
+    let answer = node.registry.discover(&ns, &svc, &filter, explain)?;
+    let mut headers = HeaderMap::new();
+    if let Ok(v) = HeaderValue::from_str(&answer.index.to_string()) {
+        headers.insert("x-tandem-index", v);
+    }
+    Ok((headers, Json(answer)).into_response())
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    namespace: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ServiceSummary {
+    service: String,
+    instances: usize,
+}
+
+async fn list_services(
+    State(node): State<Arc<NodeShared>>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", e.body_text()))?;
+    let ns = q.namespace.unwrap_or_else(|| "default".into());
+    let list = node.registry.list_services(&ns)?;
+    let services: Vec<ServiceSummary> =
+        list.into_iter().map(|(service, instances)| ServiceSummary { service, instances }).collect();
+    Ok(Json(json!({"namespace": ns, "index": node.registry.view().index(), "services": services})).into_response())
+}
+
+async fn status(State(node): State<Arc<NodeShared>>) -> Response {
+    Json(node.status()).into_response()
+}
+
+async fn metrics(State(node): State<Arc<NodeShared>>) -> Response {
+    let body = node.render_metrics();
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+async fn reload(State(node): State<Arc<NodeShared>>) -> Result<Response, ApiError> {
+    node.reload().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_config", e))?;
+    Ok(Json(json!({"reloaded": true})).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_parses_units_and_refuses_too_long() {
+        assert_eq!(parse_wait("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_wait("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_wait("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_wait("7").unwrap(), Duration::from_secs(7));
+        assert!(parse_wait("6m").is_err());
+        assert!(parse_wait("1h").is_err());
+        assert!(parse_wait("x").is_err());
+        assert!(parse_wait("99999999999999999999m").is_err());
+    }
+}

@@ -1,0 +1,997 @@
+//! One DC's registry: the in-memory view every discovery reads, the leases every heartbeat
+//! renews, and the write path that turns client requests into durable change events.
+//!
+//! Write path: a request is validated, turned into a [`ChangeEvent`] by a closure that the
+//! committer runs with the current own mark (so seqs are assigned behind one boundary,
+//! which a Raft group can later replace), made durable in one synced RocksDB batch shared
+//! with concurrent writers, folded into the view by the commit callback, and only then
+//! acknowledged. Replicated events from peers take the same callback, so the view always
+//! equals the durable state.
+//!
+//! What this module must never do: write to disk on a heartbeat; decide the order of
+//! events by wall-clock time; drop a remote DC's instances because its link broke.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use tandem_replicator::log::StateChange;
+use tandem_schemas::{
+    ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Op, Status, LIMITS,
+};
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::failover::{self, Decision, FailoverState, LocalCounts, Policy};
+use crate::health::{HealthConfig, Lease, LeaseTimes, SelfPreservation, Transition};
+use crate::store::CommitterHandle;
+
+/// Bits of the watch index that count in-memory-only changes (failover switches) between
+/// two durable writes; the higher bits count durable writes. See [`ViewIndex`].
+const INDEX_BUMP_BITS: u32 = 20;
+
+/// The watch index: `durable_writes << 20 | bumps`. Durable writes are counted in the
+/// store (persisted in the same batch), and a restart counts as one, so the index never
+/// goes backwards across restarts even though failover bumps are not persisted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ViewIndex(pub u64);
+
+impl ViewIndex {
+    pub fn from_durable(count: u64) -> Self {
+        ViewIndex(count << INDEX_BUMP_BITS)
+    }
+    fn bumped(self) -> Self {
+        let mask = (1u64 << INDEX_BUMP_BITS) - 1;
+        if self.0 & mask == mask {
+            self
+        } else {
+            ViewIndex(self.0 + 1)
+        }
+    }
+}
+
+/// One instance as held in the view.
+#[derive(Clone, Debug)]
+pub struct Held {
+    pub seq: u64,
+    pub record: InstanceRecord,
+}
+
+struct Service {
+    index: u64,
+    instances: BTreeMap<InstanceKey, Held>,
+    notify: watch::Sender<u64>,
+}
+
+type ServiceId = (String, String);
+
+#[derive(Default)]
+struct View {
+    index: u64,
+    services: HashMap<ServiceId, Service>,
+}
+
+/// Counters shown in /metrics and /v1/status.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub heartbeats: AtomicU64,
+    pub heartbeats_unknown: AtomicU64,
+    pub registrations: AtomicU64,
+    pub deregistrations: AtomicU64,
+    pub expirations: AtomicU64,
+    pub health_events: AtomicU64,
+    pub events_local: AtomicU64,
+    pub events_remote: AtomicU64,
+    pub discover_requests: AtomicU64,
+    pub watch_wakeups: AtomicU64,
+}
+
+/// Tells whether a remote origin's copies are stale (its link silent too long).
+pub type StaleFn = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// State shared with the commit callback.
+pub struct ViewCell {
+    view: RwLock<View>,
+    global: watch::Sender<u64>,
+    counters: Arc<Counters>,
+    local_dc: String,
+}
+
+impl ViewCell {
+    pub fn new(local_dc: &str, durable_writes: u64, counters: Arc<Counters>) -> Arc<Self> {
+        let idx = ViewIndex::from_durable(durable_writes).0;
+        Arc::new(ViewCell {
+            view: RwLock::new(View { index: idx, services: HashMap::new() }),
+            global: watch::channel(idx).0,
+            counters,
+            local_dc: local_dc.to_owned(),
+        })
+    }
+
+    /// Loads the durable state at start.
+    pub fn load(&self, instances: Vec<(u64, InstanceRecord)>) {
+        let mut v = self.view.write();
+        let idx = v.index;
+        for (seq, record) in instances {
+            let sid = (record.key.namespace.clone(), record.key.service.clone());
+            let svc = v.services.entry(sid).or_insert_with(|| Service {
+                index: idx,
+                instances: BTreeMap::new(),
+                notify: watch::channel(idx).0,
+            });
+            svc.instances.insert(record.key.clone(), Held { seq, record });
+        }
+    }
+
+    /// Folds one durable write into the view. `durable_writes` is the store's count of
+    /// durable writes including this one.
+    pub fn apply(&self, durable_writes: u64, changes: &[StateChange]) {
+        if changes.is_empty() {
+            return;
+        }
+        let mut v = self.view.write();
+        let idx = ViewIndex::from_durable(durable_writes).0.max(v.index + 1);
+        v.index = idx;
+        let mut touched: Vec<ServiceId> = Vec::new();
+        for ch in changes {
+            match ch {
+                StateChange::Put { seq, record } => {
+                    if record.key.owner_dc == self.local_dc {
+                        self.counters.events_local.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        self.counters.events_remote.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let sid = (record.key.namespace.clone(), record.key.service.clone());
+                    let svc = v.services.entry(sid.clone()).or_insert_with(|| Service {
+                        index: idx,
+                        instances: BTreeMap::new(),
+                        notify: watch::channel(idx).0,
+                    });
+                    svc.instances.insert(record.key.clone(), Held { seq: *seq, record: record.clone() });
+                    svc.index = idx;
+                    touched.push(sid);
+                }
+                StateChange::Remove { key } => {
+                    let sid = (key.namespace.clone(), key.service.clone());
+                    if let Some(svc) = v.services.get_mut(&sid) {
+                        svc.instances.remove(key);
+                        svc.index = idx;
+                        touched.push(sid);
+                    }
+                }
+            }
+        }
+        touched.sort();
+        touched.dedup();
+        for sid in touched {
+            if let Some(svc) = v.services.get(&sid) {
+                svc.notify.send_replace(idx);
+            }
+        }
+        drop(v);
+        self.global.send_replace(idx);
+    }
+
+    /// Bumps a service's index without a durable write (failover switched) and wakes
+    /// its watchers.
+    fn bump(&self, sid: &ServiceId) {
+        let mut v = self.view.write();
+        let idx = ViewIndex(v.index).bumped().0;
+        v.index = idx;
+        if let Some(svc) = v.services.get_mut(sid) {
+            svc.index = idx;
+            svc.notify.send_replace(idx);
+        }
+        drop(v);
+        self.global.send_replace(idx);
+    }
+
+    pub fn index(&self) -> u64 {
+        self.view.read().index
+    }
+
+    pub fn instance_count(&self) -> usize {
+        self.view.read().services.values().map(|s| s.instances.len()).sum()
+    }
+
+    fn get(&self, key: &InstanceKey) -> Option<Held> {
+        let v = self.view.read();
+        v.services.get(&(key.namespace.clone(), key.service.clone()))?.instances.get(key).cloned()
+    }
+
+    /// Finds an instance by (namespace, service, id) whatever its owner.
+    fn find(&self, ns: &str, svc: &str, id: &str) -> Option<Held> {
+        let v = self.view.read();
+        let s = v.services.get(&(ns.to_owned(), svc.to_owned()))?;
+        s.instances.values().find(|h| h.record.key.instance_id == id).cloned()
+    }
+}
+
+/// A client's registration request (public contract: POST /v1/register).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterRequest {
+    pub namespace: Option<String>,
+    pub service: String,
+    pub instance_id: Option<String>,
+    pub address: String,
+    pub port: u32,
+    pub zone: Option<String>,
+    pub weight: Option<u32>,
+    pub version: Option<String>,
+    pub tags: Option<Vec<String>>,
+    pub metadata: Option<BTreeMap<String, String>>,
+    pub ttl_ms: Option<u64>,
+    pub persistent: Option<bool>,
+    pub status: Option<StatusName>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RegisterResponse {
+    pub instance_id: String,
+    pub owner_dc: String,
+    /// Seq of the event that made this registration (the version of the instance).
+    pub version: u64,
+    pub epoch: u64,
+    pub lease_ttl_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StatusName {
+    Up,
+    Draining,
+    OutOfService,
+}
+
+impl From<StatusName> for Status {
+    fn from(s: StatusName) -> Status {
+        match s {
+            StatusName::Up => Status::Up,
+            StatusName::Draining => Status::Draining,
+            StatusName::OutOfService => Status::OutOfService,
+        }
+    }
+}
+
+pub fn status_name(s: Status) -> &'static str {
+    match s {
+        Status::Up => "up",
+        Status::Draining => "draining",
+        Status::OutOfService => "out_of_service",
+    }
+}
+
+pub fn health_name(h: Health) -> &'static str {
+    match h {
+        Health::Healthy => "healthy",
+        Health::Suspect => "suspect",
+        Health::Unhealthy => "unhealthy",
+    }
+}
+
+/// How discovery selects instances.
+#[derive(Clone, Debug, Default)]
+pub enum DcFilter {
+    /// Local instances plus remote ones as the failover policy says.
+    #[default]
+    Policy,
+    /// Only this owner DC's instances, no policy.
+    Only(String),
+    /// Every DC's instances, no policy.
+    All,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct InstanceView {
+    pub instance_id: String,
+    pub owner_dc: String,
+    pub address: String,
+    pub port: u16,
+    pub zone: String,
+    pub weight: u32,
+    pub version: String,
+    pub tags: Vec<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub health: &'static str,
+    pub status: &'static str,
+    pub stale: bool,
+    pub persistent: bool,
+    pub damped: bool,
+    /// Seq of the event that produced this state (per owner DC).
+    pub seq: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FailoverView {
+    pub active: bool,
+    pub reason: String,
+    pub mode: failover::Mode,
+    pub local_healthy: u32,
+    pub local_total: u32,
+    pub threshold: Threshold,
+    /// Remote DCs whose instances are in the answer.
+    pub dcs: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Threshold {
+    pub min_healthy: u32,
+    pub min_healthy_pct: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ExplainLine {
+    pub instance_id: String,
+    pub owner_dc: String,
+    pub included: bool,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DiscoverAnswer {
+    pub namespace: String,
+    pub service: String,
+    pub index: u64,
+    pub instances: Vec<InstanceView>,
+    pub failover: FailoverView,
+    /// True when the protect threshold made the answer include unhealthy local instances.
+    pub protected: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub explain: Option<Vec<ExplainLine>>,
+}
+
+/// The registry of one DC node.
+pub struct Registry {
+    pub dc: String,
+    cfg: RwLock<Arc<Config>>,
+    health: HealthConfig,
+    committer: CommitterHandle,
+    view: Arc<ViewCell>,
+    leases: Mutex<HashMap<InstanceKey, Lease>>,
+    preservation: Mutex<SelfPreservation>,
+    preservation_active: std::sync::atomic::AtomicBool,
+    failover: Mutex<HashMap<ServiceId, FailoverState>>,
+    pub counters: Arc<Counters>,
+    started: Instant,
+    stale: RwLock<StaleFn>,
+}
+
+fn wall_ms() -> u64 {
+    tandem_replicator::gateway::wall_ms()
+}
+
+impl Registry {
+    pub fn new(cfg: Arc<Config>, committer: CommitterHandle, view: Arc<ViewCell>, counters: Arc<Counters>) -> Arc<Self> {
+        let health = cfg.health_config();
+        let now = 0;
+        let reg = Arc::new(Registry {
+            dc: cfg.dc.clone(),
+            health: health.clone(),
+            committer,
+            view,
+            leases: Mutex::new(HashMap::new()),
+            preservation: Mutex::new(SelfPreservation::new(now)),
+            preservation_active: Default::default(),
+            failover: Mutex::new(HashMap::new()),
+            counters,
+            started: Instant::now(),
+            stale: RwLock::new(Arc::new(|_| false)),
+            cfg: RwLock::new(cfg),
+        });
+        // Every local ephemeral instance found at start gets a fresh lease: a restart must
+        // never expire instances that kept heartbeating elsewhere meanwhile.
+        let now = reg.now_ms();
+        {
+            let v = reg.view.view.read();
+            let mut leases = reg.leases.lock();
+            for svc in v.services.values() {
+                for h in svc.instances.values() {
+                    if h.record.key.owner_dc == reg.dc && !h.record.persistent {
+                        leases.insert(h.record.key.clone(), Lease::new(now, reg.lease_times(&h.record)));
+                    }
+                }
+            }
+        }
+        reg
+    }
+
+    pub fn set_stale_fn(&self, f: StaleFn) {
+        *self.stale.write() = f;
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.cfg.read().clone()
+    }
+
+    /// Replaces the failover policy (and other reloadable settings) at runtime.
+    pub fn set_config(&self, cfg: Arc<Config>) {
+        *self.cfg.write() = cfg;
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    pub fn view(&self) -> &Arc<ViewCell> {
+        &self.view
+    }
+
+    pub fn lease_count(&self) -> usize {
+        self.leases.lock().len()
+    }
+
+    pub fn self_preservation_active(&self) -> bool {
+        self.preservation_active.load(Ordering::Relaxed)
+    }
+
+    pub fn preservation_figures(&self) -> (u64, u64) {
+        let p = self.preservation.lock();
+        (p.renewals_last_window(), p.expected_last_window())
+    }
+
+    fn lease_times(&self, r: &InstanceRecord) -> LeaseTimes {
+        if u64::from(r.lease_ttl_ms) == self.health.expire_after_ms {
+            self.health.default_times()
+        } else {
+            LeaseTimes::from_ttl(u64::from(r.lease_ttl_ms))
+        }
+    }
+
+    async fn commit(&self, ops: Vec<Op>) -> Result<Vec<ChangeEvent>, ApiError> {
+        let dc = self.dc.clone();
+        let n = ops.len() as u64;
+        let events = self
+            .committer
+            .append_local(Box::new(move |mark: Mark| {
+                let now = wall_ms();
+                ops.into_iter()
+                    .enumerate()
+                    .map(|(i, op)| ChangeEvent {
+                        event_id: Uuid::now_v7(),
+                        origin_dc: dc.clone(),
+                        origin_epoch: mark.epoch,
+                        seq: mark.seq + 1 + i as u64,
+                        commit_time_ms: now,
+                        op,
+                    })
+                    .collect()
+            }))
+            .await
+            .map_err(|e| ApiError::unavailable(format!("the event log refused the write: {e}")))?;
+        debug_assert_eq!(events.len() as u64, n);
+        Ok(events)
+    }
+
+    /// POST /v1/register.
+    pub async fn register(&self, req: RegisterRequest) -> Result<RegisterResponse, ApiError> {
+        let namespace = req.namespace.unwrap_or_else(|| "default".into());
+        tandem_schemas::validate_name("namespace", &namespace).map_err(ApiError::invalid)?;
+        tandem_schemas::validate_name("service", &req.service).map_err(ApiError::invalid)?;
+        tandem_schemas::validate_address(&req.address).map_err(ApiError::invalid)?;
+        let port = u16::try_from(req.port)
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| ApiError::invalid_field("port", "must be 1 to 65535"))?;
+        let persistent = req.persistent.unwrap_or(false);
+        let ttl_ms = match (persistent, req.ttl_ms) {
+            (true, Some(_)) => return Err(ApiError::invalid_field("ttl_ms", "persistent instances have no lease")),
+            (true, None) => 0,
+            (false, None) => self.health.expire_after_ms,
+            (false, Some(t)) => {
+                let min = 3 * 100;
+                if t < min || t > u64::from(LIMITS.lease_ttl_ms_max) {
+                    return Err(ApiError::invalid_field(
+                        "ttl_ms",
+                        format!("must be {min} to {}", LIMITS.lease_ttl_ms_max),
+                    ));
+                }
+                t
+            }
+        };
+        let instance_id = match req.instance_id {
+            Some(id) => id,
+            None => {
+                let host = if req.address.contains(':') { format!("[{}]", req.address) } else { req.address.clone() };
+                format!("{}#{}:{}#{}", req.service, host, port, Uuid::new_v4())
+            }
+        };
+        let key = InstanceKey {
+            owner_dc: self.dc.clone(),
+            namespace: namespace.clone(),
+            service: req.service.clone(),
+            instance_id: instance_id.clone(),
+        };
+        if let Some(other) = self.view.find(&namespace, &req.service, &instance_id) {
+            if other.record.key.owner_dc != self.dc {
+                return Err(ApiError::conflict(format!(
+                    "instance {instance_id} is owned by DC {}; deregister it there first",
+                    other.record.key.owner_dc
+                )));
+            }
+        }
+        let record = InstanceRecord {
+            key: key.clone(),
+            address: req.address,
+            port,
+            zone: req.zone.unwrap_or_default(),
+            weight: req.weight.unwrap_or(100),
+            app_version: req.version.unwrap_or_default(),
+            tags: req.tags.unwrap_or_default(),
+            metadata: req.metadata.unwrap_or_default(),
+            persistent,
+            lease_ttl_ms: u32::try_from(ttl_ms).unwrap_or(u32::MAX),
+            status: req.status.map(Status::from).unwrap_or(Status::Up),
+            health: Health::Healthy,
+            damped: false,
+        };
+        tandem_schemas::validate_record(&record).map_err(ApiError::invalid)?;
+        let op = match self.view.get(&key) {
+            Some(_) => Op::Update(record.clone()),
+            None => Op::Register(record.clone()),
+        };
+        if !persistent {
+            // The lease starts before the write so that a heartbeat racing the ack is kept.
+            self.leases.lock().insert(key.clone(), Lease::new(self.now_ms(), self.lease_times(&record)));
+        } else {
+            self.leases.lock().remove(&key);
+        }
+        let events = self.commit(vec![op]).await.inspect_err(|_| {
+            if self.view.get(&key).is_none() {
+                self.leases.lock().remove(&key);
+            }
+        })?;
+        self.counters.registrations.fetch_add(1, Ordering::Relaxed);
+        let ev = &events[0];
+        Ok(RegisterResponse {
+            instance_id,
+            owner_dc: self.dc.clone(),
+            version: ev.seq,
+            epoch: ev.origin_epoch,
+            lease_ttl_ms: ttl_ms,
+        })
+    }
+
+    fn local_key(&self, ns: &str, svc: &str, id: &str) -> Result<(InstanceKey, Held), ApiError> {
+        tandem_schemas::validate_name("namespace", ns).map_err(ApiError::invalid)?;
+        tandem_schemas::validate_name("service", svc).map_err(ApiError::invalid)?;
+        tandem_schemas::validate_instance_id(id).map_err(ApiError::invalid)?;
+        let held = self
+            .view
+            .find(ns, svc, id)
+            .ok_or_else(|| ApiError::not_found(format!("no instance {id} of {ns}/{svc}")))?;
+        if held.record.key.owner_dc != self.dc {
+            return Err(ApiError::conflict(format!(
+                "instance {id} is owned by DC {}; only its owner may change it",
+                held.record.key.owner_dc
+            )));
+        }
+        Ok((held.record.key.clone(), held))
+    }
+
+    /// PUT /v1/heartbeat: renews the lease in memory. Never writes to disk, except when
+    /// the renewal moves the instance's health (recovery), which is a visible change.
+    pub async fn heartbeat(&self, ns: &str, svc: &str, id: &str) -> Result<(), ApiError> {
+        let (key, held) = match self.local_key(ns, svc, id) {
+            Ok(k) => k,
+            Err(e) => {
+                self.counters.heartbeats_unknown.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        let now = self.now_ms();
+        self.preservation.lock().record_renewal(now);
+        self.counters.heartbeats.fetch_add(1, Ordering::Relaxed);
+        if held.record.persistent {
+            return Ok(());
+        }
+        let transition = {
+            let mut leases = self.leases.lock();
+            let lease = leases.entry(key.clone()).or_insert_with(|| Lease::new(now, self.lease_times(&held.record)));
+            lease.heartbeat(now)
+        };
+        if let Some(t) = transition {
+            self.apply_transition(&key, t).await?;
+        }
+        Ok(())
+    }
+
+    async fn apply_transition(&self, key: &InstanceKey, t: Transition) -> Result<(), ApiError> {
+        let Some(held) = self.view.get(key) else { return Ok(()) };
+        let op = match t {
+            Transition::Health { to, damped } => {
+                if held.record.health == to && held.record.damped == damped {
+                    return Ok(());
+                }
+                Op::Update(InstanceRecord { health: to, damped, ..held.record })
+            }
+            Transition::Damped(damped) => {
+                if held.record.damped == damped {
+                    return Ok(());
+                }
+                Op::Update(InstanceRecord { damped, ..held.record })
+            }
+            Transition::Expire => {
+                self.leases.lock().remove(key);
+                self.counters.expirations.fetch_add(1, Ordering::Relaxed);
+                Op::Deregister { key: key.clone(), reason: DeregisterReason::LeaseExpired }
+            }
+        };
+        self.counters.health_events.fetch_add(1, Ordering::Relaxed);
+        self.commit(vec![op]).await.map(|_| ())
+    }
+
+    /// DELETE /v1/instances: explicit deregistration; returns the tombstone's seq.
+    pub async fn deregister(&self, ns: &str, svc: &str, id: &str) -> Result<u64, ApiError> {
+        let (key, _) = self.local_key(ns, svc, id)?;
+        let events =
+            self.commit(vec![Op::Deregister { key: key.clone(), reason: DeregisterReason::Explicit }]).await?;
+        self.leases.lock().remove(&key);
+        self.counters.deregistrations.fetch_add(1, Ordering::Relaxed);
+        Ok(events[0].seq)
+    }
+
+    /// PUT /v1/instances/../status.
+    pub async fn set_status(&self, ns: &str, svc: &str, id: &str, status: Status) -> Result<u64, ApiError> {
+        let (_, held) = self.local_key(ns, svc, id)?;
+        if held.record.status == status {
+            return Ok(held.seq);
+        }
+        let events = self.commit(vec![Op::Update(InstanceRecord { status, ..held.record })]).await?;
+        Ok(events[0].seq)
+    }
+
+    /// One pass of the lease checker: ticks every lease, turns transitions into events
+    /// (one durable batch), and re-evaluates failover of services whose state may switch
+    /// with time. Called every `check_interval_ms`.
+    pub async fn check_leases(&self) {
+        let now = self.now_ms();
+        let lease_count = self.lease_count();
+        let paused = {
+            let mut sp = self.preservation.lock();
+            sp.evaluate(now, lease_count, &self.health)
+        };
+        if paused != self.preservation_active.swap(paused, Ordering::Relaxed) {
+            if paused {
+                tracing::warn!(leases = lease_count, "self-preservation engaged: lease expiry paused");
+            } else {
+                tracing::info!("self-preservation released: lease expiry resumed");
+            }
+        }
+        let transitions: Vec<(InstanceKey, Transition)> = {
+            let mut leases = self.leases.lock();
+            leases.iter_mut().filter_map(|(k, l)| l.tick(now, paused).map(|t| (k.clone(), t))).collect()
+        };
+        let mut ops = Vec::new();
+        for (key, t) in transitions {
+            let Some(held) = self.view.get(&key) else {
+                self.leases.lock().remove(&key);
+                continue;
+            };
+            let op = match t {
+                Transition::Health { to, damped } => {
+                    if held.record.health == to && held.record.damped == damped {
+                        continue;
+                    }
+                    Op::Update(InstanceRecord { health: to, damped, ..held.record })
+                }
+                Transition::Damped(damped) => {
+                    if held.record.damped == damped {
+                        continue;
+                    }
+                    Op::Update(InstanceRecord { damped, ..held.record })
+                }
+                Transition::Expire => {
+                    self.leases.lock().remove(&key);
+                    self.counters.expirations.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(instance = %key.instance_id, service = %key.service, "lease expired");
+                    Op::Deregister { key, reason: DeregisterReason::LeaseExpired }
+                }
+            };
+            ops.push(op);
+        }
+        if !ops.is_empty() {
+            self.counters.health_events.fetch_add(ops.len() as u64, Ordering::Relaxed);
+            // Bounded: at most BATCH_EVENTS_MAX events per durable write.
+            for chunk in ops.chunks(tandem_schemas::BATCH_EVENTS_MAX) {
+                if let Err(e) = self.commit(chunk.to_vec()).await {
+                    tracing::error!(error = %e.message, "lease checker could not write health events");
+                }
+            }
+        }
+        self.refresh_failover(now);
+    }
+
+    fn refresh_failover(&self, now: u64) {
+        let sids: Vec<ServiceId> = self.failover.lock().keys().cloned().collect();
+        for sid in sids {
+            let before = self.failover.lock().get(&sid).map(|s| s.active);
+            let _ = self.evaluate_failover(&sid, now);
+            let after = self.failover.lock().get(&sid).map(|s| s.active);
+            if before != after {
+                self.view.bump(&sid);
+            }
+        }
+    }
+
+    fn local_counts(&self, instances: &BTreeMap<InstanceKey, Held>) -> LocalCounts {
+        let mut c = LocalCounts { healthy: 0, total: 0 };
+        for h in instances.values().filter(|h| h.record.key.owner_dc == self.dc) {
+            c.total += 1;
+            if is_serving(&h.record) {
+                c.healthy += 1;
+            }
+        }
+        c
+    }
+
+    fn evaluate_failover(&self, sid: &ServiceId, now: u64) -> (Policy, LocalCounts, Decision) {
+        let policy = self.config().failover.policy_for(&sid.0, &sid.1);
+        let counts = {
+            let v = self.view.view.read();
+            v.services.get(sid).map(|s| self.local_counts(&s.instances)).unwrap_or(LocalCounts { healthy: 0, total: 0 })
+        };
+        let mut states = self.failover.lock();
+        let state = states.get(sid).cloned().unwrap_or_default();
+        let (next, decision) = failover::evaluate(&policy, &state, counts, now);
+        let was = state.active;
+        states.insert(sid.clone(), next);
+        drop(states);
+        if was != decision.active {
+            tracing::info!(namespace = %sid.0, service = %sid.1, active = decision.active, reason = %decision.reason, "failover switched");
+            self.view.bump(sid);
+        }
+        (policy, counts, decision)
+    }
+
+    /// The service's current index (for blocking queries).
+    pub fn service_index(&self, ns: &str, svc: &str) -> u64 {
+        let v = self.view.view.read();
+        v.services.get(&(ns.to_owned(), svc.to_owned())).map_or(v.index, |s| s.index)
+    }
+
+    /// Waits until the service's index passes `index` or `wait` elapses.
+    pub async fn wait_for(&self, ns: &str, svc: &str, index: u64, wait: Duration) {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let (cur, mut rx) = {
+                let v = self.view.view.read();
+                match v.services.get(&(ns.to_owned(), svc.to_owned())) {
+                    Some(s) => (s.index, s.notify.subscribe()),
+                    // Unknown services wait on the global index and look again.
+                    None => (v.index.min(index), self.view.global.subscribe()),
+                }
+            };
+            if cur > index {
+                return;
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {
+                    self.counters.watch_wakeups.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Err(_)) => return,
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// GET /v1/services/{ns}/{svc}.
+    pub fn discover(&self, ns: &str, svc: &str, filter: &DcFilter, explain: bool) -> Result<DiscoverAnswer, ApiError> {
+        tandem_schemas::validate_name("namespace", ns).map_err(ApiError::invalid)?;
+        tandem_schemas::validate_name("service", svc).map_err(ApiError::invalid)?;
+        if let DcFilter::Only(dc) = filter {
+            tandem_schemas::validate_dc("dc", dc).map_err(ApiError::invalid)?;
+        }
+        self.counters.discover_requests.fetch_add(1, Ordering::Relaxed);
+        let sid = (ns.to_owned(), svc.to_owned());
+        let now = self.now_ms();
+        let (policy, counts, decision) = match filter {
+            DcFilter::Policy => self.evaluate_failover(&sid, now),
+            DcFilter::Only(_) | DcFilter::All => {
+                let p = self.config().failover.policy_for(ns, svc);
+                let c = {
+                    let v = self.view.view.read();
+                    v.services.get(&sid).map(|s| self.local_counts(&s.instances)).unwrap_or(LocalCounts { healthy: 0, total: 0 })
+                };
+                (p, c, Decision { active: false, reason: "dc filter given: no policy applied".into() })
+            }
+        };
+        let stale_fn = self.stale.read().clone();
+        let protect = self.config().protect_threshold(ns, svc);
+        let v = self.view.view.read();
+        let index = v.services.get(&sid).map_or(v.index, |s| s.index);
+        let empty = BTreeMap::new();
+        let instances = v.services.get(&sid).map_or(&empty, |s| &s.instances);
+
+        let mut out = Vec::new();
+        let mut lines = Vec::new();
+        let mut protected = false;
+        let mut offered_dcs: Vec<String> = Vec::new();
+        let view_of = |h: &Held, stale: bool, weight: u32| InstanceView {
+            instance_id: h.record.key.instance_id.clone(),
+            owner_dc: h.record.key.owner_dc.clone(),
+            address: h.record.address.clone(),
+            port: h.record.port,
+            zone: h.record.zone.clone(),
+            weight,
+            version: h.record.app_version.clone(),
+            tags: h.record.tags.clone(),
+            metadata: h.record.metadata.clone(),
+            health: health_name(h.record.health),
+            status: status_name(h.record.status),
+            stale,
+            persistent: h.record.persistent,
+            damped: h.record.damped,
+            seq: h.seq,
+        };
+        match filter {
+            DcFilter::Only(_) | DcFilter::All => {
+                for h in instances.values() {
+                    let owner = &h.record.key.owner_dc;
+                    let wanted = match filter {
+                        DcFilter::Only(dc) => owner == dc,
+                        DcFilter::All | DcFilter::Policy => true,
+                    };
+                    let stale = owner != &self.dc && stale_fn(owner);
+                    if wanted {
+                        out.push(view_of(h, stale, h.record.weight));
+                    }
+                    lines.push(ExplainLine {
+                        instance_id: h.record.key.instance_id.clone(),
+                        owner_dc: owner.clone(),
+                        included: wanted,
+                        reason: if wanted { "dc filter matches".into() } else { "dc filter excludes its owner".into() },
+                    });
+                }
+            }
+            DcFilter::Policy => {
+                // Local tier, with the protect threshold.
+                let share = if counts.total == 0 { 1.0 } else { f64::from(counts.healthy) / f64::from(counts.total) };
+                protected = counts.total > 0 && protect > 0.0 && share < protect;
+                for h in instances.values().filter(|h| h.record.key.owner_dc == self.dc) {
+                    let (included, reason) = local_verdict(&h.record, protected, protect);
+                    if included {
+                        out.push(view_of(h, false, h.record.weight));
+                    }
+                    lines.push(ExplainLine {
+                        instance_id: h.record.key.instance_id.clone(),
+                        owner_dc: self.dc.clone(),
+                        included,
+                        reason,
+                    });
+                }
+                // Remote tiers, in priority order.
+                let mut remote_dcs: Vec<String> = if policy.remote_dcs.is_empty() {
+                    let mut d: Vec<String> = instances
+                        .values()
+                        .map(|h| h.record.key.owner_dc.clone())
+                        .filter(|d| d != &self.dc)
+                        .collect();
+                    d.sort();
+                    d.dedup();
+                    d
+                } else {
+                    policy.remote_dcs.clone()
+                };
+                remote_dcs.retain(|d| d != &self.dc);
+                let global = policy.mode == failover::Mode::Global;
+                let mut tier_taken = false;
+                for dc in &remote_dcs {
+                    let stale = stale_fn(dc);
+                    let members: Vec<&Held> = instances.values().filter(|h| &h.record.key.owner_dc == dc).collect();
+                    let eligible = |h: &Held| is_serving(&h.record) || h.record.status == Status::Draining;
+                    let usable = (!stale || policy.offer_stale) && members.iter().any(|h| is_serving(&h.record));
+                    let take = decision.active && usable && (global || !tier_taken);
+                    if take {
+                        tier_taken = true;
+                        offered_dcs.push(dc.clone());
+                    }
+                    for h in members {
+                        let (included, reason) = if !decision.active {
+                            (false, format!("remote DC {dc}: failover not active ({})", decision.reason))
+                        } else if stale && !policy.offer_stale {
+                            (false, format!("remote DC {dc} is stale and the policy does not offer stale copies"))
+                        } else if !take {
+                            (false, format!("remote DC {dc}: a higher-priority DC already serves"))
+                        } else if !eligible(h) {
+                            (false, format!("remote instance is {} / {}", health_name(h.record.health), status_name(h.record.status)))
+                        } else {
+                            (true, format!("failover to remote DC {dc}"))
+                        };
+                        if included {
+                            let w = (u64::from(h.record.weight) * u64::from(policy.remote_weight_pct) / 100) as u32;
+                            out.push(view_of(h, stale, w));
+                        }
+                        lines.push(ExplainLine {
+                            instance_id: h.record.key.instance_id.clone(),
+                            owner_dc: dc.clone(),
+                            included,
+                            reason,
+                        });
+                    }
+                }
+                // Instances of DCs the policy does not list are explained too.
+                for h in instances.values() {
+                    let owner = &h.record.key.owner_dc;
+                    if owner != &self.dc && !remote_dcs.contains(owner) {
+                        lines.push(ExplainLine {
+                            instance_id: h.record.key.instance_id.clone(),
+                            owner_dc: owner.clone(),
+                            included: false,
+                            reason: format!("remote DC {owner} is not in the policy's remote_dcs"),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(DiscoverAnswer {
+            namespace: ns.to_owned(),
+            service: svc.to_owned(),
+            index,
+            instances: out,
+            failover: FailoverView {
+                active: decision.active,
+                reason: decision.reason,
+                mode: policy.mode,
+                local_healthy: counts.healthy,
+                local_total: counts.total,
+                threshold: Threshold { min_healthy: policy.min_healthy, min_healthy_pct: policy.min_healthy_pct },
+                dcs: offered_dcs,
+            },
+            protected,
+            explain: explain.then_some(lines),
+        })
+    }
+
+    /// GET /v1/services: (service, instance count) of a namespace.
+    pub fn list_services(&self, ns: &str) -> Result<Vec<(String, usize)>, ApiError> {
+        tandem_schemas::validate_name("namespace", ns).map_err(ApiError::invalid)?;
+        let v = self.view.view.read();
+        let mut out: Vec<(String, usize)> = v
+            .services
+            .iter()
+            .filter(|((n, _), s)| n == ns && !s.instances.is_empty())
+            .map(|((_, s), svc)| (s.clone(), svc.instances.len()))
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Instance counts per owner DC (status and metrics).
+    pub fn counts_by_owner(&self) -> BTreeMap<String, usize> {
+        let v = self.view.view.read();
+        let mut m = BTreeMap::new();
+        for s in v.services.values() {
+            for h in s.instances.values() {
+                *m.entry(h.record.key.owner_dc.clone()).or_insert(0) += 1;
+            }
+        }
+        m
+    }
+}
+
+/// Healthy or merely suspect, and up: counts as serving.
+fn is_serving(r: &InstanceRecord) -> bool {
+    matches!(r.health, Health::Healthy | Health::Suspect) && r.status == Status::Up
+}
+
+fn local_verdict(r: &InstanceRecord, protected: bool, protect: f64) -> (bool, String) {
+    match (r.status, r.health) {
+        (Status::OutOfService, _) => (false, "status out_of_service".into()),
+        (Status::Up | Status::Draining, Health::Unhealthy) => {
+            if protected {
+                (true, format!("unhealthy, but included: healthy share below protect threshold {protect}"))
+            } else {
+                (false, "unhealthy".into())
+            }
+        }
+        (Status::Draining, Health::Healthy | Health::Suspect) => (true, "draining: listed but flagged".into()),
+        (Status::Up, Health::Healthy) => (true, "local, healthy, up".into()),
+        (Status::Up, Health::Suspect) => (true, "local, suspect (missed a heartbeat), up".into()),
+    }
+}

@@ -1,0 +1,517 @@
+//! [`Committer`]: the single sequencer of a DC's writes, with group commit.
+//!
+//! One OS thread owns the [`RocksLog`]. Requests arrive over a bounded channel; the thread
+//! takes every request already waiting (up to [`CommitterLimits::group_requests_max`]) and
+//! serves them in arrival order. Consecutive local appends are combined: each request's
+//! builder is called with the own mark so far (the thread assigns the seqs), and the
+//! group's events are written with one `WriteBatch` and one fsync. Every other request is
+//! one batch of its own, in order. After each durable write the `on_commit` callback sees
+//! what changed, then the callers get their answers: an in-memory view fed by `on_commit`
+//! is never behind an acknowledged write.
+//!
+//! This is the one boundary that sequences a DC's writes; a Raft group can later replace
+//! what stands behind it.
+//!
+//! Must never: reply before the write is durable, reorder requests, or block on async
+//! code (the thread is not a tokio worker; it only uses `blocking_recv`).
+
+use std::io;
+use std::num::NonZeroUsize;
+use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tandem_replicator::log::{check_local_sequence, ApplyReport, EventLog, LogError, StateChange};
+use tandem_schemas::{ChangeEvent, InstanceKey, Mark, Snapshot};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::RocksLog;
+
+/// Builds the events of one local append. Called on the committer thread with the own mark
+/// as it will stand before these events (earlier requests of the same group included); the
+/// events must continue it: seqs `mark.seq + 1, mark.seq + 2, …` of `mark.epoch`.
+///
+/// Builders of one group run one after the other before the group's write; a builder does
+/// not see the effects of earlier builders of its group in the `on_commit` view (they are
+/// not durable yet), so a caller that derives an event from current state must account for
+/// its own in-flight writes.
+pub type BuildEvents = Box<dyn FnOnce(Mark) -> Vec<ChangeEvent> + Send>;
+
+/// Runs on the committer thread with the log, between two writes. Meant for reads
+/// (`snapshot_own`, `read_own`, …); a mutation made here is durable but is not reported to
+/// `on_commit`.
+pub type WithLogFn = Box<dyn FnOnce(&mut RocksLog) + Send>;
+
+/// Called on the committer thread after every durable write, in commit order, before any
+/// caller of that write is answered. It must be quick and must not block on the committer.
+pub type OnCommit = Box<dyn FnMut(&CommitNotice) + Send>;
+
+/// Answer channel of one request.
+pub type Reply<T> = oneshot::Sender<Result<T, CommitError>>;
+
+/// Number of buckets of [`CommitStats::local_group_requests`].
+pub const GROUP_SIZE_BUCKETS: usize = 11;
+
+/// A request to the committer thread. [`CommitterHandle`] has one method per variant.
+pub enum Request {
+    /// Append own events; answered with the events as written.
+    LocalAppend { build: BuildEvents, reply: Reply<Vec<ChangeEvent>> },
+    /// [`EventLog::apply_remote`] of a batch received over the channel of `channel_dc`.
+    RemoteApply { channel_dc: String, events: Vec<ChangeEvent>, reply: Reply<ApplyReport> },
+    /// [`EventLog::install_snapshot`].
+    InstallSnapshot { channel_dc: String, snapshot: Snapshot, reply: Reply<ApplyReport> },
+    /// [`EventLog::purge_own`]; answered with the purge floor after it.
+    PurgeOwn { upto_seq: u64, reply: Reply<u64> },
+    /// [`EventLog::purge_remote_tombstones`].
+    PurgeRemoteTombstones { origin: String, upto_seq: u64, reply: Reply<()> },
+    /// [`RocksLog::record_peer_ack`].
+    PeerAck { peer: String, mark: Mark, reply: Reply<()> },
+    /// Run a function with the log (see [`WithLogFn`]).
+    WithLog(WithLogFn),
+    /// Serve what came before, close the log, then answer. Requests after it get
+    /// [`CommitError::Stopped`].
+    Shutdown { reply: oneshot::Sender<()> },
+}
+
+/// Errors of a committer request.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// The log refused or failed the request; see [`LogError`] for whether state changed.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// The committer thread has stopped (shut down, or died). The request's outcome is
+    /// unknown: it may have been written before the thread stopped.
+    #[error("the committer has stopped; the request's outcome is unknown")]
+    Stopped,
+    /// The builder of a local append panicked. Nothing of this request was written.
+    #[error("the event builder panicked; nothing of the request was written")]
+    BuilderPanicked,
+}
+
+/// Bounds of the committer's queue and groups.
+#[derive(Clone, Copy, Debug)]
+pub struct CommitterLimits {
+    /// Requests that may wait in the channel; senders wait when it is full.
+    pub queue_requests_max: NonZeroUsize,
+    /// Requests taken from the channel per round.
+    pub group_requests_max: NonZeroUsize,
+    /// A local group is written as soon as it holds this many events.
+    pub group_events_max: NonZeroUsize,
+}
+
+impl Default for CommitterLimits {
+    fn default() -> Self {
+        CommitterLimits {
+            queue_requests_max: NonZeroUsize::new(4096).unwrap_or(NonZeroUsize::MIN),
+            group_requests_max: NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN),
+            group_events_max: NonZeroUsize::new(8192).unwrap_or(NonZeroUsize::MIN),
+        }
+    }
+}
+
+/// What one durable write did, reported to `on_commit` in commit order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitNotice {
+    /// The watch index persisted with this write; it grows by one per durable write.
+    pub index: u64,
+    /// The own mark after this write.
+    pub own_mark: Mark,
+    pub committed: Committed,
+}
+
+/// The content of a durable write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Committed {
+    /// A group of local appends: the events and their changes to state, in seq order.
+    Local { events: Vec<ChangeEvent>, changes: Vec<StateChange> },
+    /// A remote batch (the report's `changes` are the changes to state, in order).
+    Remote { origin: String, report: ApplyReport },
+    /// A remote snapshot.
+    Snapshot { origin: String, report: ApplyReport },
+    /// Own log entries and own tombstones at or below `floor` were purged.
+    PurgedOwn { floor: u64, tombstones_removed: Vec<InstanceKey> },
+    /// Tombstones of a remote origin were purged.
+    PurgedRemoteTombstones { origin: String, tombstones_removed: Vec<InstanceKey> },
+}
+
+impl CommitNotice {
+    /// The changes to live state this write made, in order (empty for purges).
+    pub fn changes(&self) -> &[StateChange] {
+        match &self.committed {
+            Committed::Local { changes, .. } => changes,
+            Committed::Remote { report, .. } | Committed::Snapshot { report, .. } => &report.changes,
+            Committed::PurgedOwn { .. } | Committed::PurgedRemoteTombstones { .. } => &[],
+        }
+    }
+}
+
+/// Running totals of the committer, for metrics and benchmarks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Synced writes (fsyncs) made by the committer.
+    pub fsyncs: u64,
+    /// Requests answered.
+    pub requests: u64,
+    /// Synced writes that carried a group of local appends.
+    pub local_fsyncs: u64,
+    /// Local appends made durable.
+    pub local_requests: u64,
+    /// Events made durable by local appends (`local_events / local_fsyncs` events per fsync).
+    pub local_events: u64,
+    /// Histogram of local group sizes: bucket `i` counts groups of `2^i ..= 2^(i+1) - 1`
+    /// requests; the last bucket holds every larger group.
+    pub local_group_requests: [u64; GROUP_SIZE_BUCKETS],
+}
+
+/// The committer thread's state. Fields drop in order: the log closes before the channel.
+pub struct Committer {
+    log: RocksLog,
+    rx: mpsc::Receiver<Request>,
+    on_commit: OnCommit,
+    own_seq: watch::Sender<u64>,
+    stats: Arc<Mutex<CommitStats>>,
+    limits: CommitterLimits,
+    sync_writes_at_start: u64,
+}
+
+/// A cloneable handle to the committer. When every handle is dropped the thread stops.
+#[derive(Clone)]
+pub struct CommitterHandle {
+    tx: mpsc::Sender<Request>,
+    own_seq: watch::Receiver<u64>,
+    stats: Arc<Mutex<CommitStats>>,
+}
+
+/// Local appends taken so far in this round, not yet written.
+#[derive(Default)]
+struct Group {
+    events: Vec<ChangeEvent>,
+    members: Vec<(Range<usize>, Reply<Vec<ChangeEvent>>)>,
+}
+
+impl Committer {
+    /// Starts the committer thread with default limits.
+    pub fn spawn(log: RocksLog, on_commit: OnCommit) -> io::Result<CommitterHandle> {
+        Self::spawn_with_limits(log, on_commit, CommitterLimits::default())
+    }
+
+    pub fn spawn_with_limits(
+        log: RocksLog,
+        on_commit: OnCommit,
+        limits: CommitterLimits,
+    ) -> io::Result<CommitterHandle> {
+        let (tx, rx) = mpsc::channel(limits.queue_requests_max.get());
+        let (own_seq_tx, own_seq_rx) = watch::channel(log.own_mark().seq);
+        let stats = Arc::new(Mutex::new(CommitStats::default()));
+        let committer = Committer {
+            sync_writes_at_start: log.sync_writes(),
+            log,
+            rx,
+            on_commit,
+            own_seq: own_seq_tx,
+            stats: Arc::clone(&stats),
+            limits,
+        };
+        std::thread::Builder::new().name("tandem-committer".into()).spawn(move || committer.run())?;
+        Ok(CommitterHandle { tx, own_seq: own_seq_rx, stats })
+    }
+
+    fn run(mut self) {
+        let mut round: Vec<Request> = Vec::with_capacity(self.limits.group_requests_max.get());
+        let mut shutdown_replies = Vec::new();
+        while shutdown_replies.is_empty() {
+            let Some(first) = self.rx.blocking_recv() else {
+                break;
+            };
+            round.push(first);
+            while round.len() < self.limits.group_requests_max.get() {
+                match self.rx.try_recv() {
+                    Ok(req) => round.push(req),
+                    Err(_) => break,
+                }
+            }
+            self.serve_round(&mut round, &mut shutdown_replies);
+        }
+        let Committer { log, mut rx, .. } = self;
+        rx.close();
+        // Requests behind a shutdown are dropped unanswered: their callers see `Stopped`.
+        while rx.try_recv().is_ok() {}
+        drop(log);
+        for reply in shutdown_replies {
+            let _ = reply.send(());
+        }
+    }
+
+    fn serve_round(&mut self, round: &mut Vec<Request>, shutdown_replies: &mut Vec<oneshot::Sender<()>>) {
+        let mut group = Group::default();
+        for req in round.drain(..) {
+            if !shutdown_replies.is_empty() {
+                match req {
+                    Request::Shutdown { reply } => shutdown_replies.push(reply),
+                    // Dropped unanswered: the caller sees `Stopped`.
+                    other => drop(other),
+                }
+                continue;
+            }
+            if !matches!(req, Request::LocalAppend { .. }) {
+                // Keep commit order: the local appends taken before this request go first.
+                self.flush_local(&mut group);
+            }
+            match req {
+                Request::LocalAppend { build, reply } => {
+                    self.stage_local(&mut group, build, reply);
+                    if group.events.len() >= self.limits.group_events_max.get() {
+                        self.flush_local(&mut group);
+                    }
+                }
+                Request::RemoteApply { channel_dc, events, reply } => {
+                    let before = self.begin_write();
+                    let result = self.log.apply_remote(&channel_dc, &events);
+                    if let Ok(report) = &result {
+                        self.after_write(before, || Committed::Remote { origin: channel_dc, report: report.clone() });
+                    }
+                    self.answer(reply, result.map_err(CommitError::from));
+                }
+                Request::InstallSnapshot { channel_dc, snapshot, reply } => {
+                    let before = self.begin_write();
+                    let result = self.log.install_snapshot(&channel_dc, &snapshot);
+                    if let Ok(report) = &result {
+                        self.after_write(before, || Committed::Snapshot { origin: channel_dc, report: report.clone() });
+                    }
+                    self.answer(reply, result.map_err(CommitError::from));
+                }
+                Request::PurgeOwn { upto_seq, reply } => {
+                    let before = self.begin_write();
+                    let result = self.log.purge_own_reporting(upto_seq).map(|tombstones_removed| {
+                        let floor = self.log.purge_floor();
+                        self.after_write(before, || Committed::PurgedOwn { floor, tombstones_removed });
+                        floor
+                    });
+                    self.answer(reply, result.map_err(CommitError::from));
+                }
+                Request::PurgeRemoteTombstones { origin, upto_seq, reply } => {
+                    let before = self.begin_write();
+                    let result = self.log.purge_remote_tombstones_reporting(&origin, upto_seq).map(|removed| {
+                        self.after_write(before, || Committed::PurgedRemoteTombstones {
+                            origin,
+                            tombstones_removed: removed,
+                        });
+                    });
+                    self.answer(reply, result.map_err(CommitError::from));
+                }
+                Request::PeerAck { peer, mark, reply } => {
+                    let result = self.log.record_peer_ack(&peer, mark);
+                    self.answer(reply, result.map_err(CommitError::from));
+                }
+                Request::WithLog(f) => {
+                    if catch_unwind(AssertUnwindSafe(|| f(&mut self.log))).is_err() {
+                        tracing::error!("a WithLog function panicked on the committer thread");
+                    }
+                    self.publish_own_seq();
+                    let mut stats = self.stats.lock();
+                    stats.fsyncs = self.log.sync_writes() - self.sync_writes_at_start;
+                    stats.requests += 1;
+                }
+                Request::Shutdown { reply } => shutdown_replies.push(reply),
+            }
+        }
+        self.flush_local(&mut group);
+    }
+
+    fn stage_local(&mut self, group: &mut Group, build: BuildEvents, reply: Reply<Vec<ChangeEvent>>) {
+        let own = self.log.own_mark();
+        let base = Mark { epoch: own.epoch, seq: own.seq + group.events.len() as u64 };
+        let events = match catch_unwind(AssertUnwindSafe(|| build(base))) {
+            Ok(events) => events,
+            Err(_) => {
+                tracing::error!("a local append's event builder panicked; request refused");
+                self.answer(reply, Err(CommitError::BuilderPanicked));
+                return;
+            }
+        };
+        // Checked per request so that one bad builder fails only its own request.
+        if let Err(e) = check_local_sequence(base, self.log.local_dc(), &events) {
+            self.answer(reply, Err(e.into()));
+            return;
+        }
+        if events.is_empty() {
+            self.answer(reply, Ok(Vec::new()));
+            return;
+        }
+        let start = group.events.len();
+        group.events.extend(events);
+        group.members.push((start..group.events.len(), reply));
+    }
+
+    fn flush_local(&mut self, group: &mut Group) {
+        if group.members.is_empty() {
+            return;
+        }
+        let events = std::mem::take(&mut group.events);
+        let members = std::mem::take(&mut group.members);
+        let before = self.begin_write();
+        match self.log.append_local_with_changes(&events) {
+            Ok(changes) => {
+                self.after_write(before, || Committed::Local { events: events.clone(), changes });
+                {
+                    let mut stats = self.stats.lock();
+                    stats.local_fsyncs += 1;
+                    stats.local_requests += members.len() as u64;
+                    stats.local_events += events.len() as u64;
+                    stats.local_group_requests[group_bucket(members.len())] += 1;
+                }
+                for (range, reply) in members {
+                    let mine = events.get(range).map(<[ChangeEvent]>::to_vec).unwrap_or_default();
+                    self.answer(reply, Ok(mine));
+                }
+            }
+            Err(e) => {
+                for (_, reply) in members {
+                    self.answer(reply, Err(CommitError::Log(clone_log_error(&e))));
+                }
+            }
+        }
+    }
+
+    /// Stages the next watch index for the coming write; returns the sync count before it.
+    fn begin_write(&mut self) -> u64 {
+        self.log.set_next_index(self.log.index() + 1);
+        self.log.sync_writes()
+    }
+
+    /// After a successful mutating call: if it wrote, tell `on_commit` what it did.
+    fn after_write(&mut self, sync_writes_before: u64, what: impl FnOnce() -> Committed) {
+        self.publish_own_seq();
+        if self.log.sync_writes() == sync_writes_before {
+            return;
+        }
+        self.stats.lock().fsyncs = self.log.sync_writes() - self.sync_writes_at_start;
+        let notice = CommitNotice { index: self.log.index(), own_mark: self.log.own_mark(), committed: what() };
+        (self.on_commit)(&notice);
+    }
+
+    fn publish_own_seq(&self) {
+        let seq = self.log.own_mark().seq;
+        self.own_seq.send_if_modified(|held| {
+            let changed = *held != seq;
+            *held = seq;
+            changed
+        });
+    }
+
+    fn answer<T>(&self, reply: Reply<T>, result: Result<T, CommitError>) {
+        self.stats.lock().requests += 1;
+        // The caller may have gone away; the write stands either way.
+        let _ = reply.send(result);
+    }
+}
+
+impl CommitterHandle {
+    /// Appends own events built on the committer thread (see [`BuildEvents`]); returns them
+    /// once durable.
+    pub async fn append_local<F>(&self, build: F) -> Result<Vec<ChangeEvent>, CommitError>
+    where
+        F: FnOnce(Mark) -> Vec<ChangeEvent> + Send + 'static,
+    {
+        self.call(|reply| Request::LocalAppend { build: Box::new(build), reply }).await?
+    }
+
+    /// Applies a remote batch received over the channel authenticated as `channel_dc`.
+    pub async fn apply_remote(
+        &self,
+        channel_dc: String,
+        events: Vec<ChangeEvent>,
+    ) -> Result<ApplyReport, CommitError> {
+        self.call(|reply| Request::RemoteApply { channel_dc, events, reply }).await?
+    }
+
+    /// Installs a remote origin's snapshot received over `channel_dc`.
+    pub async fn install_snapshot(
+        &self,
+        channel_dc: String,
+        snapshot: Snapshot,
+    ) -> Result<ApplyReport, CommitError> {
+        self.call(|reply| Request::InstallSnapshot { channel_dc, snapshot, reply }).await?
+    }
+
+    /// Purges own log entries and tombstones at or below `upto_seq`; returns the floor.
+    pub async fn purge_own(&self, upto_seq: u64) -> Result<u64, CommitError> {
+        self.call(|reply| Request::PurgeOwn { upto_seq, reply }).await?
+    }
+
+    /// Drops a remote origin's tombstones at or below `upto_seq`.
+    pub async fn purge_remote_tombstones(&self, origin: String, upto_seq: u64) -> Result<(), CommitError> {
+        self.call(|reply| Request::PurgeRemoteTombstones { origin, upto_seq, reply }).await?
+    }
+
+    /// Records a peer's ack of the own origin.
+    pub async fn record_peer_ack(&self, peer: String, mark: Mark) -> Result<(), CommitError> {
+        self.call(|reply| Request::PeerAck { peer, mark, reply }).await?
+    }
+
+    /// Runs `f` with the log on the committer thread, between two writes.
+    pub async fn with_log<R, F>(&self, f: F) -> Result<R, CommitError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut RocksLog) -> R + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let run: WithLogFn = Box::new(move |log| {
+            let _ = tx.send(f(log));
+        });
+        self.send(Request::WithLog(run)).await?;
+        rx.await.map_err(|_| CommitError::Stopped)
+    }
+
+    /// Queues a raw request.
+    pub async fn send(&self, req: Request) -> Result<(), CommitError> {
+        self.tx.send(req).await.map_err(|_| CommitError::Stopped)
+    }
+
+    /// Serves every request queued before this one, closes the log and stops the thread.
+    /// Returns once the log is closed (at once if the committer had already stopped).
+    pub async fn shutdown(&self) {
+        let (reply, done) = oneshot::channel();
+        if self.tx.send(Request::Shutdown { reply }).await.is_ok() {
+            let _ = done.await;
+        }
+    }
+
+    /// The own origin's last durable seq, updated after every write.
+    pub fn own_seq(&self) -> watch::Receiver<u64> {
+        self.own_seq.clone()
+    }
+
+    /// The committer's running totals.
+    pub fn stats(&self) -> CommitStats {
+        self.stats.lock().clone()
+    }
+
+    /// Requests waiting in the channel (a gauge for metrics).
+    pub fn queued_requests(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+
+    async fn call<R>(&self, make: impl FnOnce(oneshot::Sender<R>) -> Request) -> Result<R, CommitError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(make(tx)).await?;
+        rx.await.map_err(|_| CommitError::Stopped)
+    }
+}
+
+fn group_bucket(requests: usize) -> usize {
+    let log2 = usize::BITS - 1 - requests.max(1).leading_zeros();
+    (log2 as usize).min(GROUP_SIZE_BUCKETS - 1)
+}
+
+/// `LogError` is not `Clone`; one failed group write answers each of its callers.
+fn clone_log_error(e: &LogError) -> LogError {
+    match e {
+        LogError::Refused(r) => LogError::Refused(r.clone()),
+        LogError::Purged { floor } => LogError::Purged { floor: *floor },
+        LogError::OutOfSequence { expected, got } => LogError::OutOfSequence { expected: *expected, got: *got },
+        LogError::Storage(s) => LogError::Storage(s.clone()),
+        LogError::Corrupt(s) => LogError::Corrupt(s.clone()),
+    }
+}

@@ -1,0 +1,774 @@
+//! [`RocksLog`]: the event log, the materialized state and the marks of one DC in RocksDB.
+//!
+//! Every verdict comes from [`tandem_replicator::merge`]; this file only turns verdicts
+//! into one synced `WriteBatch` per call and reads state back. The in-memory copies of the
+//! marks, the purge floor and the watch index change only after their batch is durable.
+//!
+//! Must never: decide a merge on its own, log a remote event, panic on stored bytes, or
+//! write without `sync = true` anything whose loss could lose an acknowledged change.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::num::NonZeroU64;
+use std::path::{Path, PathBuf};
+
+use rocksdb::{
+    ColumnFamily, ColumnFamilyDescriptor, DBRecoveryMode, DBWithThreadMode, IteratorMode, Options,
+    ReadOptions, SingleThreaded, WriteBatch, WriteOptions,
+};
+use tandem_replicator::log::{check_local_sequence, local_effect, ApplyReport, EventLog, LogError, StateChange};
+use tandem_replicator::merge::{self, Effect, Held, Refusal};
+use tandem_schemas::{
+    validate_dc, ChangeEvent, DeregisterReason, InstanceKey, InstanceRecord, Mark, Op, Snapshot,
+    SnapshotInstance, Tombstone, ValidationError, FRAME_BYTES_MAX,
+};
+
+use super::keys::{
+    decode_key, decode_mark, decode_u64, encode_key, encode_mark, owner_prefix, prefix_end, seq_key,
+};
+
+type Db = DBWithThreadMode<SingleThreaded>;
+
+const CF_LOG: &str = "log";
+const CF_INSTANCES: &str = "instances";
+const CF_TOMBSTONES: &str = "tombstones";
+const CF_META: &str = "meta";
+const COLUMN_FAMILIES: [&str; 4] = [CF_LOG, CF_INSTANCES, CF_TOMBSTONES, CF_META];
+
+const META_DC: &[u8] = b"dc";
+const META_EPOCH: &[u8] = b"epoch";
+const META_OWN_SEQ: &[u8] = b"own_seq";
+const META_PURGE_FLOOR: &[u8] = b"purge_floor";
+const META_INDEX: &[u8] = b"index";
+/// `mark/<origin dc>` -> the origin's applied mark (16 bytes: epoch, seq; big-endian).
+const META_MARK_PREFIX: &[u8] = b"mark/";
+/// `ack/<peer dc>` -> the own mark the peer has acknowledged (16 bytes).
+const META_ACK_PREFIX: &[u8] = b"ack/";
+
+/// Largest stored value accepted when decoding: a stored event or record was at most one
+/// frame's worth when it was written.
+const VALUE_BYTES_MAX: usize = FRAME_BYTES_MAX;
+
+/// Why a data dir could not be opened. Opening never changes a log it refuses.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The data dir holds the log of another DC. Nothing was changed.
+    #[error("data dir {dir} belongs to DC {stored:?}, not {requested:?}: a data dir belongs to one DC")]
+    WrongDc { dir: PathBuf, stored: String, requested: String },
+    /// The DC name breaks the naming rules. Nothing was opened.
+    #[error("invalid DC name: {0}")]
+    InvalidDc(#[from] ValidationError),
+    /// [`RocksLog::create_with_epoch`] on a data dir that already holds a log. Nothing was
+    /// changed.
+    #[error("data dir {dir} already holds a log (epoch {epoch})")]
+    AlreadyInitialized { dir: PathBuf, epoch: u64 },
+    /// The storage failed or holds corrupt records.
+    #[error(transparent)]
+    Log(#[from] LogError),
+}
+
+impl From<OpenError> for LogError {
+    fn from(e: OpenError) -> LogError {
+        match e {
+            OpenError::Log(e) => e,
+            e @ (OpenError::WrongDc { .. } | OpenError::InvalidDc(_) | OpenError::AlreadyInitialized { .. }) => {
+                LogError::Storage(e.to_string())
+            }
+        }
+    }
+}
+
+/// The production [`EventLog`]: one RocksDB per data dir, owned by one DC.
+///
+/// Not `Sync` and not meant to be shared: the [`Committer`](super::Committer) thread owns it
+/// and is the single sequencer of writes.
+pub struct RocksLog {
+    db: Db,
+    dir: PathBuf,
+    dc: String,
+    own: Mark,
+    floor: u64,
+    marks: BTreeMap<String, Mark>,
+    peer_acks: BTreeMap<String, Mark>,
+    /// The watch index persisted by the last durable write (or found at open).
+    index: u64,
+    /// Written with the next synced batch, then becomes `index`.
+    pending_index: Option<u64>,
+    sync_writes: u64,
+    /// Set when a write failed: the outcome on disk is unknown, so the in-memory marks may
+    /// be wrong and every later write is refused until the log is reopened.
+    poisoned: bool,
+}
+
+impl fmt::Debug for RocksLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RocksLog")
+            .field("dir", &self.dir)
+            .field("dc", &self.dc)
+            .field("own", &self.own)
+            .field("floor", &self.floor)
+            .field("marks", &self.marks)
+            .field("index", &self.index)
+            .field("poisoned", &self.poisoned)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RocksLog {
+    /// Opens the log of `dc` in `dir`. A new or wiped dir starts a new history: a fresh
+    /// random non-zero origin epoch, persisted before this returns. A dir that holds
+    /// another DC's log is refused.
+    pub fn open(dir: &Path, dc: &str) -> Result<RocksLog, OpenError> {
+        Self::open_inner(dir, dc, None)
+    }
+
+    /// Creates a new log with a chosen epoch (tests and tools). Refuses a dir that already
+    /// holds a log.
+    pub fn create_with_epoch(dir: &Path, dc: &str, epoch: NonZeroU64) -> Result<RocksLog, OpenError> {
+        Self::open_inner(dir, dc, Some(epoch))
+    }
+
+    fn open_inner(dir: &Path, dc: &str, new_epoch: Option<NonZeroU64>) -> Result<RocksLog, OpenError> {
+        validate_dc("dc", dc)?;
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        // Replay the WAL up to the first torn or corrupt record: a crash mid-write loses
+        // only writes that were never acknowledged.
+        opts.set_wal_recovery_mode(DBRecoveryMode::PointInTime);
+        opts.set_keep_log_file_num(4);
+        let cfs = COLUMN_FAMILIES.map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+        let db = Db::open_cf_descriptors(&opts, dir, cfs).map_err(storage)?;
+        let mut log = RocksLog {
+            db,
+            dir: dir.to_owned(),
+            dc: dc.to_owned(),
+            own: Mark { epoch: 0, seq: 0 },
+            floor: 0,
+            marks: BTreeMap::new(),
+            peer_acks: BTreeMap::new(),
+            index: 0,
+            pending_index: None,
+            sync_writes: 0,
+            poisoned: false,
+        };
+        match log.meta_get(META_DC)? {
+            None => {
+                let epoch = new_epoch.unwrap_or_else(random_epoch);
+                log.initialize(epoch)?;
+            }
+            Some(stored) => {
+                let stored = String::from_utf8(stored)
+                    .map_err(|_| LogError::Corrupt("meta dc: not UTF-8".into()))?;
+                if stored != dc {
+                    return Err(OpenError::WrongDc { dir: dir.to_owned(), stored, requested: dc.to_owned() });
+                }
+                log.load()?;
+                if new_epoch.is_some() {
+                    return Err(OpenError::AlreadyInitialized { dir: dir.to_owned(), epoch: log.own.epoch });
+                }
+            }
+        }
+        Ok(log)
+    }
+
+    /// Writes the identity of a new log. Refuses a dir that holds data but no identity:
+    /// that is a damaged log, not an empty one.
+    fn initialize(&mut self, epoch: NonZeroU64) -> Result<(), LogError> {
+        for name in COLUMN_FAMILIES {
+            if self.db.iterator_cf(self.cf(name)?, IteratorMode::Start).next().is_some() {
+                return Err(LogError::Corrupt(format!("column family {name} holds data but meta has no DC name")));
+            }
+        }
+        let meta = self.cf(CF_META)?;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(meta, META_DC, self.dc.as_bytes());
+        batch.put_cf(meta, META_EPOCH, epoch.get().to_be_bytes());
+        batch.put_cf(meta, META_OWN_SEQ, 0u64.to_be_bytes());
+        batch.put_cf(meta, META_PURGE_FLOOR, 0u64.to_be_bytes());
+        batch.put_cf(meta, META_INDEX, 0u64.to_be_bytes());
+        self.commit(batch)?;
+        self.own = Mark { epoch: epoch.get(), seq: 0 };
+        tracing::info!(dc = %self.dc, epoch = epoch.get(), dir = %self.dir.display(), "new event log");
+        Ok(())
+    }
+
+    /// Loads the cached meta values and checks them against the log.
+    fn load(&mut self) -> Result<(), LogError> {
+        let epoch = self.meta_u64(META_EPOCH)?;
+        if epoch == 0 {
+            return Err(LogError::Corrupt("meta epoch is 0".into()));
+        }
+        let own_seq = self.meta_u64(META_OWN_SEQ)?;
+        let floor = self.meta_u64(META_PURGE_FLOOR)?;
+        let index = self.meta_u64(META_INDEX)?;
+        if floor > own_seq {
+            return Err(LogError::Corrupt(format!("purge floor {floor} is above the own seq {own_seq}")));
+        }
+        // The log holds exactly floor+1..=own_seq; check its ends against meta.
+        let log_cf = self.cf(CF_LOG)?;
+        let end_seq = |mode: IteratorMode<'static>| -> Result<Option<u64>, LogError> {
+            match self.db.iterator_cf(log_cf, mode).next().transpose().map_err(storage)? {
+                Some((k, _)) => decode_u64("log key", &k).map(Some),
+                None => Ok(None),
+            }
+        };
+        let (first, last) = (end_seq(IteratorMode::Start)?, end_seq(IteratorMode::End)?);
+        match (first, last) {
+            (Some(first), Some(last)) if first <= floor || last != own_seq => {
+                return Err(LogError::Corrupt(format!(
+                    "log holds seqs {first}..={last}, meta says floor {floor} and own seq {own_seq}"
+                )));
+            }
+            (None, None) if own_seq != floor => {
+                return Err(LogError::Corrupt(format!(
+                    "log is empty but meta says floor {floor} and own seq {own_seq}"
+                )));
+            }
+            (Some(_), Some(_)) | (None, None) => {}
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(LogError::Corrupt("log has only one end".into()));
+            }
+        }
+        self.own = Mark { epoch, seq: own_seq };
+        self.floor = floor;
+        self.index = index;
+        self.marks = self.meta_marks(META_MARK_PREFIX)?;
+        self.peer_acks = self.meta_marks(META_ACK_PREFIX)?;
+        Ok(())
+    }
+
+    /// The data dir of this log.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The watch index persisted by the last durable write.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// Stages a watch index to be written atomically with the next synced batch; it never
+    /// moves backwards. [`index`](Self::index) reports it once that batch is durable.
+    pub fn set_next_index(&mut self, idx: u64) {
+        let floor = self.pending_index.unwrap_or(self.index);
+        self.pending_index = Some(idx.max(floor));
+    }
+
+    /// Number of batches written with `sync = true` since open (one fsync each).
+    pub fn sync_writes(&self) -> u64 {
+        self.sync_writes
+    }
+
+    /// True after a failed write: every later write is refused; reopen the log.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned
+    }
+
+    /// The own marks the peers have acknowledged, as last recorded.
+    pub fn peer_acks(&self) -> BTreeMap<String, Mark> {
+        self.peer_acks.clone()
+    }
+
+    /// Records that `peer` has durably applied the own origin up to `mark`.
+    ///
+    /// Written without an fsync of its own: it reaches the disk with the next synced batch
+    /// or the OS's writeback, and losing it in a power failure only makes a later purge
+    /// wait for the peer's next ack — it never loses or resurrects anything.
+    pub fn record_peer_ack(&mut self, peer: &str, mark: Mark) -> Result<(), LogError> {
+        self.check_writable()?;
+        if self.peer_acks.get(peer) == Some(&mark) {
+            return Ok(());
+        }
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.cf(CF_META)?, meta_name(META_ACK_PREFIX, peer), encode_mark(mark));
+        self.write(batch, false)?;
+        self.peer_acks.insert(peer.to_owned(), mark);
+        Ok(())
+    }
+
+    /// The `commit_time_ms` of a logged own event; `None` when `seq` is not in the log
+    /// (purged or not written yet).
+    pub fn own_event_time_ms(&self, seq: u64) -> Result<Option<u64>, LogError> {
+        match self.db.get_pinned_cf(self.cf(CF_LOG)?, seq_key(seq)).map_err(storage)? {
+            Some(bytes) => Ok(Some(self.decode_logged(seq, &bytes)?.commit_time_ms)),
+            None => Ok(None),
+        }
+    }
+
+    /// What the state holds for a key, reporting storage and decode errors.
+    /// [`EventLog::held`] cannot report them; every merge path here uses this instead.
+    pub fn try_held(&self, key: &InstanceKey) -> Result<Held, LogError> {
+        let enc = encode_key(key);
+        if let Some(bytes) = self.db.get_pinned_cf(self.cf(CF_INSTANCES)?, &enc).map_err(storage)? {
+            let (seq, record) = decode_instance(&bytes)?;
+            if record.key != *key {
+                return Err(LogError::Corrupt(format!("instance stored under {key:?} is {:?}", record.key)));
+            }
+            return Ok(Held::Live { seq });
+        }
+        if let Some(bytes) = self.db.get_pinned_cf(self.cf(CF_TOMBSTONES)?, &enc).map_err(storage)? {
+            let (seq, _reason) = decode_tombstone(&bytes)?;
+            return Ok(Held::Tombstone { seq });
+        }
+        Ok(Held::Absent)
+    }
+
+    /// [`EventLog::append_local`], also returning the changes to state in order.
+    pub fn append_local_with_changes(&mut self, events: &[ChangeEvent]) -> Result<Vec<StateChange>, LogError> {
+        self.check_writable()?;
+        check_local_sequence(self.own, &self.dc, events)?;
+        let Some(last) = events.last() else {
+            return Ok(Vec::new());
+        };
+        let log_cf = self.cf(CF_LOG)?;
+        let mut batch = WriteBatch::default();
+        let mut changes = Vec::with_capacity(events.len());
+        for ev in events {
+            changes.push(self.stage_effect(&mut batch, ev, local_effect(ev))?);
+            batch.put_cf(log_cf, seq_key(ev.seq), tandem_schemas::encode_event(ev));
+        }
+        batch.put_cf(self.cf(CF_META)?, META_OWN_SEQ, last.seq.to_be_bytes());
+        let last_seq = last.seq;
+        self.commit(batch)?;
+        self.own.seq = last_seq;
+        Ok(changes)
+    }
+
+    /// [`EventLog::purge_own`], also returning the keys of the own tombstones it removed.
+    pub fn purge_own_reporting(&mut self, upto_seq: u64) -> Result<Vec<InstanceKey>, LogError> {
+        self.check_writable()?;
+        let upto = upto_seq.min(self.own.seq);
+        if upto <= self.floor {
+            return Ok(Vec::new());
+        }
+        let log_cf = self.cf(CF_LOG)?;
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(log_cf, seq_key(0), seq_key(upto));
+        batch.delete_cf(log_cf, seq_key(upto));
+        let removed = self.stage_tombstone_purge(&mut batch, &self.dc, upto)?;
+        batch.put_cf(self.cf(CF_META)?, META_PURGE_FLOOR, upto.to_be_bytes());
+        self.commit(batch)?;
+        self.floor = upto;
+        Ok(removed)
+    }
+
+    /// [`EventLog::purge_remote_tombstones`], also returning the keys it removed.
+    pub fn purge_remote_tombstones_reporting(
+        &mut self,
+        origin: &str,
+        upto_seq: u64,
+    ) -> Result<Vec<InstanceKey>, LogError> {
+        self.check_writable()?;
+        if origin == self.dc {
+            return Ok(Vec::new());
+        }
+        let upto = upto_seq.min(self.mark_of(origin).map_or(0, |m| m.seq));
+        let mut batch = WriteBatch::default();
+        let removed = self.stage_tombstone_purge(&mut batch, origin, upto)?;
+        self.commit(batch)?;
+        Ok(removed)
+    }
+
+    fn stage_tombstone_purge(
+        &self,
+        batch: &mut WriteBatch,
+        owner_dc: &str,
+        upto: u64,
+    ) -> Result<Vec<InstanceKey>, LogError> {
+        let tombs_cf = self.cf(CF_TOMBSTONES)?;
+        let mut removed = Vec::new();
+        for item in self.scan_owner(CF_TOMBSTONES, owner_dc)? {
+            let (k, v) = item?;
+            let (seq, _reason) = decode_tombstone(&v)?;
+            if seq <= upto {
+                removed.push(decode_key(&k)?);
+                batch.delete_cf(tombs_cf, &k);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Stages one event's effect on state, exactly as the reference model applies it.
+    fn stage_effect(&self, batch: &mut WriteBatch, ev: &ChangeEvent, effect: Effect) -> Result<StateChange, LogError> {
+        let key = ev.op.key();
+        let enc = encode_key(key);
+        match (effect, &ev.op) {
+            (Effect::Put, Op::Register(r) | Op::Update(r)) => {
+                batch.delete_cf(self.cf(CF_TOMBSTONES)?, &enc);
+                batch.put_cf(self.cf(CF_INSTANCES)?, &enc, tandem_schemas::encode(&(ev.seq, r)));
+                Ok(StateChange::Put { seq: ev.seq, record: r.clone() })
+            }
+            (Effect::Tombstone, Op::Deregister { reason, .. }) => {
+                batch.delete_cf(self.cf(CF_INSTANCES)?, &enc);
+                batch.put_cf(self.cf(CF_TOMBSTONES)?, &enc, tandem_schemas::encode(&(ev.seq, *reason)));
+                Ok(StateChange::Remove { key: key.clone() })
+            }
+            // The merge never pairs these; like the model, change nothing rather than panic.
+            (Effect::Put, Op::Deregister { .. }) | (Effect::Tombstone, Op::Register(_) | Op::Update(_)) => {
+                Ok(StateChange::Remove { key: key.clone() })
+            }
+        }
+    }
+
+    fn check_writable(&self) -> Result<(), LogError> {
+        if self.poisoned {
+            return Err(LogError::Storage(format!(
+                "event log in {} refuses writes after a failed write; reopen it",
+                self.dir.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes a state-changing batch with an fsync, together with a staged watch index.
+    /// An empty batch writes nothing (and keeps the index staged).
+    fn commit(&mut self, batch: WriteBatch) -> Result<(), LogError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.write(batch, true)
+    }
+
+    fn write(&mut self, mut batch: WriteBatch, sync: bool) -> Result<(), LogError> {
+        let index = if sync { self.pending_index } else { None };
+        if let Some(idx) = index {
+            batch.put_cf(self.cf(CF_META)?, META_INDEX, idx.to_be_bytes());
+        }
+        let mut opts = WriteOptions::default();
+        opts.set_sync(sync);
+        if let Err(e) = self.db.write_opt(batch, &opts) {
+            self.poisoned = true;
+            tracing::error!(dir = %self.dir.display(), error = %e, "event log write failed; refusing further writes");
+            return Err(storage(e));
+        }
+        if sync {
+            self.sync_writes += 1;
+        }
+        if let Some(idx) = index {
+            self.index = idx;
+            self.pending_index = None;
+        }
+        Ok(())
+    }
+
+    fn cf(&self, name: &str) -> Result<&ColumnFamily, LogError> {
+        self.db.cf_handle(name).ok_or_else(|| LogError::Storage(format!("column family {name} is missing")))
+    }
+
+    fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, LogError> {
+        self.db.get_cf(self.cf(CF_META)?, key).map_err(storage)
+    }
+
+    fn meta_u64(&self, key: &[u8]) -> Result<u64, LogError> {
+        let what = String::from_utf8_lossy(key);
+        match self.meta_get(key)? {
+            Some(bytes) => decode_u64(&format!("meta {what}"), &bytes),
+            None => Err(LogError::Corrupt(format!("meta {what} is missing"))),
+        }
+    }
+
+    fn meta_marks(&self, prefix: &[u8]) -> Result<BTreeMap<String, Mark>, LogError> {
+        let mut out = BTreeMap::new();
+        for item in self.scan(CF_META, prefix, prefix_end(prefix))? {
+            let (k, v) = item?;
+            let name = std::str::from_utf8(&k[prefix.len()..])
+                .map_err(|_| LogError::Corrupt("meta mark name is not UTF-8".into()))?;
+            out.insert(name.to_owned(), decode_mark("meta mark", &v)?);
+        }
+        Ok(out)
+    }
+
+    /// Iterates `cf` over keys in `lower..upper`.
+    fn scan(
+        &self,
+        cf: &str,
+        lower: &[u8],
+        upper: Vec<u8>,
+    ) -> Result<impl Iterator<Item = Result<(Box<[u8]>, Box<[u8]>), LogError>> + '_, LogError> {
+        let cf = self.cf(cf)?;
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_lower_bound(lower.to_vec());
+        ro.set_iterate_upper_bound(upper);
+        Ok(self.db.iterator_cf_opt(cf, ro, IteratorMode::Start).map(|r| r.map_err(storage)))
+    }
+
+    fn scan_all(
+        &self,
+        cf: &str,
+    ) -> Result<impl Iterator<Item = Result<(Box<[u8]>, Box<[u8]>), LogError>> + '_, LogError> {
+        Ok(self.db.iterator_cf(self.cf(cf)?, IteratorMode::Start).map(|r| r.map_err(storage)))
+    }
+
+    /// Iterates the keys of `owner_dc` in an instance-keyed column family.
+    fn scan_owner(
+        &self,
+        cf: &str,
+        owner_dc: &str,
+    ) -> Result<impl Iterator<Item = Result<(Box<[u8]>, Box<[u8]>), LogError>> + '_, LogError> {
+        let prefix = owner_prefix(owner_dc);
+        let end = prefix_end(&prefix);
+        self.scan(cf, &prefix, end)
+    }
+
+    fn owner_keys(&self, cf: &str, owner_dc: &str) -> Result<Vec<InstanceKey>, LogError> {
+        self.scan_owner(cf, owner_dc)?.map(|item| decode_key(&item?.0)).collect()
+    }
+
+    /// Decodes a logged own event and checks it against where it was stored.
+    fn decode_logged(&self, seq: u64, bytes: &[u8]) -> Result<ChangeEvent, LogError> {
+        let ev: ChangeEvent = tandem_schemas::decode(bytes, VALUE_BYTES_MAX)
+            .map_err(|e| LogError::Corrupt(format!("log entry {seq}: {e}")))?;
+        if ev.seq != seq || ev.origin_dc != self.dc || ev.origin_epoch != self.own.epoch {
+            return Err(LogError::Corrupt(format!(
+                "log entry {seq} holds event ({}, {}, {})",
+                ev.origin_dc, ev.origin_epoch, ev.seq
+            )));
+        }
+        Ok(ev)
+    }
+
+    fn wrong_own_channel(&self, channel_dc: &str) -> LogError {
+        LogError::Refused(Refusal::WrongChannel { channel: channel_dc.to_owned(), origin: self.dc.clone() })
+    }
+}
+
+impl EventLog for RocksLog {
+    fn local_dc(&self) -> &str {
+        &self.dc
+    }
+    fn own_mark(&self) -> Mark {
+        self.own
+    }
+    fn mark_of(&self, origin: &str) -> Option<Mark> {
+        self.marks.get(origin).copied()
+    }
+    fn marks(&self) -> BTreeMap<String, Mark> {
+        self.marks.clone()
+    }
+    fn purge_floor(&self) -> u64 {
+        self.floor
+    }
+
+    fn append_local(&mut self, events: &[ChangeEvent]) -> Result<(), LogError> {
+        self.append_local_with_changes(events).map(drop)
+    }
+
+    fn read_own(&self, after_seq: u64, max: usize) -> Result<Vec<ChangeEvent>, LogError> {
+        if after_seq < self.floor {
+            return Err(LogError::Purged { floor: self.floor });
+        }
+        let Some(first) = after_seq.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        let want = usize::try_from(self.own.seq.saturating_sub(after_seq)).unwrap_or(usize::MAX).min(max);
+        let mut out = Vec::with_capacity(want.min(4096));
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_lower_bound(seq_key(first).to_vec());
+        for item in self.db.iterator_cf_opt(self.cf(CF_LOG)?, ro, IteratorMode::Start).take(want) {
+            let (k, v) = item.map_err(storage)?;
+            let seq = decode_u64("log key", &k)?;
+            let expected = first + out.len() as u64;
+            if seq != expected {
+                return Err(LogError::Corrupt(format!("log is missing seq {expected} (next stored: {seq})")));
+            }
+            out.push(self.decode_logged(seq, &v)?);
+        }
+        if out.len() != want {
+            return Err(LogError::Corrupt(format!(
+                "log ends at seq {} but the own seq is {}",
+                after_seq + out.len() as u64,
+                self.own.seq
+            )));
+        }
+        Ok(out)
+    }
+
+    fn apply_remote(&mut self, channel_dc: &str, events: &[ChangeEvent]) -> Result<ApplyReport, LogError> {
+        self.check_writable()?;
+        if channel_dc == self.dc {
+            return Err(self.wrong_own_channel(channel_dc));
+        }
+        let mark = self.mark_of(channel_dc);
+        // plan_batch cannot see errors; the first one is kept and the plan discarded.
+        let failure: RefCell<Option<LogError>> = RefCell::new(None);
+        let plan = merge::plan_batch(
+            channel_dc,
+            mark,
+            |k| {
+                self.try_held(k).unwrap_or_else(|e| {
+                    failure.borrow_mut().get_or_insert(e);
+                    Held::Absent
+                })
+            },
+            events,
+        );
+        if let Some(e) = failure.into_inner() {
+            return Err(e);
+        }
+        let mut report = ApplyReport {
+            applied: plan.changes.len(),
+            superseded: plan.superseded,
+            duplicates: plan.duplicates,
+            mark: plan.new_mark.or(mark),
+            refusal: plan.refusal.clone(),
+            changes: Vec::with_capacity(plan.changes.len()),
+        };
+        let mut batch = WriteBatch::default();
+        for change in &plan.changes {
+            report.changes.push(self.stage_effect(&mut batch, change.event, change.effect)?);
+        }
+        if let Some(m) = plan.new_mark {
+            batch.put_cf(self.cf(CF_META)?, meta_name(META_MARK_PREFIX, channel_dc), encode_mark(m));
+        }
+        self.commit(batch)?;
+        if let Some(m) = plan.new_mark {
+            self.marks.insert(channel_dc.to_owned(), m);
+        }
+        Ok(report)
+    }
+
+    fn install_snapshot(&mut self, channel_dc: &str, snap: &Snapshot) -> Result<ApplyReport, LogError> {
+        self.check_writable()?;
+        if channel_dc == self.dc {
+            return Err(self.wrong_own_channel(channel_dc));
+        }
+        let live = self.owner_keys(CF_INSTANCES, channel_dc)?;
+        let tombs = self.owner_keys(CF_TOMBSTONES, channel_dc)?;
+        let plan = merge::plan_snapshot(channel_dc, self.mark_of(channel_dc), &live, &tombs, snap)?;
+        let (inst_cf, tombs_cf) = (self.cf(CF_INSTANCES)?, self.cf(CF_TOMBSTONES)?);
+        let mut report = ApplyReport { mark: Some(plan.new_mark), ..Default::default() };
+        let mut batch = WriteBatch::default();
+        // Which keys are live as the steps below go, so that the reported changes match the
+        // model step for step. Keys of other owners (only in a snapshot that failed
+        // validation) are looked up on demand.
+        let mut live_now: BTreeSet<InstanceKey> = live.into_iter().collect();
+        let mut others: BTreeMap<InstanceKey, bool> = BTreeMap::new();
+        for k in plan.remove {
+            batch.delete_cf(inst_cf, encode_key(&k));
+            live_now.remove(&k);
+            report.changes.push(StateChange::Remove { key: k });
+        }
+        for k in &plan.remove_tombstones {
+            batch.delete_cf(tombs_cf, encode_key(k));
+        }
+        for SnapshotInstance { seq, record } in &snap.instances {
+            let enc = encode_key(&record.key);
+            batch.delete_cf(tombs_cf, &enc);
+            batch.put_cf(inst_cf, &enc, tandem_schemas::encode(&(*seq, record)));
+            if record.key.owner_dc == channel_dc {
+                live_now.insert(record.key.clone());
+            } else {
+                others.insert(record.key.clone(), true);
+            }
+            report.changes.push(StateChange::Put { seq: *seq, record: record.clone() });
+        }
+        for t in &snap.tombstones {
+            let enc = encode_key(&t.key);
+            let was_live = if t.key.owner_dc == channel_dc {
+                live_now.remove(&t.key)
+            } else {
+                let held_live = match others.get(&t.key) {
+                    Some(live) => *live,
+                    None => matches!(self.try_held(&t.key)?, Held::Live { .. }),
+                };
+                others.insert(t.key.clone(), false);
+                held_live
+            };
+            if was_live {
+                batch.delete_cf(inst_cf, &enc);
+                report.changes.push(StateChange::Remove { key: t.key.clone() });
+            }
+            batch.put_cf(tombs_cf, &enc, tandem_schemas::encode(&(t.seq, t.reason)));
+        }
+        report.applied = snap.instances.len() + snap.tombstones.len();
+        batch.put_cf(self.cf(CF_META)?, meta_name(META_MARK_PREFIX, channel_dc), encode_mark(plan.new_mark));
+        self.commit(batch)?;
+        self.marks.insert(channel_dc.to_owned(), plan.new_mark);
+        Ok(report)
+    }
+
+    fn snapshot_own(&self) -> Result<Snapshot, LogError> {
+        let mut instances = Vec::new();
+        for item in self.scan_owner(CF_INSTANCES, &self.dc)? {
+            let (k, v) = item?;
+            let (seq, record) = decode_instance(&v)?;
+            check_stored_key(&k, &record.key)?;
+            instances.push(SnapshotInstance { seq, record });
+        }
+        let mut tombstones = Vec::new();
+        for item in self.scan_owner(CF_TOMBSTONES, &self.dc)? {
+            let (k, v) = item?;
+            let (seq, reason) = decode_tombstone(&v)?;
+            tombstones.push(Tombstone { key: decode_key(&k)?, seq, reason });
+        }
+        Ok(Snapshot { origin_dc: self.dc.clone(), mark: self.own, instances, tombstones })
+    }
+
+    fn purge_own(&mut self, upto_seq: u64) -> Result<(), LogError> {
+        self.purge_own_reporting(upto_seq).map(drop)
+    }
+
+    fn purge_remote_tombstones(&mut self, origin: &str, upto_seq: u64) -> Result<(), LogError> {
+        self.purge_remote_tombstones_reporting(origin, upto_seq).map(drop)
+    }
+
+    /// A storage or decode error cannot be reported here: it is logged and the key reads
+    /// as absent. The merge paths of this log use [`RocksLog::try_held`] and fail instead.
+    fn held(&self, key: &InstanceKey) -> Held {
+        self.try_held(key).unwrap_or_else(|e| {
+            tracing::error!(?key, error = %e, "event log: cannot read the state of a key");
+            Held::Absent
+        })
+    }
+
+    fn instances(&self) -> Result<Vec<(u64, InstanceRecord)>, LogError> {
+        let mut out = Vec::new();
+        for item in self.scan_all(CF_INSTANCES)? {
+            let (k, v) = item?;
+            let (seq, record) = decode_instance(&v)?;
+            check_stored_key(&k, &record.key)?;
+            out.push((seq, record));
+        }
+        Ok(out)
+    }
+
+    fn tombstones(&self) -> Result<Vec<Tombstone>, LogError> {
+        let mut out = Vec::new();
+        for item in self.scan_all(CF_TOMBSTONES)? {
+            let (k, v) = item?;
+            let (seq, reason) = decode_tombstone(&v)?;
+            out.push(Tombstone { key: decode_key(&k)?, seq, reason });
+        }
+        Ok(out)
+    }
+}
+
+fn random_epoch() -> NonZeroU64 {
+    NonZeroU64::new(rand::random::<u64>()).unwrap_or(NonZeroU64::MIN)
+}
+
+fn storage(e: rocksdb::Error) -> LogError {
+    LogError::Storage(e.into_string())
+}
+
+fn meta_name(prefix: &[u8], name: &str) -> Vec<u8> {
+    [prefix, name.as_bytes()].concat()
+}
+
+fn decode_instance(bytes: &[u8]) -> Result<(u64, InstanceRecord), LogError> {
+    tandem_schemas::decode(bytes, VALUE_BYTES_MAX).map_err(|e| LogError::Corrupt(format!("instance: {e}")))
+}
+
+fn decode_tombstone(bytes: &[u8]) -> Result<(u64, DeregisterReason), LogError> {
+    tandem_schemas::decode(bytes, VALUE_BYTES_MAX).map_err(|e| LogError::Corrupt(format!("tombstone: {e}")))
+}
+
+/// The record read back must be the one its key says: the pair of the encoding on write.
+fn check_stored_key(stored: &[u8], key: &InstanceKey) -> Result<(), LogError> {
+    if stored != encode_key(key).as_slice() {
+        return Err(LogError::Corrupt(format!("instance {key:?} stored under another key")));
+    }
+    Ok(())
+}
