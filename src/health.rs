@@ -32,9 +32,8 @@
 //! A heartbeat is *consecutive* when the silence before it was shorter than
 //! `suspect_after_ms`, i.e. short enough to have kept a healthy instance healthy. The
 //! *streak* counts consecutive heartbeats; a heartbeat after a longer silence starts a new
-//! streak of 1. The way back is slow (slow to kill, slow to revive):
-//!
-//! A heartbeat then moves the actual health at most one step up:
+//! streak of 1. After the silence rules, a heartbeat moves the actual health at most one
+//! step up, and the way back from Unhealthy is slow (slow to kill, slow to revive):
 //!
 //! - Healthy stays Healthy;
 //! - Suspect that has not been Unhealthy since it was last Healthy becomes Healthy (one
@@ -88,9 +87,9 @@
 //! 1. never when `self_preservation_enabled` is false;
 //! 2. never when fewer than `self_preservation_min_leases` leases exist (with a threshold of
 //!    0.85, losing one lease out of six or fewer would otherwise pause expiry for good);
-//! 3. always during the first `self_preservation_window_ms` after [`SelfPreservation::new`]
-//!    (warm-up: after a restart the window has not seen a full round of heartbeats yet, and
-//!    a restart must not expire the whole population);
+//! 3. always during the first `self_preservation_window_ms` after the counter starts, or
+//!    after it adopts a new window (warm-up: after a restart the window has not seen a full
+//!    round of heartbeats yet, and a restart must not expire the whole population);
 //! 4. otherwise when `renewals < threshold * expected`, where renewals are counted in the
 //!    last window and `expected = leases * window / heartbeat_interval_ms`.
 //!
@@ -124,7 +123,7 @@ pub const SELF_PRESERVATION_WINDOW_INTERVALS_MIN: u64 = 4;
 
 /// Timing, recovery, damping and self-preservation settings. Check with
 /// [`HealthConfig::validate`] before use.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct HealthConfig {
     /// How often clients are expected to heartbeat.
     pub heartbeat_interval_ms: u64,
@@ -329,7 +328,9 @@ pub struct Lease {
 
 impl Lease {
     /// A new lease, Healthy and just renewed. `times` should be valid
-    /// ([`LeaseTimes::validate`]); the rest of `cfg` is copied (recovery and damping).
+    /// ([`LeaseTimes::validate`]); `recovery_heartbeats`, `flap_window_ms` and
+    /// `flap_transitions_max` are copied from `cfg` (its silence thresholds are not used:
+    /// those come from `times`).
     pub fn new(now_ms: u64, times: LeaseTimes, cfg: &HealthConfig) -> Lease {
         debug_assert!(times.validate().is_ok(), "invalid lease times {times:?}");
         let flap_transitions_max = cfg.flap_transitions_max.clamp(1, FLAP_TRANSITIONS_MAX_LIMIT);
@@ -542,7 +543,7 @@ pub struct SelfPreservation {
 }
 
 impl SelfPreservation {
-    /// Starts the warm-up window. The window length is taken from `cfg` here and kept.
+    /// Starts the warm-up, with the window of `cfg`.
     pub fn new(now_ms: u64, cfg: &HealthConfig) -> SelfPreservation {
         let window_ms = cfg.self_preservation_window_ms.max(1);
         let bucket_ms = window_ms.div_ceil(SELF_PRESERVATION_BUCKETS as u64);
@@ -569,9 +570,13 @@ impl SelfPreservation {
     }
 
     /// Whether expiry is paused at `now_ms` for `lease_count` leases; see the module docs
-    /// for the rules. Reads enabled, threshold, min_leases and heartbeat interval from
-    /// `cfg`; the window is the one given to [`SelfPreservation::new`].
+    /// for the rules. If `cfg` has a different window than this counter, the counter starts
+    /// over with the new window, warm-up included (counts in buckets of another size cannot
+    /// be carried over, and pausing while they are missing is the safe side).
     pub fn evaluate(&mut self, now_ms: u64, lease_count: usize, cfg: &HealthConfig) -> bool {
+        if cfg.self_preservation_window_ms.max(1) != self.window_ms {
+            *self = SelfPreservation::new(now_ms, cfg);
+        }
         self.advance(now_ms / self.bucket_ms);
         let oldest_bucket = self.head_bucket.saturating_sub(SELF_PRESERVATION_BUCKETS as u64 - 1);
         let span_start_ms = (oldest_bucket * self.bucket_ms).max(self.started_ms);
@@ -799,7 +804,8 @@ mod tests {
 
     #[test]
     fn clock_going_backwards_counts_as_no_silence() {
-        let mut lease = Lease::new(10_000, HealthConfig::default().default_times(), &HealthConfig::default());
+        let cfg = HealthConfig::default();
+        let mut lease = Lease::new(10_000, cfg.default_times(), &cfg);
         run(&mut lease, &[(Tick(0), None, H), (Beat(5_000), None, H), (Tick(14_999), None, H)]);
         assert_eq!(lease.last_renew_ms(), 10_000);
     }
@@ -811,8 +817,7 @@ mod tests {
         assert_eq!(LeaseTimes::from_ttl(0), shortest);
         assert_eq!(LeaseTimes::from_ttl(1), shortest);
         assert_eq!(LeaseTimes::from_ttl(u64::MAX).expire_after_ms, DURATION_MS_LIMIT);
-        let cfg = HealthConfig::default();
-        let mut lease = Lease::new(0, LeaseTimes::from_ttl(6_000), &cfg);
+        let mut lease = Lease::new(0, LeaseTimes::from_ttl(6_000), &HealthConfig::default());
         run(
             &mut lease,
             &[
@@ -1022,6 +1027,19 @@ mod tests {
     }
 
     #[test]
+    fn configured_recovery_heartbeats_apply() {
+        let cfg = HealthConfig { recovery_heartbeats: 3, ..HealthConfig::default() };
+        let mut lease = Lease::new(0, cfg.default_times(), &cfg);
+        let mut steps = vec![(Tick(15_000), to(U), U)];
+        steps.extend([(Beat(15_000), None, U), (Beat(16_000), None, U), (Beat(17_000), to(S), S)]);
+        steps.extend([(Beat(18_000), None, S), (Beat(19_000), None, S), (Beat(20_000), to(H), H)]);
+        run(&mut lease, &steps);
+        let cfg = HealthConfig { recovery_heartbeats: 1, ..HealthConfig::default() };
+        let mut lease = Lease::new(0, cfg.default_times(), &cfg);
+        run(&mut lease, &[(Tick(15_000), to(U), U), (Beat(15_000), to(S), S), (Beat(16_000), to(H), H)]);
+    }
+
+    #[test]
     fn next_deadline_follows_the_next_threshold() {
         let mut lease = lease_at_zero();
         assert_eq!(lease.next_deadline_ms(), Some(5_000));
@@ -1084,6 +1102,20 @@ mod tests {
     }
 
     #[test]
+    fn self_preservation_adopts_a_new_window_with_a_new_warm_up() {
+        let cfg = HealthConfig { self_preservation_window_ms: 120_000, ..HealthConfig::default() };
+        let mut sp = SelfPreservation::new(0, &HealthConfig::default());
+        renew(&mut sp, 0, 70_000, 100);
+        assert!(sp.evaluate(70_000, 100, &cfg), "warm-up restarts at 70 s");
+        renew(&mut sp, 75_000, 185_000, 100);
+        assert!(sp.evaluate(189_999, 100, &cfg));
+        renew(&mut sp, 190_000, 190_000, 100);
+        assert!(!sp.evaluate(190_000, 100, &cfg));
+        assert_eq!(sp.renewals_last_window(), 2_400);
+        assert_eq!(sp.expected_last_window(), 2_360);
+    }
+
+    #[test]
     fn self_preservation_forgets_renewals_older_than_the_window() {
         let cfg = HealthConfig::default();
         let mut sp = SelfPreservation::new(0, &cfg);
@@ -1106,13 +1138,15 @@ mod tests {
     }
 
     fn ops() -> impl Strategy<Value = Vec<(u64, Op)>> {
-        let delta_ms = prop_oneof![4 => 0u64..7_000, 1 => 7_000u64..40_000];
+        // Mostly heartbeat-sized gaps, with silences long enough to reach every threshold.
+        let delta_ms = prop_oneof![6 => 0u64..3_000, 3 => 3_000u64..7_000, 1 => 7_000u64..40_000];
         let op = prop_oneof![3 => Just(Op::Beat), 2 => Just(Op::Tick), 2 => Just(Op::TickPaused)];
         proptest::collection::vec((delta_ms, op), 0..300)
     }
 
     fn configs() -> impl Strategy<Value = (HealthConfig, LeaseTimes)> {
-        (1u32..=8, 1u32..=3, 1_000u64..=60_000, prop_oneof![Just(30_000u64), 600u64..60_000]).prop_map(
+        let flap_window_ms = prop_oneof![1_000u64..=20_000, 20_000u64..=60_000];
+        (1u32..=8, 1u32..=3, flap_window_ms, prop_oneof![Just(30_000u64), 600u64..60_000]).prop_map(
             |(flap_transitions_max, recovery_heartbeats, flap_window_ms, ttl_ms)| {
                 let cfg = HealthConfig {
                     flap_transitions_max,

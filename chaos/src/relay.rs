@@ -118,6 +118,8 @@ impl Relay {
     ) -> Result<Relay, StartError> {
         let socket = UdpSocket::bind(listen).await.map_err(|source| StartError::Bind { listen, source })?;
         let local_addr = socket.local_addr().map_err(|source| StartError::Bind { listen, source })?;
+        // Sends are `try_send`, which consults cached readiness; learn it once up front.
+        socket.writable().await.map_err(|source| StartError::Bind { listen, source })?;
         let listen_socket = Arc::new(socket);
 
         let shared = Arc::new(Shared::new(faults, seed));
@@ -154,13 +156,14 @@ impl Relay {
         // Cancellation is the expected outcome; a panic would already have been reported.
         let _ = (&mut self.listener).await;
         let _ = (&mut self.scheduler).await;
-        let tasks = self.mappings.lock().drain();
+        // The listener has ended, so nothing adds mappings any more.
+        let mut mappings = self.mappings.lock().drain();
         self.handle.shared.mappings_open.store(0, Ordering::Relaxed);
-        for task in &tasks {
-            task.abort();
+        for mapping in &mappings {
+            mapping.task.abort();
         }
-        for task in tasks {
-            let _ = task.await;
+        for mapping in &mut mappings {
+            let _ = (&mut mapping.task).await;
         }
     }
 }
@@ -169,9 +172,9 @@ impl Drop for Relay {
     fn drop(&mut self) {
         self.listener.abort();
         self.scheduler.abort();
-        for task in self.mappings.lock().drain() {
-            task.abort();
-        }
+        // Mappings abort their task when dropped; a mapping the listener adds after this
+        // drain goes with the listener's table when its future is dropped.
+        drop(self.mappings.lock().drain());
     }
 }
 
@@ -523,8 +526,7 @@ impl Shaper {
         let hold = ms(faults.reorder_hold_ms);
         let held_back = !hold.is_zero() && faults.reorder.hit(reorder);
         let delay = base + jitter_max.mul_f64(jitter) + if held_back { hold } else { Duration::ZERO };
-        let duplicate =
-            faults.duplicate.hit(duplicate).then(|| base + jitter_max.mul_f64(duplicate_jitter));
+        let duplicate = faults.duplicate.hit(duplicate).then(|| base + jitter_max.mul_f64(duplicate_jitter));
         Verdict::Deliver { delay, held_back, duplicate }
     }
 }
@@ -809,6 +811,13 @@ struct Mapping {
     task: JoinHandle<()>,
 }
 
+impl Drop for Mapping {
+    /// A mapping never outlives its entry: a detached task would keep the listen socket open.
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Last traffic on a mapping, in milliseconds since the relay started.
 struct Activity {
     epoch: Instant,
@@ -837,15 +846,14 @@ impl MappingTable {
         MappingTable { mappings: HashMap::new(), limits }
     }
 
-    /// Removes every mapping and returns the tasks to stop.
-    fn drain(&mut self) -> Vec<JoinHandle<()>> {
-        self.mappings.drain().map(|(_, mapping)| mapping.task).collect()
+    /// Removes every mapping.
+    fn drain(&mut self) -> Vec<Mapping> {
+        self.mappings.drain().map(|(_, mapping)| mapping).collect()
     }
 
     fn remove(&mut self, client: &SocketAddr) {
-        if let Some(mapping) = self.mappings.remove(client) {
-            mapping.task.abort();
-        }
+        // Dropping the mapping aborts its task.
+        self.mappings.remove(client);
     }
 
     /// Removes mappings idle for longer than the limit; returns how many.
@@ -944,6 +952,8 @@ async fn mapping_for(
     };
     let socket = UdpSocket::bind(unspecified).await?;
     socket.connect(upstream).await?;
+    // Sends are `try_send`, which consults cached readiness; learn it once up front.
+    socket.writable().await?;
     let socket = Arc::new(socket);
     let activity = Arc::new(Activity { epoch, last_ms: AtomicU64::new(0) });
     activity.touch();
@@ -989,7 +999,10 @@ mod tests {
     #[test]
     fn no_faults_deliver_immediately() {
         for verdict in verdicts(1, &LinkFaults::NONE, 100) {
-            assert_eq!(verdict, Verdict::Deliver { delay: Duration::ZERO, held_back: false, duplicate: None });
+            assert_eq!(
+                verdict,
+                Verdict::Deliver { delay: Duration::ZERO, held_back: false, duplicate: None }
+            );
         }
     }
 

@@ -37,12 +37,12 @@ pub const ALPN: &[u8] = b"tandem-repl/1";
 ///
 /// The root crate implements it on its RocksDB committer so that every apply is one
 /// atomic, synced write that also updates the node's in-memory view.
+/// A read of the log, run wherever the store keeps it.
+pub type LogRead<R> = Box<dyn FnOnce(&dyn EventLog) -> R + Send>;
+
 pub trait ReplicaStore: Clone + Send + Sync + 'static {
     /// Runs `f` with read access to the log (used for reading own events and snapshots).
-    fn with_log<R: Send + 'static>(
-        &self,
-        f: Box<dyn FnOnce(&dyn EventLog) -> R + Send>,
-    ) -> impl Future<Output = Result<R, LogError>> + Send;
+    fn with_log<R: Send + 'static>(&self, f: LogRead<R>) -> impl Future<Output = Result<R, LogError>> + Send;
     fn apply_remote(
         &self,
         channel_dc: String,
@@ -110,19 +110,13 @@ pub struct PeerLink {
 }
 
 /// A bounded ring of recent lag samples.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct LagRing {
     samples: Vec<u64>,
     next: usize,
 }
 
 const LAG_SAMPLES_MAX: usize = 4096;
-
-impl Default for LagRing {
-    fn default() -> Self {
-        LagRing { samples: Vec::new(), next: 0 }
-    }
-}
 
 impl LagRing {
     pub fn push(&mut self, v: u64) {

@@ -103,12 +103,10 @@ pub fn local_effect(ev: &ChangeEvent) -> Effect {
 
 /// Checks that `events` continue the own log at `own`. Shared by implementations.
 pub fn check_local_sequence(own: Mark, local_dc: &str, events: &[ChangeEvent]) -> Result<(), LogError> {
-    let mut expected = own.seq + 1;
-    for ev in events {
+    for (expected, ev) in (own.seq + 1..).zip(events) {
         if ev.seq != expected || ev.origin_epoch != own.epoch || ev.origin_dc != local_dc {
             return Err(LogError::OutOfSequence { expected, got: ev.seq });
         }
-        expected += 1;
     }
     Ok(())
 }

@@ -47,8 +47,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose,
 };
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::{self, PemObject};
@@ -124,19 +124,11 @@ pub enum TlsError {
 
     /// A file exists but could not be read. Nothing changed.
     #[error("cannot read {role} file {path}: {source}")]
-    Read {
-        role: FileRole,
-        path: PathBuf,
-        source: io::Error,
-    },
+    Read { role: FileRole, path: PathBuf, source: io::Error },
 
     /// A file is not well-formed PEM. Nothing changed.
     #[error("{role} file {path} is not valid PEM: {source}")]
-    Pem {
-        role: FileRole,
-        path: PathBuf,
-        source: pem::Error,
-    },
+    Pem { role: FileRole, path: PathBuf, source: pem::Error },
 
     /// A file is readable but holds no PEM item of the kind its role needs. Nothing changed.
     #[error("{role} file {path} contains no PEM {role}")]
@@ -145,11 +137,7 @@ pub enum TlsError {
     /// A certificate in a file is not a parsable X.509 v3 certificate (or, for the CA file,
     /// not usable as a trust anchor). Nothing changed.
     #[error("{role} file {path} holds an unusable certificate: {source}")]
-    BadCertificate {
-        role: FileRole,
-        path: PathBuf,
-        source: webpki::Error,
-    },
+    BadCertificate { role: FileRole, path: PathBuf, source: webpki::Error },
 
     /// The private key cannot be used by the ring provider (unsupported algorithm or
     /// malformed key). Nothing changed.
@@ -172,21 +160,12 @@ pub enum TlsError {
     /// (expired, not yet valid, signed by another CA, missing extended key usage). Nothing
     /// changed.
     #[error("certificate file {cert} is not valid for {usage} under the CA in {ca}: {source}")]
-    CertNotTrusted {
-        cert: PathBuf,
-        ca: PathBuf,
-        usage: &'static str,
-        source: webpki::Error,
-    },
+    CertNotTrusted { cert: PathBuf, ca: PathBuf, usage: &'static str, source: webpki::Error },
 
     /// A reload found a certificate for a different DC than the one in use. A DC's identity
     /// does not change by rotation; restart with new configuration instead. Nothing changed.
     #[error("certificate file {path} is for DC {reloaded:?}, but the material in use is for DC {loaded:?}")]
-    IdentityChanged {
-        path: PathBuf,
-        loaded: String,
-        reloaded: String,
-    },
+    IdentityChanged { path: PathBuf, loaded: String, reloaded: String },
 
     /// A file to be generated already exists and overwriting was not requested. Nothing was
     /// written (all targets are checked before the first write).
@@ -213,10 +192,7 @@ pub enum TlsError {
 
     /// Certificate or key generation failed inside rcgen. Nothing was written.
     #[error("cannot generate {what}: {source}")]
-    Generate {
-        what: &'static str,
-        source: rcgen::Error,
-    },
+    Generate { what: &'static str, source: rcgen::Error },
 
     /// The CA certificate PEM given to [`generate_dc_cert`] is not usable. Nothing changed.
     #[error("CA certificate PEM is not usable: {reason}")]
@@ -245,23 +221,16 @@ pub enum TlsError {
 
     /// rustls refused to build a configuration. Nothing changed.
     #[error("cannot build TLS {what}: {source}")]
-    Rustls {
-        what: &'static str,
-        source: rustls::Error,
-    },
+    Rustls { what: &'static str, source: rustls::Error },
 
     /// rustls refused to build the client certificate verifier (for example, an empty CA
     /// file). Nothing changed.
     #[error("cannot build client certificate verifier: {source}")]
-    Verifier {
-        source: rustls::server::VerifierBuilderError,
-    },
+    Verifier { source: rustls::server::VerifierBuilderError },
 
     /// quinn cannot use the TLS configuration (no QUIC initial cipher suite). Nothing changed.
     #[error("TLS configuration is not usable for QUIC: {source}")]
-    QuicCrypto {
-        source: quinn::crypto::rustls::NoInitialCipherSuite,
-    },
+    QuicCrypto { source: quinn::crypto::rustls::NoInitialCipherSuite },
 
     /// The connection carries no peer certificate chain (handshake incomplete, or a TLS
     /// configuration not built by this module).
@@ -305,10 +274,7 @@ pub struct TransportTuning {
 
 impl Default for TransportTuning {
     fn default() -> Self {
-        TransportTuning {
-            keep_alive_interval: Duration::from_secs(1),
-            idle_timeout: Duration::from_secs(10),
-        }
+        TransportTuning { keep_alive_interval: Duration::from_secs(1), idle_timeout: Duration::from_secs(10) }
     }
 }
 
@@ -316,23 +282,15 @@ impl TransportTuning {
     /// The quinn transport config for these settings.
     pub fn transport_config(&self) -> Result<quinn::TransportConfig, TlsError> {
         if self.keep_alive_interval.is_zero() {
-            return Err(TlsError::Tuning {
-                reason: "keep_alive_interval must be greater than zero",
-            });
+            return Err(TlsError::Tuning { reason: "keep_alive_interval must be greater than zero" });
         }
         if self.keep_alive_interval >= self.idle_timeout {
-            return Err(TlsError::Tuning {
-                reason: "keep_alive_interval must be shorter than idle_timeout",
-            });
+            return Err(TlsError::Tuning { reason: "keep_alive_interval must be shorter than idle_timeout" });
         }
-        let idle_timeout =
-            quinn::IdleTimeout::try_from(self.idle_timeout).map_err(|_| TlsError::Tuning {
-                reason: "idle_timeout is too large for QUIC",
-            })?;
+        let idle_timeout = quinn::IdleTimeout::try_from(self.idle_timeout)
+            .map_err(|_| TlsError::Tuning { reason: "idle_timeout is too large for QUIC" })?;
         let mut config = quinn::TransportConfig::default();
-        config
-            .keep_alive_interval(Some(self.keep_alive_interval))
-            .max_idle_timeout(Some(idle_timeout));
+        config.keep_alive_interval(Some(self.keep_alive_interval)).max_idle_timeout(Some(idle_timeout));
         Ok(config)
     }
 }
@@ -370,14 +328,9 @@ impl TlsMaterial {
         let ca_certs = parse_certs(FileRole::CaCert, &paths.ca_cert, &ca_pem)?;
         let mut roots = RootCertStore::empty();
         for der in &ca_certs {
-            let anchor =
-                webpki::anchor_from_trusted_cert(der).map_err(|source| {
-                    TlsError::BadCertificate {
-                        role: FileRole::CaCert,
-                        path: paths.ca_cert.clone(),
-                        source,
-                    }
-                })?;
+            let anchor = webpki::anchor_from_trusted_cert(der).map_err(|source| {
+                TlsError::BadCertificate { role: FileRole::CaCert, path: paths.ca_cert.clone(), source }
+            })?;
             roots.roots.push(anchor.to_owned());
         }
 
@@ -401,26 +354,14 @@ impl TlsMaterial {
         match CertifiedKey::from_der(chain.clone(), key.clone_key(), &ring_provider()) {
             Ok(_) => {}
             Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
-                return Err(TlsError::KeyMismatch {
-                    cert: paths.cert.clone(),
-                    key: paths.key.clone(),
-                });
+                return Err(TlsError::KeyMismatch { cert: paths.cert.clone(), key: paths.key.clone() });
             }
             Err(source) => {
-                return Err(TlsError::BadKey {
-                    path: paths.key.clone(),
-                    source,
-                });
+                return Err(TlsError::BadKey { path: paths.key.clone(), source });
             }
         }
 
-        Ok(TlsMaterial {
-            paths: paths.clone(),
-            roots: Arc::new(roots),
-            chain,
-            key,
-            dc,
-        })
+        Ok(TlsMaterial { paths: paths.clone(), roots: Arc::new(roots), chain, key, dc })
     }
 
     /// The files this material was read from.
@@ -442,11 +383,7 @@ impl TlsMaterial {
     /// authentication (the link uses one certificate in both roles).
     pub fn check_chain(&self, now: SystemTime) -> Result<(), TlsError> {
         let end_entity = webpki::EndEntityCert::try_from(&self.chain[0]).map_err(|source| {
-            TlsError::BadCertificate {
-                role: FileRole::Cert,
-                path: self.paths.cert.clone(),
-                source,
-            }
+            TlsError::BadCertificate { role: FileRole::Cert, path: self.paths.cert.clone(), source }
         })?;
         let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
         let time = UnixTime::since_unix_epoch(since_epoch);
@@ -498,16 +435,10 @@ pub fn server_config_tuned(
         .map_err(|source| TlsError::Verifier { source })?;
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|source| TlsError::Rustls {
-            what: "server protocol versions",
-            source,
-        })?
+        .map_err(|source| TlsError::Rustls { what: "server protocol versions", source })?
         .with_client_cert_verifier(verifier)
         .with_single_cert(m.chain.clone(), m.key.clone_key())
-        .map_err(|source| TlsError::Rustls {
-            what: "server certificate",
-            source,
-        })?;
+        .map_err(|source| TlsError::Rustls { what: "server certificate", source })?;
     tls.alpn_protocols = vec![alpn.to_vec()];
     // Full handshake on every connection: rotation and expiry apply at once, and the
     // link opens rarely enough that resumption would buy nothing.
@@ -539,16 +470,10 @@ pub fn client_config_tuned(
     let transport = tuning.transport_config()?;
     let mut tls = rustls::ClientConfig::builder_with_provider(ring_provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|source| TlsError::Rustls {
-            what: "client protocol versions",
-            source,
-        })?
+        .map_err(|source| TlsError::Rustls { what: "client protocol versions", source })?
         .with_root_certificates(m.roots.clone())
         .with_client_auth_cert(m.chain.clone(), m.key.clone_key())
-        .map_err(|source| TlsError::Rustls {
-            what: "client certificate",
-            source,
-        })?;
+        .map_err(|source| TlsError::Rustls { what: "client certificate", source })?;
     tls.alpn_protocols = vec![alpn.to_vec()];
     tls.resumption = rustls::client::Resumption::disabled();
     tls.enable_early_data = false;
@@ -567,15 +492,11 @@ pub fn client_config_tuned(
 /// The caller must still check the name against its configured peers.
 pub fn peer_dc(conn: &quinn::Connection) -> Result<String, TlsError> {
     let identity = conn.peer_identity().ok_or(TlsError::NoPeerCertificate)?;
-    let chain = identity
-        .downcast::<Vec<CertificateDer<'static>>>()
-        .map_err(|_| TlsError::NoPeerCertificate)?;
+    let chain =
+        identity.downcast::<Vec<CertificateDer<'static>>>().map_err(|_| TlsError::NoPeerCertificate)?;
     let end_entity = chain.first().ok_or(TlsError::NoPeerCertificate)?;
-    let names =
-        cert_dns_names(end_entity).map_err(|source| TlsError::PeerCertificate { source })?;
-    single_dc_name(&names).ok_or_else(|| TlsError::PeerDcName {
-        names: capped(names.iter().copied()),
-    })
+    let names = cert_dns_names(end_entity).map_err(|source| TlsError::PeerCertificate { source })?;
+    single_dc_name(&names).ok_or_else(|| TlsError::PeerDcName { names: capped(names.iter().copied()) })
 }
 
 /// TLS material that can be re-read from its files while the process runs.
@@ -670,9 +591,7 @@ pub struct GeneratedCert {
 
 impl fmt::Debug for GeneratedCert {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GeneratedCert")
-            .field("cert_pem", &self.cert_pem)
-            .finish_non_exhaustive()
+        f.debug_struct("GeneratedCert").field("cert_pem", &self.cert_pem).finish_non_exhaustive()
     }
 }
 
@@ -703,10 +622,7 @@ pub struct DevPki {
 impl DevPki {
     /// The paths for one DC, if it was generated.
     pub fn paths(&self, dc: &str) -> Option<&TlsPaths> {
-        self.dcs
-            .iter()
-            .find(|(name, _)| name == dc)
-            .map(|(_, paths)| paths)
+        self.dcs.iter().find(|(name, _)| name == dc).map(|(_, paths)| paths)
     }
 }
 
@@ -722,9 +638,7 @@ pub fn generate_dev_pki(dir: &Path, dcs: &[&str], overwrite: bool) -> Result<Dev
     for (index, dc) in dcs.iter().enumerate() {
         validate_dc_name(dc)?;
         if dcs[..index].contains(dc) {
-            return Err(TlsError::DuplicateDc {
-                name: (*dc).to_owned(),
-            });
+            return Err(TlsError::DuplicateDc { name: (*dc).to_owned() });
         }
     }
     let pki = DevPki {
@@ -753,27 +667,20 @@ pub fn generate_dev_pki(dir: &Path, dcs: &[&str], overwrite: bool) -> Result<Dev
 
     // Generate everything before writing anything.
     let now = SystemTime::now();
-    let not_before = now
-        .checked_sub(DEV_CLOCK_SKEW_ALLOWANCE)
-        .unwrap_or(UNIX_EPOCH);
-    let ca_not_after = now.checked_add(DEV_CA_VALIDITY).ok_or(TlsError::InvalidValidity {
-        reason: "CA expiry overflows the clock",
-    })?;
+    let not_before = now.checked_sub(DEV_CLOCK_SKEW_ALLOWANCE).unwrap_or(UNIX_EPOCH);
+    let ca_not_after = now
+        .checked_add(DEV_CA_VALIDITY)
+        .ok_or(TlsError::InvalidValidity { reason: "CA expiry overflows the clock" })?;
     let dc_not_after = now
         .checked_add(DEV_DC_CERT_VALIDITY)
-        .ok_or(TlsError::InvalidValidity {
-            reason: "certificate expiry overflows the clock",
-        })?;
+        .ok_or(TlsError::InvalidValidity { reason: "certificate expiry overflows the clock" })?;
     let ca = generate_dev_ca(not_before, ca_not_after)?;
     let dc_certs = dcs
         .iter()
         .map(|dc| generate_dc_cert(&ca.cert_pem, &ca.key_pem, dc, not_before, dc_not_after))
         .collect::<Result<Vec<_>, _>>()?;
 
-    fs::create_dir_all(dir).map_err(|source| TlsError::Write {
-        path: dir.to_owned(),
-        source,
-    })?;
+    fs::create_dir_all(dir).map_err(|source| TlsError::Write { path: dir.to_owned(), source })?;
     ca.write(&pki.ca_cert, &pki.ca_key, overwrite)?;
     for ((_, paths), cert) in pki.dcs.iter().zip(&dc_certs) {
         cert.write(&paths.cert, &paths.key, overwrite)?;
@@ -782,24 +689,12 @@ pub fn generate_dev_pki(dir: &Path, dcs: &[&str], overwrite: bool) -> Result<Dev
 }
 
 /// A new self-signed development CA valid from `not_before` to `not_after`.
-pub fn generate_dev_ca(
-    not_before: SystemTime,
-    not_after: SystemTime,
-) -> Result<GeneratedCert, TlsError> {
-    let key = KeyPair::generate().map_err(|source| TlsError::Generate {
-        what: "CA key",
-        source,
-    })?;
+pub fn generate_dev_ca(not_before: SystemTime, not_after: SystemTime) -> Result<GeneratedCert, TlsError> {
+    let key = KeyPair::generate().map_err(|source| TlsError::Generate { what: "CA key", source })?;
     let cert = dev_ca_params(not_before, not_after)?
         .self_signed(&key)
-        .map_err(|source| TlsError::Generate {
-            what: "CA certificate",
-            source,
-        })?;
-    Ok(GeneratedCert {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    })
+        .map_err(|source| TlsError::Generate { what: "CA certificate", source })?;
+    Ok(GeneratedCert { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }
 
 /// A new certificate for DC `dc`, signed by a development CA (one made by
@@ -817,40 +712,27 @@ pub fn generate_dc_cert(
 ) -> Result<GeneratedCert, TlsError> {
     validate_dc_name(dc)?;
     let ca_key = KeyPair::from_pem(ca_key_pem).map_err(|source| TlsError::CaKeyInput { source })?;
-    let ca_der = CertificateDer::from_pem_slice(ca_cert_pem.as_bytes()).map_err(|error| {
-        TlsError::CaCertInput {
-            reason: CaInputError::Pem(error),
-        }
-    })?;
-    let given_anchor =
-        webpki::anchor_from_trusted_cert(&ca_der).map_err(|error| TlsError::CaCertInput {
-            reason: CaInputError::Certificate(error),
-        })?;
+    let ca_der = CertificateDer::from_pem_slice(ca_cert_pem.as_bytes())
+        .map_err(|error| TlsError::CaCertInput { reason: CaInputError::Pem(error) })?;
+    let given_anchor = webpki::anchor_from_trusted_cert(&ca_der)
+        .map_err(|error| TlsError::CaCertInput { reason: CaInputError::Certificate(error) })?;
 
     // rcgen 0.13 signs only with an rcgen `Certificate` as issuer and cannot parse one
     // from PEM without x509-parser. A dev CA is fully determined by its fixed name and its
     // key, so rebuild it and prove it is the same CA: same subject, same public key.
     let rebuilt = dev_ca_params(not_before, not_after)?
         .self_signed(&ca_key)
-        .map_err(|source| TlsError::Generate {
-            what: "CA certificate",
-            source,
-        })?;
-    let rebuilt_anchor =
-        webpki::anchor_from_trusted_cert(rebuilt.der()).map_err(|error| TlsError::CaCertInput {
-            reason: CaInputError::Certificate(error),
-        })?;
+        .map_err(|source| TlsError::Generate { what: "CA certificate", source })?;
+    let rebuilt_anchor = webpki::anchor_from_trusted_cert(rebuilt.der())
+        .map_err(|error| TlsError::CaCertInput { reason: CaInputError::Certificate(error) })?;
     if given_anchor.subject != rebuilt_anchor.subject
         || given_anchor.subject_public_key_info != rebuilt_anchor.subject_public_key_info
     {
         return Err(TlsError::NotDevCa);
     }
 
-    let mut params =
-        CertificateParams::new(vec![dc.to_owned()]).map_err(|source| TlsError::Generate {
-            what: "DC certificate parameters",
-            source,
-        })?;
+    let mut params = CertificateParams::new(vec![dc.to_owned()])
+        .map_err(|source| TlsError::Generate { what: "DC certificate parameters", source })?;
     set_validity(&mut params, not_before, not_after)?;
     let mut name = DistinguishedName::new();
     name.push(DnType::CommonName, dc);
@@ -858,35 +740,21 @@ pub fn generate_dc_cert(
     params.distinguished_name = name;
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
+    params.extended_key_usages =
+        vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
     params.use_authority_key_identifier_extension = true;
-    let key = KeyPair::generate().map_err(|source| TlsError::Generate {
-        what: "DC key",
-        source,
-    })?;
+    let key = KeyPair::generate().map_err(|source| TlsError::Generate { what: "DC key", source })?;
     let cert = params
         .signed_by(&key, &rebuilt, &ca_key)
-        .map_err(|source| TlsError::Generate {
-            what: "DC certificate",
-            source,
-        })?;
-    Ok(GeneratedCert {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    })
+        .map_err(|source| TlsError::Generate { what: "DC certificate", source })?;
+    Ok(GeneratedCert { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }
 
 /// Checks that `name` can serve as a DC name: a lowercase DNS name (letters, digits, '-'
 /// and '.'; labels not starting or ending with '-'), not an IP address, and not `ca` (which
 /// would collide with the CA files).
 pub fn validate_dc_name(name: &str) -> Result<(), TlsError> {
-    let invalid = |reason| TlsError::InvalidDcName {
-        name: name.to_owned(),
-        reason,
-    };
+    let invalid = |reason| TlsError::InvalidDcName { name: name.to_owned(), reason };
     if name.is_empty() || name.len() > DC_NAME_BYTES_MAX {
         return Err(invalid("must be 1 to 253 bytes"));
     }
@@ -897,10 +765,7 @@ pub fn validate_dc_name(name: &str) -> Result<(), TlsError> {
         if label.is_empty() || label.len() > 63 {
             return Err(invalid("each dot-separated label must be 1 to 63 bytes"));
         }
-        if !label
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        {
+        if !label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
             return Err(invalid("only lowercase letters, digits, '-' and '.' are allowed"));
         }
         if label.starts_with('-') || label.ends_with('-') {
@@ -926,15 +791,8 @@ fn load_checked(paths: &TlsPaths, now: SystemTime) -> Result<TlsMaterial, TlsErr
 
 fn read_file(role: FileRole, path: &Path) -> Result<Vec<u8>, TlsError> {
     fs::read(path).map_err(|source| match source.kind() {
-        io::ErrorKind::NotFound => TlsError::Missing {
-            role,
-            path: path.to_owned(),
-        },
-        _ => TlsError::Read {
-            role,
-            path: path.to_owned(),
-            source,
-        },
+        io::ErrorKind::NotFound => TlsError::Missing { role, path: path.to_owned() },
+        _ => TlsError::Read { role, path: path.to_owned(), source },
     })
 }
 
@@ -948,25 +806,15 @@ fn parse_certs(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|error| pem_error(role, path, error))?;
     if certs.is_empty() {
-        return Err(TlsError::NoPemItem {
-            role,
-            path: path.to_owned(),
-        });
+        return Err(TlsError::NoPemItem { role, path: path.to_owned() });
     }
     Ok(certs)
 }
 
 fn pem_error(role: FileRole, path: &Path, error: pem::Error) -> TlsError {
     match error {
-        pem::Error::NoItemsFound => TlsError::NoPemItem {
-            role,
-            path: path.to_owned(),
-        },
-        source => TlsError::Pem {
-            role,
-            path: path.to_owned(),
-            source,
-        },
+        pem::Error::NoItemsFound => TlsError::NoPemItem { role, path: path.to_owned() },
+        source => TlsError::Pem { role, path: path.to_owned(), source },
     }
 }
 
@@ -994,10 +842,7 @@ fn check_alpn(alpn: &[u8]) -> Result<(), TlsError> {
     Ok(())
 }
 
-fn dev_ca_params(
-    not_before: SystemTime,
-    not_after: SystemTime,
-) -> Result<CertificateParams, TlsError> {
+fn dev_ca_params(not_before: SystemTime, not_after: SystemTime) -> Result<CertificateParams, TlsError> {
     let mut params = CertificateParams::default();
     set_validity(&mut params, not_before, not_after)?;
     let mut name = DistinguishedName::new();
@@ -1005,11 +850,8 @@ fn dev_ca_params(
     name.push(DnType::OrganizationName, DEV_CA_ORGANIZATION);
     params.distinguished_name = name;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    params.key_usages =
+        vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     Ok(params)
 }
 
@@ -1019,9 +861,7 @@ fn set_validity(
     not_after: SystemTime,
 ) -> Result<(), TlsError> {
     if not_before >= not_after {
-        return Err(TlsError::InvalidValidity {
-            reason: "not_before must be earlier than not_after",
-        });
+        return Err(TlsError::InvalidValidity { reason: "not_before must be earlier than not_after" });
     }
     let epoch = rcgen::date_time_ymd(1970, 1, 1);
     params.not_before = epoch + since_epoch_for_cert(not_before)?;
@@ -1030,11 +870,9 @@ fn set_validity(
 }
 
 fn since_epoch_for_cert(t: SystemTime) -> Result<Duration, TlsError> {
-    let since = t
-        .duration_since(UNIX_EPOCH)
-        .map_err(|_| TlsError::InvalidValidity {
-            reason: "certificate times before 1970 are not supported",
-        })?;
+    let since = t.duration_since(UNIX_EPOCH).map_err(|_| TlsError::InvalidValidity {
+        reason: "certificate times before 1970 are not supported",
+    })?;
     if since.as_secs() > CERT_TIME_SECS_MAX {
         return Err(TlsError::InvalidValidity {
             reason: "certificate times after 9999-12-31 cannot be expressed",
@@ -1047,9 +885,7 @@ fn refuse_existing(paths: &[&Path]) -> Result<(), TlsError> {
     for path in paths {
         // symlink_metadata: a dangling symlink also counts as "exists".
         if fs::symlink_metadata(path).is_ok() {
-            return Err(TlsError::Exists {
-                path: path.to_path_buf(),
-            });
+            return Err(TlsError::Exists { path: path.to_path_buf() });
         }
     }
     Ok(())
@@ -1065,22 +901,11 @@ enum Privacy {
 
 /// Writes `contents` to `path` through a temporary file in the same directory, then
 /// renames it into place (`overwrite`) or hard-links it, which fails if `path` exists.
-fn write_file(
-    path: &Path,
-    contents: &[u8],
-    privacy: Privacy,
-    overwrite: bool,
-) -> Result<(), TlsError> {
-    let write_error = |source| TlsError::Write {
-        path: path.to_owned(),
-        source,
-    };
-    let file_name = path.file_name().ok_or_else(|| {
-        write_error(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "path has no file name",
-        ))
-    })?;
+fn write_file(path: &Path, contents: &[u8], privacy: Privacy, overwrite: bool) -> Result<(), TlsError> {
+    let write_error = |source| TlsError::Write { path: path.to_owned(), source };
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| write_error(io::Error::new(io::ErrorKind::InvalidInput, "path has no file name")))?;
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(file_name);
     tmp_name.push(format!(".tmp-{}", std::process::id()));
@@ -1092,9 +917,7 @@ fn write_file(
         let _ = fs::remove_file(&tmp);
     }
     result.map_err(|source| match source.kind() {
-        io::ErrorKind::AlreadyExists => TlsError::Exists {
-            path: path.to_owned(),
-        },
+        io::ErrorKind::AlreadyExists => TlsError::Exists { path: path.to_owned() },
         _ => write_error(source),
     })
 }
@@ -1155,4 +978,89 @@ fn warn_if_key_exposed(path: &Path) {
     }
     #[cfg(not(unix))]
     let _ = path;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dc_names_are_lowercase_dns_names_and_not_ca() {
+        for good in ["dc-a", "eu-west-1", "dc1.example", "a"] {
+            assert!(validate_dc_name(good).is_ok(), "{good:?} refused");
+        }
+        let too_long = "a".repeat(DC_NAME_BYTES_MAX + 1);
+        for bad in
+            ["", "ca", "DC-A", "dc_a", "-dc", "dc-", "dc..a", ".dc", "dc.", "10.0.0.1", "*.dc", &too_long]
+        {
+            assert!(validate_dc_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn a_certificate_identifies_a_dc_only_by_exactly_one_valid_name() {
+        assert_eq!(single_dc_name(&["dc-a"]), Some("dc-a".to_owned()));
+        assert_eq!(single_dc_name(&[]), None);
+        assert_eq!(single_dc_name(&["dc-a", "dc-b"]), None);
+        assert_eq!(single_dc_name(&["*.example"]), None);
+        assert_eq!(single_dc_name(&["DC-A"]), None);
+    }
+
+    #[test]
+    fn transport_tuning_rejects_keep_alive_not_below_idle_timeout() {
+        assert!(TransportTuning::default().transport_config().is_ok());
+        let equal = TransportTuning {
+            keep_alive_interval: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(5),
+        };
+        assert!(matches!(equal.transport_config(), Err(TlsError::Tuning { .. })));
+        let zero = TransportTuning { keep_alive_interval: Duration::ZERO, ..TransportTuning::default() };
+        assert!(matches!(zero.transport_config(), Err(TlsError::Tuning { .. })));
+        let huge =
+            TransportTuning { idle_timeout: Duration::from_secs(u64::MAX), ..TransportTuning::default() };
+        assert!(matches!(huge.transport_config(), Err(TlsError::Tuning { .. })));
+    }
+
+    #[test]
+    fn alpn_must_be_1_to_255_bytes() {
+        assert!(matches!(check_alpn(b""), Err(TlsError::Alpn { len: 0 })));
+        assert!(matches!(check_alpn(&[b'x'; 256]), Err(TlsError::Alpn { len: 256 })));
+        assert!(check_alpn(b"tandem/1").is_ok());
+    }
+
+    #[test]
+    fn validity_must_be_a_nonempty_period_a_certificate_can_express() {
+        let mut params = CertificateParams::default();
+        let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert!(set_validity(&mut params, now, now).is_err());
+        assert!(set_validity(&mut params, now, now - Duration::from_secs(1)).is_err());
+        let too_late = UNIX_EPOCH + Duration::from_secs(CERT_TIME_SECS_MAX + 1);
+        assert!(set_validity(&mut params, now, too_late).is_err());
+        assert!(set_validity(&mut params, now, now + Duration::from_secs(1)).is_ok());
+    }
+
+    #[test]
+    fn configs_build_without_a_process_default_provider() {
+        // Proves something only while no test in this binary installed a default; the
+        // configs must build either way.
+        let none_installed = CryptoProvider::get_default().is_none();
+        let dir = tempfile::tempdir().unwrap();
+        let pki = generate_dev_pki(dir.path(), &["dc-a"], false).unwrap();
+        let material = TlsMaterial::load(pki.paths("dc-a").unwrap()).unwrap();
+        server_config(&material, b"t").unwrap();
+        client_config(&material, b"t").unwrap();
+        if none_installed {
+            assert!(CryptoProvider::get_default().is_none(), "building a config installed a default");
+        }
+    }
+
+    #[test]
+    fn debug_output_never_contains_the_private_key() {
+        let ca =
+            generate_dev_ca(UNIX_EPOCH + Duration::from_secs(1), SystemTime::now() + Duration::from_secs(60))
+                .unwrap();
+        let shown = format!("{ca:?}");
+        assert!(!shown.contains("PRIVATE KEY"));
+        assert!(!shown.contains(&ca.key_pem));
+    }
 }

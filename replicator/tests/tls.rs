@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, Context, Result};
 use quinn::{ConnectionError, Endpoint, TransportErrorCode};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
@@ -51,9 +51,7 @@ async fn accept_one(endpoint: &Endpoint) -> Result<Result<quinn::Connection, Con
         .await
         .context("timed out waiting for an incoming connection")?
         .context("server endpoint closed")?;
-    timeout(WAIT, incoming)
-        .await
-        .context("timed out in the server handshake")
+    timeout(WAIT, incoming).await.context("timed out in the server handshake")
 }
 
 /// The client side of a handshake the server is expected to refuse. In TLS 1.3 the client
@@ -66,10 +64,7 @@ async fn client_refusal(
     server_name: &str,
 ) -> Result<ConnectionError> {
     let connecting = endpoint.connect_with(config, addr, server_name)?;
-    match timeout(WAIT, connecting)
-        .await
-        .context("timed out in the client handshake")?
-    {
+    match timeout(WAIT, connecting).await.context("timed out in the client handshake")? {
         Err(error) => Ok(error),
         Ok(conn) => timeout(WAIT, conn.closed())
             .await
@@ -154,7 +149,7 @@ async fn two_dcs_from_one_ca_connect_exchange_bytes_and_learn_each_others_name()
         let peer = peer_dc(&conn)?;
         let (mut send, mut recv) = timeout(WAIT, conn.accept_bi()).await??;
         let request = timeout(WAIT, recv.read_to_end(READ_BYTES_MAX)).await??;
-        send.write_all(b"pong from a")?;
+        send.write_all(b"pong from a").await?;
         send.finish()?;
         // Keep the connection until the client has read the reply and closed.
         let _ = timeout(WAIT, conn.closed()).await;
@@ -162,11 +157,7 @@ async fn two_dcs_from_one_ca_connect_exchange_bytes_and_learn_each_others_name()
     });
 
     let client = client_endpoint()?;
-    let conn = timeout(
-        WAIT,
-        client.connect_with(client_config(&b, ALPN)?, addr, "dc-a")?,
-    )
-    .await??;
+    let conn = timeout(WAIT, client.connect_with(client_config(&b, ALPN)?, addr, "dc-a")?).await??;
     assert_eq!(peer_dc(&conn)?, "dc-a");
     let reply = round_trip(&conn, b"ping from b").await?;
     assert_eq!(reply, b"pong from a");
@@ -194,15 +185,12 @@ async fn client_without_certificate_is_refused() -> Result<()> {
             .with_root_certificates(roots)
             .with_no_client_auth();
     tls.alpn_protocols = vec![ALPN.to_vec()];
-    let anonymous = quinn::ClientConfig::new(Arc::new(
-        quinn::crypto::rustls::QuicClientConfig::try_from(tls)?,
-    ));
+    let anonymous =
+        quinn::ClientConfig::new(Arc::new(quinn::crypto::rustls::QuicClientConfig::try_from(tls)?));
 
     let client = client_endpoint()?;
-    let (server_side, client_side) = tokio::join!(
-        accept_one(&server),
-        client_refusal(&client, anonymous, addr, "dc-a"),
-    );
+    let (server_side, client_side) =
+        tokio::join!(accept_one(&server), client_refusal(&client, anonymous, addr, "dc-a"),);
     let Err(server_error) = server_side? else {
         bail!("server accepted a client without a certificate");
     };
@@ -226,10 +214,7 @@ async fn client_with_certificate_from_another_ca_is_refused() -> Result<()> {
         cert: intruder_files.cert.clone(),
         key: intruder_files.key.clone(),
     })?;
-    assert!(matches!(
-        intruder.check_chain(SystemTime::now()),
-        Err(TlsError::CertNotTrusted { .. })
-    ));
+    assert!(matches!(intruder.check_chain(SystemTime::now()), Err(TlsError::CertNotTrusted { .. })));
 
     let (server, addr) = server_endpoint(server_config(&a, ALPN)?)?;
     let client = client_endpoint()?;
@@ -240,7 +225,8 @@ async fn client_with_certificate_from_another_ca_is_refused() -> Result<()> {
     let Err(server_error) = server_side? else {
         bail!("server accepted a client certificate from another CA");
     };
-    let expected = crypto_code(AlertDescription::BadCertificate);
+    // Both dev CAs carry the same name, so the issuer is found and its signature fails.
+    let expected = crypto_code(AlertDescription::DecryptError);
     assert_eq!(error_code(&server_error), Some(expected), "{server_error}");
     assert_eq!(error_code(&client_side?), Some(expected));
     Ok(())
@@ -288,23 +274,15 @@ async fn expired_client_certificate_is_refused() -> Result<()> {
     expired.write(&paths.cert, &paths.key, false)?;
     let b = TlsMaterial::load(&paths)?;
     match b.check_chain(now) {
-        Err(TlsError::CertNotTrusted {
-            source: webpki::Error::CertExpired { .. },
-            ..
-        }) => {}
+        Err(TlsError::CertNotTrusted { source: webpki::Error::CertExpired { .. }, .. }) => {}
         other => bail!("expected an expiry error, got {other:?}"),
     }
-    assert!(matches!(
-        ReloadableTls::load(paths.clone()),
-        Err(TlsError::CertNotTrusted { .. })
-    ));
+    assert!(matches!(ReloadableTls::load(paths.clone()), Err(TlsError::CertNotTrusted { .. })));
 
     let (server, addr) = server_endpoint(server_config(&a, ALPN)?)?;
     let client = client_endpoint()?;
-    let (server_side, client_side) = tokio::join!(
-        accept_one(&server),
-        client_refusal(&client, client_config(&b, ALPN)?, addr, "dc-a"),
-    );
+    let (server_side, client_side) =
+        tokio::join!(accept_one(&server), client_refusal(&client, client_config(&b, ALPN)?, addr, "dc-a"),);
     let Err(server_error) = server_side? else {
         bail!("server accepted an expired client certificate");
     };
@@ -327,11 +305,7 @@ async fn reload_serves_new_certificate_to_new_connections_and_keeps_open_ones() 
     let echo = spawn_echo_server(server.clone());
     let client = client_endpoint()?;
 
-    let old_conn = timeout(
-        WAIT,
-        client.connect_with(client_config(&b, ALPN)?, addr, "dc-a")?,
-    )
-    .await??;
+    let old_conn = timeout(WAIT, client.connect_with(client_config(&b, ALPN)?, addr, "dc-a")?).await??;
     assert_eq!(round_trip(&old_conn, b"before").await?, b"before");
     assert_eq!(peer_cert(&old_conn)?, old_cert);
     // A stream opened before the rotation and finished after it.
@@ -355,11 +329,7 @@ async fn reload_serves_new_certificate_to_new_connections_and_keeps_open_ones() 
     assert_eq!(tls.current().cert_der(), &new_cert);
     server.set_server_config(Some(tls.server_config(ALPN)?));
 
-    let new_conn = timeout(
-        WAIT,
-        client.connect_with(client_config(&b, ALPN)?, addr, "dc-a")?,
-    )
-    .await??;
+    let new_conn = timeout(WAIT, client.connect_with(client_config(&b, ALPN)?, addr, "dc-a")?).await??;
     assert_eq!(peer_cert(&new_conn)?, new_cert);
     assert_eq!(peer_dc(&new_conn)?, "dc-a");
     assert_eq!(round_trip(&new_conn, b"after").await?, b"after");
@@ -433,10 +403,7 @@ async fn failed_reload_keeps_the_material_in_use() -> Result<()> {
     let foreign = other.paths("dc-a").context("other dc-a")?;
     std::fs::write(&a_paths.cert, read_string(&foreign.cert)?)?;
     std::fs::write(&a_paths.key, read_string(&foreign.key)?)?;
-    assert!(matches!(
-        tls.reload(),
-        Err(TlsError::CertNotTrusted { .. })
-    ));
+    assert!(matches!(tls.reload(), Err(TlsError::CertNotTrusted { .. })));
     assert_eq!(tls.current().cert_der(), &in_use);
 
     // A missing key file.
@@ -463,10 +430,7 @@ fn load_errors_name_the_file_and_the_problem() -> Result<()> {
     let a = pki.paths("dc-a").context("dc-a")?;
     let b = pki.paths("dc-b").context("dc-b")?;
 
-    let missing = TlsPaths {
-        ca_cert: dir.path().join("nope.pem"),
-        ..a.clone()
-    };
+    let missing = TlsPaths { ca_cert: dir.path().join("nope.pem"), ..a.clone() };
     let error = TlsMaterial::load(&missing).err().context("loaded a missing CA")?;
     assert!(matches!(error, TlsError::Missing { role: FileRole::CaCert, .. }));
     assert!(error.to_string().contains("nope.pem"), "{error}");
@@ -474,38 +438,20 @@ fn load_errors_name_the_file_and_the_problem() -> Result<()> {
     let truncated_path = dir.path().join("truncated.pem");
     let cert_pem = read_string(&a.cert)?;
     std::fs::write(&truncated_path, &cert_pem[..cert_pem.len() / 2])?;
-    let truncated = TlsPaths {
-        cert: truncated_path.clone(),
-        ..a.clone()
-    };
+    let truncated = TlsPaths { cert: truncated_path.clone(), ..a.clone() };
     let error = TlsMaterial::load(&truncated).err().context("loaded half a PEM")?;
     assert!(
         matches!(&error, TlsError::Pem { role: FileRole::Cert, path, .. } if *path == truncated_path),
         "{error:?}"
     );
 
-    let key_as_cert = TlsPaths {
-        cert: a.key.clone(),
-        ..a.clone()
-    };
-    assert!(matches!(
-        TlsMaterial::load(&key_as_cert),
-        Err(TlsError::NoPemItem { role: FileRole::Cert, .. })
-    ));
+    let key_as_cert = TlsPaths { cert: a.key.clone(), ..a.clone() };
+    assert!(matches!(TlsMaterial::load(&key_as_cert), Err(TlsError::NoPemItem { role: FileRole::Cert, .. })));
 
-    let cert_as_key = TlsPaths {
-        key: a.cert.clone(),
-        ..a.clone()
-    };
-    assert!(matches!(
-        TlsMaterial::load(&cert_as_key),
-        Err(TlsError::NoPemItem { role: FileRole::Key, .. })
-    ));
+    let cert_as_key = TlsPaths { key: a.cert.clone(), ..a.clone() };
+    assert!(matches!(TlsMaterial::load(&cert_as_key), Err(TlsError::NoPemItem { role: FileRole::Key, .. })));
 
-    let mismatched = TlsPaths {
-        key: b.key.clone(),
-        ..a.clone()
-    };
+    let mismatched = TlsPaths { key: b.key.clone(), ..a.clone() };
     let error = TlsMaterial::load(&mismatched).err().context("loaded a foreign key")?;
     assert!(matches!(error, TlsError::KeyMismatch { .. }), "{error:?}");
     assert!(error.to_string().contains("dc-b.key"), "{error}");
@@ -566,21 +512,10 @@ fn dc_cert_generation_refuses_a_ca_key_that_is_not_the_cas() -> Result<()> {
     let one = dev_pki(&dir.path().join("one"), &[])?;
     let two = dev_pki(&dir.path().join("two"), &[])?;
     let now = SystemTime::now();
-    let result = generate_dc_cert(
-        &read_string(&one.ca_cert)?,
-        &read_string(&two.ca_key)?,
-        "dc-a",
-        now,
-        now + DAY,
-    );
+    let result =
+        generate_dc_cert(&read_string(&one.ca_cert)?, &read_string(&two.ca_key)?, "dc-a", now, now + DAY);
     assert!(matches!(result, Err(TlsError::NotDevCa)), "{result:?}");
-    let result = generate_dc_cert(
-        &read_string(&one.ca_cert)?,
-        &read_string(&one.ca_key)?,
-        "dc-a",
-        now,
-        now,
-    );
+    let result = generate_dc_cert(&read_string(&one.ca_cert)?, &read_string(&one.ca_key)?, "dc-a", now, now);
     assert!(matches!(result, Err(TlsError::InvalidValidity { .. })), "{result:?}");
     Ok(())
 }
