@@ -22,12 +22,28 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::registry::{Counters, Registry, ViewCell};
-use crate::store::{Committer, CommitterHandle, RocksLog};
+use crate::store::{CommitError, CommitNotice, Committed, Committer, CommitterHandle, RocksLog};
+
+fn log_err(e: CommitError) -> LogError {
+    match e {
+        CommitError::Log(e) => e,
+        other => LogError::Storage(other.to_string()),
+    }
+}
+
+/// Marks and floors as of the last durable write, readable without the committer.
+#[derive(Debug)]
+pub struct LiveMarks {
+    pub own: Mark,
+    pub floor: u64,
+    pub remote: BTreeMap<String, Mark>,
+}
 
 /// What the HTTP handlers and the background tasks share.
 pub struct NodeShared {
     pub registry: Arc<Registry>,
     pub committer: CommitterHandle,
+    pub live: Arc<parking_lot::RwLock<LiveMarks>>,
     pub gateway_stats: Option<Arc<GatewayStats>>,
     gateway: Mutex<Option<Gateway>>,
     gateway_clock: tokio::time::Instant,
@@ -52,25 +68,25 @@ struct NodeStore {
 
 impl ReplicaStore for NodeStore {
     async fn with_log<R: Send + 'static>(&self, f: Box<dyn FnOnce(&dyn EventLog) -> R + Send>) -> Result<R, LogError> {
-        self.committer.read(move |log: &RocksLog| f(log)).await
+        self.committer.with_log(move |log: &mut RocksLog| f(&*log)).await.map_err(log_err)
     }
     async fn apply_remote(&self, channel_dc: String, events: Vec<ChangeEvent>) -> Result<ApplyReport, LogError> {
-        self.committer.apply_remote(channel_dc, events).await
+        self.committer.apply_remote(channel_dc, events).await.map_err(log_err)
     }
     async fn install_snapshot(&self, channel_dc: String, snapshot: Snapshot) -> Result<ApplyReport, LogError> {
-        self.committer.install_snapshot(channel_dc, snapshot).await
+        self.committer.install_snapshot(channel_dc, snapshot).await.map_err(log_err)
     }
     async fn purge_remote_tombstones(&self, origin: String, upto_seq: u64) -> Result<(), LogError> {
-        self.committer.purge_remote_tombstones(origin, upto_seq).await
+        self.committer.purge_remote_tombstones(origin, upto_seq).await.map_err(log_err)
     }
     async fn peer_acked(&self, peer_dc: String, mark: Mark) -> Result<(), LogError> {
-        self.committer.record_peer_ack(peer_dc, mark).await
+        self.committer.record_peer_ack(peer_dc, mark).await.map_err(log_err)
     }
     async fn mark_of(&self, origin: String) -> Result<Option<Mark>, LogError> {
-        self.committer.read(move |log: &RocksLog| log.mark_of(&origin)).await
+        self.committer.with_log(move |log: &mut RocksLog| log.mark_of(&origin)).await.map_err(log_err)
     }
     fn own_progress(&self) -> watch::Receiver<u64> {
-        self.committer.own_progress()
+        self.committer.own_seq()
     }
 }
 
@@ -80,22 +96,43 @@ impl Node {
         cfg.validate()?;
         std::fs::create_dir_all(&cfg.data_dir)
             .with_context(|| format!("cannot create data_dir {}", cfg.data_dir.display()))?;
-        let log = RocksLog::open(&cfg.data_dir, &cfg.dc)
+        let mut log = RocksLog::open(&cfg.data_dir, &cfg.dc)
             .with_context(|| format!("cannot open the event log in {}", cfg.data_dir.display()))?;
+        // A restart is a durable write of the watch index, so the index moves past anything
+        // an earlier run showed (see registry::ViewIndex).
+        log.bump_index().context("cannot write to the event log")?;
         let own = log.own_mark();
         tracing::info!(dc = %cfg.dc, epoch = own.epoch, seq = own.seq, dir = %cfg.data_dir.display(), "event log open");
         let counters = Arc::new(Counters::default());
-        // A restart counts as a durable write so the watch index moves past anything an
-        // earlier run showed (see registry::ViewIndex).
-        let durable = log.index() + 1;
-        let view = ViewCell::new(&cfg.dc, durable, counters.clone());
+        let view = ViewCell::new(&cfg.dc, log.index(), counters.clone());
         view.load(log.instances()?);
+        let live = Arc::new(parking_lot::RwLock::new(LiveMarks {
+            own: log.own_mark(),
+            floor: log.purge_floor(),
+            remote: log.marks(),
+        }));
         let cb_view = view.clone();
+        let cb_live = live.clone();
         let committer = Committer::spawn(
             log,
-            durable,
-            Box::new(move |durable_writes, changes| cb_view.apply(durable_writes, changes)),
-        );
+            Box::new(move |n: &CommitNotice| {
+                {
+                    let mut l = cb_live.write();
+                    l.own = n.own_mark;
+                    match &n.committed {
+                        Committed::Remote { origin, report } | Committed::Snapshot { origin, report } => {
+                            if let Some(m) = report.mark {
+                                l.remote.insert(origin.clone(), m);
+                            }
+                        }
+                        Committed::PurgedOwn { floor, .. } => l.floor = *floor,
+                        Committed::Local { .. } | Committed::PurgedRemoteTombstones { .. } => {}
+                    }
+                }
+                cb_view.apply(n.index, n.changes());
+            }),
+        )
+        .context("cannot start the committer thread")?;
         let cfg = Arc::new(cfg);
         let registry = Registry::new(cfg.clone(), committer.clone(), view, counters);
 
@@ -151,6 +188,7 @@ impl Node {
         let shared = Arc::new(NodeShared {
             registry: registry.clone(),
             committer: committer.clone(),
+            live,
             gateway_stats,
             gateway: Mutex::new(gw),
             gateway_clock,
@@ -244,7 +282,7 @@ async fn purge_once(committer: &CommitterHandle, peers: &[String], grace_ms: u64
     let peers = peers.to_vec();
     let cutoff = gateway::wall_ms().saturating_sub(grace_ms);
     let upto = committer
-        .read(move |log: &RocksLog| -> Result<u64, LogError> {
+        .with_log(move |log: &mut RocksLog| -> Result<u64, LogError> {
             let own = log.own_mark();
             let acks = log.peer_acks();
             let mut floor = own.seq;
@@ -272,8 +310,12 @@ async fn purge_once(committer: &CommitterHandle, peers: &[String], grace_ms: u64
             }
             Ok(upto)
         })
-        .await??;
-    committer.purge_own(upto).await
+        .await
+        .map_err(log_err)??;
+    if upto > 0 {
+        committer.purge_own(upto).await.map_err(log_err)?;
+    }
+    Ok(())
 }
 
 impl NodeShared {
@@ -301,7 +343,7 @@ impl NodeShared {
         let Some(stats) = &self.gateway_stats else { return out };
         let now_mono = self.gateway_clock.elapsed().as_millis() as u64;
         let now_wall = gateway::wall_ms();
-        let marks = self.committer.marks();
+        let marks = self.live.read().remote.clone();
         let cfg = self.registry.config();
         let stale_after = cfg.replication.as_ref().map_or(30_000, |r| r.stale_after_ms);
         for (dc, p) in stats.peers.lock().iter() {
@@ -341,12 +383,16 @@ impl NodeShared {
     /// GET /v1/status.
     pub fn status(&self) -> Value {
         let reg = &self.registry;
-        let own = self.committer.own_mark();
-        let floor = self.committer.purge_floor();
+        let (own, floor) = {
+            let l = self.live.read();
+            (l.own, l.floor)
+        };
         let (renewals, expected) = reg.preservation_figures();
         let applied: BTreeMap<String, Value> = self
-            .committer
-            .marks()
+            .live
+            .read()
+            .remote
+            .clone()
             .into_iter()
             .map(|(dc, m)| (dc, json!({"epoch": m.epoch, "seq": m.seq})))
             .collect();
@@ -365,7 +411,7 @@ impl NodeShared {
             },
             "instances": reg.counts_by_owner(),
             "leases": reg.lease_count(),
-            "disk_writes": self.committer.sync_writes(),
+            "disk_writes": self.committer.stats().fsyncs,
             "heartbeats": reg.counters.heartbeats.load(Ordering::Relaxed),
         })
     }
@@ -387,7 +433,7 @@ impl NodeShared {
             "tandem_disk_writes_total",
             "Synced RocksDB write batches (heartbeats never add to this)",
             &[("dc", dc)],
-            self.committer.sync_writes(),
+            self.committer.stats().fsyncs,
         );
         m.counter("tandem_registrations_total", "Registrations accepted", &[("dc", dc)], c.registrations.load(Ordering::Relaxed));
         m.counter("tandem_deregistrations_total", "Explicit deregistrations", &[("dc", dc)], c.deregistrations.load(Ordering::Relaxed));
@@ -396,24 +442,27 @@ impl NodeShared {
         m.counter("tandem_events_applied_total", "State changes applied", &[("dc", dc), ("origin", "local")], c.events_local.load(Ordering::Relaxed));
         m.counter("tandem_events_applied_total", "State changes applied", &[("dc", dc), ("origin", "remote")], c.events_remote.load(Ordering::Relaxed));
         m.counter("tandem_discover_requests_total", "Discovery requests", &[("dc", dc)], c.discover_requests.load(Ordering::Relaxed));
-        let (fsyncs, events) = self.committer.group_commit_totals();
-        m.counter("tandem_group_commit_fsyncs_total", "Synced writes of the committer", &[("dc", dc)], fsyncs);
-        m.counter("tandem_group_commit_events_total", "Events carried by those writes", &[("dc", dc)], events);
+        let st = self.committer.stats();
+        m.counter("tandem_group_commit_fsyncs_total", "Synced writes that carried local appends", &[("dc", dc)], st.local_fsyncs);
+        m.counter("tandem_group_commit_requests_total", "Local appends carried by those writes", &[("dc", dc)], st.local_requests);
+        m.counter("tandem_group_commit_events_total", "Events carried by those writes", &[("dc", dc)], st.local_events);
         m.gauge("tandem_self_preservation_active", "1 while lease expiry is paused", &[("dc", dc)], u64::from(reg.self_preservation_active()) as f64);
         m.gauge("tandem_leases", "Ephemeral leases held", &[("dc", dc)], reg.lease_count() as f64);
         m.gauge("tandem_index", "Watch index", &[("dc", dc)], reg.view().index() as f64);
-        let own = self.committer.own_mark();
+        let (own, floor, marks) = {
+            let l = self.live.read();
+            (l.own, l.floor, l.remote.clone())
+        };
         m.gauge("tandem_log_last_seq", "Own origin's last seq", &[("dc", dc)], own.seq as f64);
-        m.gauge("tandem_log_purge_floor", "Own origin's purge floor", &[("dc", dc)], self.committer.purge_floor() as f64);
+        m.gauge("tandem_log_purge_floor", "Own origin's purge floor", &[("dc", dc)], floor as f64);
         for (owner, n) in reg.counts_by_owner() {
             m.gauge("tandem_instances", "Instances held, by owner DC", &[("dc", dc), ("owner_dc", &owner)], n as f64);
         }
-        for (origin, mk) in self.committer.marks() {
-            m.gauge("tandem_applied_seq", "Applied high-water mark per origin", &[("dc", dc), ("origin", &origin)], mk.seq as f64);
+        for (origin, mk) in &marks {
+            m.gauge("tandem_applied_seq", "Applied high-water mark per origin", &[("dc", dc), ("origin", origin)], mk.seq as f64);
         }
         if let Some(stats) = &self.gateway_stats {
             let now_mono = self.gateway_clock.elapsed().as_millis() as u64;
-            let marks = self.committer.marks();
             for (peer, p) in stats.peers.lock().iter() {
                 let l = [("dc", dc), ("peer", peer.as_str())];
                 m.gauge("tandem_peer_outbound_up", "1 while our stream to the peer is up", &l, u64::from(p.out_connected) as f64);

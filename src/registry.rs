@@ -376,7 +376,7 @@ impl Registry {
             committer,
             view,
             leases: Mutex::new(HashMap::new()),
-            preservation: Mutex::new(SelfPreservation::new(now)),
+            preservation: Mutex::new(SelfPreservation::new(now, &health)),
             preservation_active: Default::default(),
             failover: Mutex::new(HashMap::new()),
             counters,
@@ -393,7 +393,7 @@ impl Registry {
             for svc in v.services.values() {
                 for h in svc.instances.values() {
                     if h.record.key.owner_dc == reg.dc && !h.record.persistent {
-                        leases.insert(h.record.key.clone(), Lease::new(now, reg.lease_times(&h.record)));
+                        leases.insert(h.record.key.clone(), Lease::new(now, reg.lease_times(&h.record), &reg.health));
                     }
                 }
             }
@@ -448,7 +448,7 @@ impl Registry {
         let n = ops.len() as u64;
         let events = self
             .committer
-            .append_local(Box::new(move |mark: Mark| {
+            .append_local(move |mark: Mark| {
                 let now = wall_ms();
                 ops.into_iter()
                     .enumerate()
@@ -461,7 +461,7 @@ impl Registry {
                         op,
                     })
                     .collect()
-            }))
+            })
             .await
             .map_err(|e| ApiError::unavailable(format!("the event log refused the write: {e}")))?;
         debug_assert_eq!(events.len() as u64, n);
@@ -535,9 +535,10 @@ impl Registry {
             Some(_) => Op::Update(record.clone()),
             None => Op::Register(record.clone()),
         };
+        self.preservation.lock().record_renewal(self.now_ms());
         if !persistent {
             // The lease starts before the write so that a heartbeat racing the ack is kept.
-            self.leases.lock().insert(key.clone(), Lease::new(self.now_ms(), self.lease_times(&record)));
+            self.leases.lock().insert(key.clone(), Lease::new(self.now_ms(), self.lease_times(&record), &self.health));
         } else {
             self.leases.lock().remove(&key);
         }
@@ -592,7 +593,7 @@ impl Registry {
         }
         let transition = {
             let mut leases = self.leases.lock();
-            let lease = leases.entry(key.clone()).or_insert_with(|| Lease::new(now, self.lease_times(&held.record)));
+            let lease = leases.entry(key.clone()).or_insert_with(|| Lease::new(now, self.lease_times(&held.record), &self.health));
             lease.heartbeat(now)
         };
         if let Some(t) = transition {

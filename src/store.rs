@@ -6,7 +6,8 @@
 //! - column family `log`: the own origin's change events, keyed by seq (u64 big-endian).
 //!   Remote events are applied to state and never logged here.
 //! - `instances`: live state, keyed by an order-preserving encoding of the
-//!   [`InstanceKey`](tandem_schemas::InstanceKey) ([`keys`]); value `(seq, InstanceRecord)`.
+//!   [`InstanceKey`](tandem_schemas::InstanceKey) (see `keys.rs`); value
+//!   `(seq, InstanceRecord)`.
 //! - `tombstones`: same keys; value `(seq, DeregisterReason)`.
 //! - `meta`: the DC name, the own epoch and last seq, the purge floor, the watch index, the
 //!   per-origin applied marks and the per-peer acked marks.
@@ -31,6 +32,6 @@ mod rocks;
 
 pub use committer::{
     BuildEvents, CommitError, CommitNotice, CommitStats, Committed, Committer, CommitterHandle,
-    CommitterLimits, OnCommit, Request, WithLogFn, GROUP_SIZE_BUCKETS,
+    CommitterLimits, OnCommit, Reply, Request, WithLogFn, GROUP_SIZE_BUCKETS,
 };
 pub use rocks::{OpenError, RocksLog};

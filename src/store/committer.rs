@@ -38,13 +38,13 @@ use super::RocksLog;
 /// its own in-flight writes.
 pub type BuildEvents = Box<dyn FnOnce(Mark) -> Vec<ChangeEvent> + Send>;
 
-/// Runs on the committer thread with the log, between two writes. Meant for reads
-/// (`snapshot_own`, `read_own`, …); a mutation made here is durable but is not reported to
-/// `on_commit`.
+/// Runs on the committer thread with the log, between two writes. Meant for reads that
+/// must see a consistent log (`snapshot_own`, `read_own`, …); a mutation made here is
+/// durable but is not reported to `on_commit`.
 pub type WithLogFn = Box<dyn FnOnce(&mut RocksLog) + Send>;
 
 /// Called on the committer thread after every durable write, in commit order, before any
-/// caller of that write is answered. It must be quick and must not block on the committer.
+/// caller of that write is answered. It must be quick and must not wait for the committer.
 pub type OnCommit = Box<dyn FnMut(&CommitNotice) + Send>;
 
 /// Answer channel of one request.
@@ -69,8 +69,8 @@ pub enum Request {
     PeerAck { peer: String, mark: Mark, reply: Reply<()> },
     /// Run a function with the log (see [`WithLogFn`]).
     WithLog(WithLogFn),
-    /// Serve what came before, close the log, then answer. Requests after it get
-    /// [`CommitError::Stopped`].
+    /// Serve what came before, close the log, then answer. Requests after it are dropped
+    /// unanswered: their callers get [`CommitError::Stopped`].
     Shutdown { reply: oneshot::Sender<()> },
 }
 
@@ -80,9 +80,9 @@ pub enum CommitError {
     /// The log refused or failed the request; see [`LogError`] for whether state changed.
     #[error(transparent)]
     Log(#[from] LogError),
-    /// The committer thread has stopped (shut down, or died). The request's outcome is
-    /// unknown: it may have been written before the thread stopped.
-    #[error("the committer has stopped; the request's outcome is unknown")]
+    /// The committer thread has stopped (shut down, or died) before answering. The
+    /// request may or may not have been written.
+    #[error("the committer has stopped; the request may or may not have been written")]
     Stopped,
     /// The builder of a local append panicked. Nothing of this request was written.
     #[error("the event builder panicked; nothing of the request was written")]
@@ -113,7 +113,7 @@ impl Default for CommitterLimits {
 /// What one durable write did, reported to `on_commit` in commit order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommitNotice {
-    /// The watch index persisted with this write; it grows by one per durable write.
+    /// The watch index persisted with this write: the log's index before it, plus one.
     pub index: u64,
     /// The own mark after this write.
     pub own_mark: Mark,
@@ -149,7 +149,7 @@ impl CommitNotice {
 /// Running totals of the committer, for metrics and benchmarks.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CommitStats {
-    /// Synced writes (fsyncs) made by the committer.
+    /// Synced writes (fsyncs) made by the committer, of every kind.
     pub fsyncs: u64,
     /// Requests answered.
     pub requests: u64,
@@ -157,7 +157,8 @@ pub struct CommitStats {
     pub local_fsyncs: u64,
     /// Local appends made durable.
     pub local_requests: u64,
-    /// Events made durable by local appends (`local_events / local_fsyncs` events per fsync).
+    /// Own events made durable by local appends: `local_events / local_fsyncs` is the
+    /// number of events per group-commit fsync.
     pub local_events: u64,
     /// Histogram of local group sizes: bucket `i` counts groups of `2^i ..= 2^(i+1) - 1`
     /// requests; the last bucket holds every larger group.
@@ -191,7 +192,8 @@ struct Group {
 }
 
 impl Committer {
-    /// Starts the committer thread with default limits.
+    /// Starts the committer thread with default limits. It serves requests until
+    /// [`CommitterHandle::shutdown`] or until every handle is dropped.
     pub fn spawn(log: RocksLog, on_commit: OnCommit) -> io::Result<CommitterHandle> {
         Self::spawn_with_limits(log, on_commit, CommitterLimits::default())
     }
@@ -235,7 +237,7 @@ impl Committer {
         }
         let Committer { log, mut rx, .. } = self;
         rx.close();
-        // Requests behind a shutdown are dropped unanswered: their callers see `Stopped`.
+        // Requests behind a shutdown are dropped unanswered: their callers get `Stopped`.
         while rx.try_recv().is_ok() {}
         drop(log);
         for reply in shutdown_replies {
@@ -285,7 +287,7 @@ impl Committer {
                     let before = self.begin_write();
                     let result = self.log.purge_own_reporting(upto_seq).map(|tombstones_removed| {
                         let floor = self.log.purge_floor();
-                        self.after_write(before, || Committed::PurgedOwn { floor, tombstones_removed });
+                            self.after_write(before, || Committed::PurgedOwn { floor, tombstones_removed });
                         floor
                     });
                     self.answer(reply, result.map_err(CommitError::from));
@@ -302,16 +304,17 @@ impl Committer {
                 }
                 Request::PeerAck { peer, mark, reply } => {
                     let result = self.log.record_peer_ack(&peer, mark);
+                    self.publish();
                     self.answer(reply, result.map_err(CommitError::from));
                 }
                 Request::WithLog(f) => {
+                    // A panicking function must not take the sequencer down; its caller
+                    // sees its reply channel dropped.
                     if catch_unwind(AssertUnwindSafe(|| f(&mut self.log))).is_err() {
-                        tracing::error!("a WithLog function panicked on the committer thread");
+                        tracing::error!("a with_log function panicked on the committer thread");
                     }
-                    self.publish_own_seq();
-                    let mut stats = self.stats.lock();
-                    stats.fsyncs = self.log.sync_writes() - self.sync_writes_at_start;
-                    stats.requests += 1;
+                    self.publish();
+                    self.stats.lock().requests += 1;
                 }
                 Request::Shutdown { reply } => shutdown_replies.push(reply),
             }
@@ -380,19 +383,21 @@ impl Committer {
         self.log.sync_writes()
     }
 
-    /// After a successful mutating call: if it wrote, tell `on_commit` what it did.
+    /// After a successful mutating call: publish the own seq and, if it wrote, tell
+    /// `on_commit` what it did. Runs before the callers are answered.
     fn after_write(&mut self, sync_writes_before: u64, what: impl FnOnce() -> Committed) {
-        self.publish_own_seq();
+        self.publish();
         if self.log.sync_writes() == sync_writes_before {
             return;
         }
-        self.stats.lock().fsyncs = self.log.sync_writes() - self.sync_writes_at_start;
         let notice = CommitNotice { index: self.log.index(), own_mark: self.log.own_mark(), committed: what() };
         (self.on_commit)(&notice);
     }
 
-    fn publish_own_seq(&self) {
+    /// Publishes the own seq and the fsync count to the handles.
+    fn publish(&self) {
         let seq = self.log.own_mark().seq;
+        self.stats.lock().fsyncs = self.log.sync_writes() - self.sync_writes_at_start;
         self.own_seq.send_if_modified(|held| {
             let changed = *held != seq;
             *held = seq;
@@ -409,12 +414,12 @@ impl Committer {
 
 impl CommitterHandle {
     /// Appends own events built on the committer thread (see [`BuildEvents`]); returns them
-    /// once durable.
+    /// once durable and reported to `on_commit`.
     pub async fn append_local<F>(&self, build: F) -> Result<Vec<ChangeEvent>, CommitError>
     where
         F: FnOnce(Mark) -> Vec<ChangeEvent> + Send + 'static,
     {
-        self.call(|reply| Request::LocalAppend { build: Box::new(build), reply }).await?
+        self.call(|reply| Request::LocalAppend { build: Box::new(build), reply }).await
     }
 
     /// Applies a remote batch received over the channel authenticated as `channel_dc`.
@@ -423,7 +428,7 @@ impl CommitterHandle {
         channel_dc: String,
         events: Vec<ChangeEvent>,
     ) -> Result<ApplyReport, CommitError> {
-        self.call(|reply| Request::RemoteApply { channel_dc, events, reply }).await?
+        self.call(|reply| Request::RemoteApply { channel_dc, events, reply }).await
     }
 
     /// Installs a remote origin's snapshot received over `channel_dc`.
@@ -432,25 +437,26 @@ impl CommitterHandle {
         channel_dc: String,
         snapshot: Snapshot,
     ) -> Result<ApplyReport, CommitError> {
-        self.call(|reply| Request::InstallSnapshot { channel_dc, snapshot, reply }).await?
+        self.call(|reply| Request::InstallSnapshot { channel_dc, snapshot, reply }).await
     }
 
-    /// Purges own log entries and tombstones at or below `upto_seq`; returns the floor.
+    /// Purges own log entries and own tombstones at or below `upto_seq`; returns the floor.
     pub async fn purge_own(&self, upto_seq: u64) -> Result<u64, CommitError> {
-        self.call(|reply| Request::PurgeOwn { upto_seq, reply }).await?
+        self.call(|reply| Request::PurgeOwn { upto_seq, reply }).await
     }
 
     /// Drops a remote origin's tombstones at or below `upto_seq`.
     pub async fn purge_remote_tombstones(&self, origin: String, upto_seq: u64) -> Result<(), CommitError> {
-        self.call(|reply| Request::PurgeRemoteTombstones { origin, upto_seq, reply }).await?
+        self.call(|reply| Request::PurgeRemoteTombstones { origin, upto_seq, reply }).await
     }
 
     /// Records a peer's ack of the own origin.
     pub async fn record_peer_ack(&self, peer: String, mark: Mark) -> Result<(), CommitError> {
-        self.call(|reply| Request::PeerAck { peer, mark, reply }).await?
+        self.call(|reply| Request::PeerAck { peer, mark, reply }).await
     }
 
-    /// Runs `f` with the log on the committer thread, between two writes.
+    /// Runs `f` with the log on the committer thread, between two writes (see
+    /// [`WithLogFn`]).
     pub async fn with_log<R, F>(&self, f: F) -> Result<R, CommitError>
     where
         R: Send + 'static,
@@ -464,7 +470,7 @@ impl CommitterHandle {
         rx.await.map_err(|_| CommitError::Stopped)
     }
 
-    /// Queues a raw request.
+    /// Queues a raw request (waits while the queue is full).
     pub async fn send(&self, req: Request) -> Result<(), CommitError> {
         self.tx.send(req).await.map_err(|_| CommitError::Stopped)
     }
@@ -478,7 +484,7 @@ impl CommitterHandle {
         }
     }
 
-    /// The own origin's last durable seq, updated after every write.
+    /// The own origin's last durable seq; changes after every durable local write.
     pub fn own_seq(&self) -> watch::Receiver<u64> {
         self.own_seq.clone()
     }
@@ -493,10 +499,10 @@ impl CommitterHandle {
         self.tx.max_capacity() - self.tx.capacity()
     }
 
-    async fn call<R>(&self, make: impl FnOnce(oneshot::Sender<R>) -> Request) -> Result<R, CommitError> {
+    async fn call<R>(&self, make: impl FnOnce(Reply<R>) -> Request) -> Result<R, CommitError> {
         let (tx, rx) = oneshot::channel();
         self.send(make(tx)).await?;
-        rx.await.map_err(|_| CommitError::Stopped)
+        rx.await.map_err(|_| CommitError::Stopped)?
     }
 }
 

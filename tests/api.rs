@@ -1,0 +1,267 @@
+//! One registry node through its HTTP API: the public contract, validation, leases,
+//! blocking queries, durability across restarts, and zero disk writes per heartbeat.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+use tandem::client::{enc, ClientError};
+use tandem::node::Node;
+
+fn http(node: &Node) -> String {
+    format!("http://{}", node.http_addr())
+}
+
+#[tokio::test]
+async fn register_discover_heartbeat_deregister_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let c = client(&node);
+    let r = c
+        .register(&json!({"service": "orders", "address": "10.0.0.7", "port": 8080, "zone": "az1",
+            "weight": 50, "version": "1.2", "tags": ["canary"], "metadata": {"team": "pay"}}))
+        .await
+        .unwrap();
+    let id = r["instance_id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("orders#10.0.0.7:8080#"), "generated id {id}");
+    assert_eq!(r["owner_dc"], "dc-a");
+    assert!(r["version"].as_u64().unwrap() >= 1);
+    assert_eq!(r["lease_ttl_ms"], 30_000);
+
+    let d = c.discover("default", "orders", "").await.unwrap();
+    let inst = &d["instances"][0];
+    assert_eq!(inst["instance_id"], id.as_str());
+    assert_eq!(inst["owner_dc"], "dc-a");
+    assert_eq!(inst["address"], "10.0.0.7");
+    assert_eq!(inst["port"], 8080);
+    assert_eq!(inst["zone"], "az1");
+    assert_eq!(inst["weight"], 50);
+    assert_eq!(inst["version"], "1.2");
+    assert_eq!(inst["tags"], json!(["canary"]));
+    assert_eq!(inst["metadata"]["team"], "pay");
+    assert_eq!(inst["health"], "healthy");
+    assert_eq!(inst["status"], "up");
+    assert_eq!(inst["stale"], false);
+    assert_eq!(d["failover"]["active"], false);
+
+    c.heartbeat("default", "orders", &id).await.unwrap();
+    c.set_status("default", "orders", &id, "draining").await.unwrap();
+    let d = c.discover("default", "orders", "").await.unwrap();
+    assert_eq!(d["instances"][0]["status"], "draining", "draining stays listed, flagged");
+
+    let del = c.deregister("default", "orders", &id).await.unwrap();
+    assert!(del["version"].as_u64().unwrap() > r["version"].as_u64().unwrap());
+    assert!(ids(&c.discover("default", "orders", "").await.unwrap()).is_empty());
+    // Unknown now: 404 so the client re-registers.
+    let e = c.heartbeat("default", "orders", &id).await.unwrap_err();
+    assert_eq!(e.status(), Some(404), "{e}");
+    let e = c.deregister("default", "orders", &id).await.unwrap_err();
+    assert_eq!(e.status(), Some(404));
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn hostile_requests_get_clear_4xx_and_the_node_keeps_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let base = http(&node);
+    let h = reqwest::Client::new();
+    let bad_bodies: Vec<(&str, String)> = vec![
+        ("not json", "{".into()),
+        ("unknown field", r#"{"service":"s","address":"1.2.3.4","port":1,"bogus":1}"#.into()),
+        ("port 0", r#"{"service":"s","address":"1.2.3.4","port":0}"#.into()),
+        ("port too big", r#"{"service":"s","address":"1.2.3.4","port":70000}"#.into()),
+        ("bad service", r#"{"service":"a b","address":"1.2.3.4","port":1}"#.into()),
+        ("bad address", r#"{"service":"s","address":"not an address!","port":1}"#.into()),
+        ("ttl too small", r#"{"service":"s","address":"1.2.3.4","port":1,"ttl_ms":1}"#.into()),
+        ("persistent with ttl", r#"{"service":"s","address":"1.2.3.4","port":1,"ttl_ms":5000,"persistent":true}"#.into()),
+        ("too many tags", format!(r#"{{"service":"s","address":"1.2.3.4","port":1,"tags":[{}]}}"#, vec!["\"t\""; 40].join(","))),
+        ("huge metadata value", format!(r#"{{"service":"s","address":"1.2.3.4","port":1,"metadata":{{"k":"{}"}}}}"#, "v".repeat(2000))),
+        ("control chars", r#"{"service":"s","address":"1.2.3.4","port":1,"zone":"a\u0000b"}"#.into()),
+    ];
+    for (what, body) in bad_bodies {
+        let r = h.post(format!("{base}/v1/register")).header("content-type", "application/json").body(body).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 400, "{what}");
+        let v: Value = r.json().await.unwrap();
+        assert!(v["error"]["code"].is_string() && !v["error"]["message"].as_str().unwrap().is_empty(), "{what}: {v}");
+    }
+    // Oversized body: refused before parsing.
+    let big = format!(r#"{{"service":"s","address":"1.2.3.4","port":1,"zone":"{}"}}"#, "z".repeat(200_000));
+    let r = h.post(format!("{base}/v1/register")).header("content-type", "application/json").body(big).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "too_large");
+    // Bad query parameters and names.
+    for url in [
+        format!("{base}/v1/services/default/orders?index=abc"),
+        format!("{base}/v1/services/default/orders?index=1&wait=1h"),
+        format!("{base}/v1/services/default/orders?explain=maybe"),
+        format!("{base}/v1/services/default/bad%20name"),
+        format!("{base}/v1/services/default/orders?dc=NOT_A_DC"),
+    ] {
+        let r = h.get(&url).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 400, "{url}");
+    }
+    let r = h.get(format!("{base}/v1/nothing")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    // Still serving.
+    client(&node).register(&reg_body("orders", "i1", true)).await.unwrap();
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn heartbeats_cause_zero_disk_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let c = client(&node);
+    c.register(&reg_body("hb", "i1", false)).await.unwrap();
+    let before = c.status().await.unwrap();
+    for _ in 0..500 {
+        c.heartbeat("default", "hb", "i1").await.unwrap();
+    }
+    let after = c.status().await.unwrap();
+    assert_eq!(after["heartbeats"].as_u64().unwrap() - before["heartbeats"].as_u64().unwrap(), 500);
+    assert_eq!(after["disk_writes"], before["disk_writes"], "a heartbeat must never write to disk");
+    let metrics = reqwest::get(format!("{}/metrics", http(&node))).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("tandem_disk_writes_total{dc=\"dc-a\"}"), "{metrics}");
+    assert!(metrics.contains("tandem_heartbeats_total{dc=\"dc-a\"} 500"), "{metrics}");
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_instance_without_heartbeats_goes_suspect_unhealthy_then_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = single_config(dir.path(), "dc-a");
+    cfg.protection.protect_threshold = 0.0;
+    let node = Node::start(cfg, None).await.unwrap();
+    let c = client(&node);
+    // ttl 1200 ms: suspect at 200, unhealthy at 600, expired at 1200.
+    c.register(&json!({"service": "short", "instance_id": "i1", "address": "10.0.0.1", "port": 1, "ttl_ms": 1200}))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let d = c.discover("default", "short", "dc=all").await.unwrap();
+        let h = d["instances"][0]["health"].as_str().map(str::to_owned);
+        match h {
+            Some(h) => {
+                if seen.last() != Some(&h) {
+                    seen.push(h);
+                }
+            }
+            None => break,
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "never expired; saw {seen:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let gone_after = started.elapsed();
+    assert_eq!(seen, vec!["healthy", "suspect", "unhealthy"], "health path");
+    assert!(gone_after >= Duration::from_millis(1150), "expired too early: {gone_after:?}");
+    let e = c.heartbeat("default", "short", "i1").await.unwrap_err();
+    assert_eq!(e.status(), Some(404));
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn blocking_query_returns_on_change_and_times_out_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let c = client(&node);
+    c.register(&reg_body("w", "i1", true)).await.unwrap();
+    let idx = c.discover("default", "w", "").await.unwrap()["index"].as_u64().unwrap();
+    // Nothing changes: returns after the wait with the same index.
+    let t = std::time::Instant::now();
+    let v = c.watch("default", "w", idx, Duration::from_millis(300)).await.unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(290));
+    assert_eq!(v["index"].as_u64().unwrap(), idx);
+    // A change wakes the watcher at once.
+    let c2 = client(&node);
+    let waiter = tokio::spawn(async move { c2.watch("default", "w", idx, Duration::from_secs(20)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t = std::time::Instant::now();
+    c.register(&reg_body("w", "i2", true)).await.unwrap();
+    let v = tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(v["index"].as_u64().unwrap() > idx);
+    assert_eq!(ids(&v), vec!["i1", "i2"]);
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn restart_keeps_acknowledged_state_and_the_index_never_goes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = single_config(dir.path(), "dc-a");
+    let node = Node::start(cfg.clone(), None).await.unwrap();
+    let c = client(&node);
+    for i in 0..20 {
+        c.register(&reg_body("r", &format!("i{i}"), true)).await.unwrap();
+    }
+    for i in 0..10 {
+        c.deregister("default", "r", &format!("i{i}")).await.unwrap();
+    }
+    let before = c.discover("default", "r", "").await.unwrap();
+    let epoch_before = c.status().await.unwrap()["log"]["epoch"].clone();
+    node.shutdown().await;
+
+    let node = Node::start(cfg, None).await.unwrap();
+    let c = client(&node);
+    let after = c.discover("default", "r", "").await.unwrap();
+    assert_eq!(ids(&after), ids(&before));
+    assert!(after["index"].as_u64().unwrap() > before["index"].as_u64().unwrap(), "index went backwards");
+    assert_eq!(c.status().await.unwrap()["log"]["epoch"], epoch_before, "same data dir keeps its epoch");
+    node.shutdown().await;
+
+    // A wiped data dir is a new history: a new epoch.
+    std::fs::remove_dir_all(dir.path().join("dc-a")).unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let st = client(&node).status().await.unwrap();
+    assert_ne!(st["log"]["epoch"], epoch_before);
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn protect_threshold_returns_all_instances_rather_than_a_collapsed_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = single_config(dir.path(), "dc-a");
+    cfg.protection.protect_threshold = 0.5;
+    let node = Node::start(cfg, None).await.unwrap();
+    let c = client(&node);
+    for i in 0..4 {
+        c.register(&json!({"service": "p", "instance_id": format!("i{i}"), "address": "10.0.0.1", "port": 1,
+            "ttl_ms": if i == 0 { 30_000 } else { 900 }}))
+            .await
+            .unwrap();
+    }
+    // Keep i0 alive; i1..i3 go unhealthy (healthy share 25% < 50%).
+    eventually(Duration::from_secs(5), "three unhealthy", || async {
+        let _ = c.heartbeat("default", "p", "i0").await;
+        let d = c.discover("default", "p", "dc=all").await.unwrap();
+        d["instances"].as_array().unwrap().iter().filter(|i| i["health"] == "unhealthy").count() == 3
+    })
+    .await;
+    let d = c.discover("default", "p", "explain=true").await.unwrap();
+    assert_eq!(d["protected"], true, "{d}");
+    assert_eq!(ids(&d).len(), 4, "protect threshold keeps every instance in the answer");
+    let lines = d["explain"].as_array().unwrap();
+    assert!(lines.iter().any(|l| l["reason"].as_str().unwrap().contains("protect threshold")));
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn ids_with_hash_signs_work_in_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let c = client(&node);
+    let r = c.register(&json!({"service": "svc", "address": "::1", "port": 9})).await.unwrap();
+    let id = r["instance_id"].as_str().unwrap();
+    assert!(id.starts_with("svc#[::1]:9#"), "{id}");
+    c.heartbeat("default", "svc", id).await.unwrap();
+    let url = format!("{}/v1/instances/default/svc/{}", http(&node), enc(id));
+    let resp = reqwest::Client::new().delete(url).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(matches!(c.heartbeat("default", "svc", id).await, Err(ClientError::Api { status: 404, .. })));
+    node.shutdown().await;
+}

@@ -1,0 +1,148 @@
+//! Shared helpers of the integration tests: real nodes (RocksDB on disk, HTTP on loopback,
+//! QUIC with mutual TLS), fault relays between DCs, and bounded polling.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tandem::client::Client;
+use tandem::config::{Config, PeerSection, ReplicationSection};
+use tandem::node::Node;
+use tandem_chaos::relay::{Faults, Relay};
+
+pub fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn single_config(dir: &Path, dc: &str) -> Config {
+    let mut c = Config::single(dc, dir.join(dc), "127.0.0.1:0".parse().unwrap());
+    c.health.check_interval_ms = 50;
+    c
+}
+
+/// Two DCs whose replication links each run through a fault relay.
+pub struct Pair {
+    pub dir: tempfile::TempDir,
+    pub cfg_a: Config,
+    pub cfg_b: Config,
+    pub a: Option<Node>,
+    pub b: Option<Node>,
+    /// Carries dc-a's stream to dc-b.
+    pub relay_ab: Relay,
+    /// Carries dc-b's stream to dc-a.
+    pub relay_ba: Relay,
+}
+
+pub async fn pair_with(tune: impl Fn(&mut Config)) -> Pair {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = tandem_replicator::tls::generate_dev_pki(&dir.path().join("certs"), &["dc-a", "dc-b"], false).unwrap();
+    let (la, lb) = (free_udp_port(), free_udp_port());
+    let listen_a: SocketAddr = format!("127.0.0.1:{la}").parse().unwrap();
+    let listen_b: SocketAddr = format!("127.0.0.1:{lb}").parse().unwrap();
+    let relay_ab = Relay::start("127.0.0.1:0".parse().unwrap(), listen_b, Faults::NONE, 1).await.unwrap();
+    let relay_ba = Relay::start("127.0.0.1:0".parse().unwrap(), listen_a, Faults::NONE, 2).await.unwrap();
+    let mk = |dc: &str, listen: SocketAddr, peer: &str, peer_addr: SocketAddr| {
+        let p = pki.paths(dc).unwrap();
+        let mut c = single_config(dir.path(), dc);
+        c.replication = Some(ReplicationSection {
+            listen,
+            peers: vec![PeerSection { dc: peer.into(), addr: peer_addr }],
+            ca_cert: p.ca_cert.clone(),
+            cert: p.cert.clone(),
+            key: p.key.clone(),
+            batch_events_max: 64,
+            window_batches_max: 4,
+            backoff_initial_ms: 50,
+            backoff_max_ms: 500,
+            stale_after_ms: 1_500,
+            purge_grace_ms: 3_600_000,
+            ping_interval_ms: 200,
+        });
+        tune(&mut c);
+        c
+    };
+    let cfg_a = mk("dc-a", listen_a, "dc-b", relay_ab.local_addr());
+    let cfg_b = mk("dc-b", listen_b, "dc-a", relay_ba.local_addr());
+    let a = Node::start(cfg_a.clone(), None).await.unwrap();
+    let b = Node::start(cfg_b.clone(), None).await.unwrap();
+    Pair { dir, cfg_a, cfg_b, a: Some(a), b: Some(b), relay_ab, relay_ba }
+}
+
+pub async fn pair() -> Pair {
+    pair_with(|_| {}).await
+}
+
+impl Pair {
+    pub fn client_a(&self) -> Client {
+        client(self.a.as_ref().unwrap())
+    }
+    pub fn client_b(&self) -> Client {
+        client(self.b.as_ref().unwrap())
+    }
+    pub fn partition(&self) {
+        self.relay_ab.handle().partition(tandem_chaos::relay::Direction::Both);
+        self.relay_ba.handle().partition(tandem_chaos::relay::Direction::Both);
+    }
+    pub fn heal(&self) {
+        self.relay_ab.handle().heal();
+        self.relay_ba.handle().heal();
+    }
+    pub async fn stop(mut self) {
+        if let Some(a) = self.a.take() {
+            a.shutdown().await;
+        }
+        if let Some(b) = self.b.take() {
+            b.shutdown().await;
+        }
+    }
+}
+
+pub fn client(node: &Node) -> Client {
+    Client::new(&[format!("http://{}", node.http_addr())])
+}
+
+pub fn reg_body(service: &str, id: &str, persistent: bool) -> Value {
+    let mut b = json!({"service": service, "instance_id": id, "address": "10.1.2.3", "port": 8080});
+    if persistent {
+        b["persistent"] = json!(true);
+    }
+    b
+}
+
+/// Instance ids of a discovery answer, sorted.
+pub fn ids(answer: &Value) -> Vec<String> {
+    let mut v: Vec<String> = answer["instances"]
+        .as_array()
+        .map(|a| a.iter().map(|i| i["instance_id"].as_str().unwrap_or_default().to_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Polls `f` every 20 ms until it returns true or `within` passes.
+pub async fn eventually<F, Fut>(within: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if f().await {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("not within {within:?}: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn tandem_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tandem"))
+}

@@ -1,0 +1,354 @@
+//! The event-log conformance suite run against [`RocksLog`], plus the checks only the
+//! durable log has: epochs of new and wiped data dirs, the one-DC-per-dir rule, the
+//! persisted extras (watch index, peer acks) and group commit through the [`Committer`].
+
+use std::collections::BTreeSet;
+use std::num::NonZeroU64;
+use std::path::Path;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tandem::store::{CommitError, CommitNotice, Committed, Committer, CommitterHandle, OpenError, RocksLog};
+use tandem_replicator::log::conformance::{dereg, reg, Harness};
+use tandem_replicator::log::{EventLog, LogError, StateChange};
+use tandem_replicator::merge::Held;
+use tandem_schemas::Mark;
+use tempfile::TempDir;
+
+/// Fresh logs in their own temp dirs; reopen = drop (no orderly shutdown) and open again.
+#[derive(Default)]
+struct Rocks {
+    dirs: Vec<TempDir>,
+}
+
+impl Harness for Rocks {
+    type Log = RocksLog;
+
+    fn fresh(&mut self, dc: &str, epoch: u64) -> RocksLog {
+        let dir = TempDir::new().unwrap();
+        let epoch = NonZeroU64::new(epoch).expect("the suite uses non-zero epochs");
+        let log = RocksLog::create_with_epoch(dir.path(), dc, epoch).unwrap();
+        self.dirs.push(dir);
+        log
+    }
+
+    fn reopen(&mut self, log: RocksLog) -> RocksLog {
+        let dir = log.dir().to_owned();
+        let dc = log.local_dc().to_owned();
+        drop(log);
+        RocksLog::open(&dir, &dc).unwrap()
+    }
+}
+
+tandem_replicator::conformance_tests!(Rocks::default);
+
+fn reopen(log: RocksLog) -> RocksLog {
+    Rocks::default().reopen(log)
+}
+
+#[test]
+fn a_new_dir_gets_a_random_epoch_that_survives_reopen() {
+    let dir = TempDir::new().unwrap();
+    let log = RocksLog::open(dir.path(), "dc-a").unwrap();
+    let epoch = log.own_mark().epoch;
+    assert_ne!(epoch, 0);
+    assert_eq!(log.own_mark().seq, 0);
+    let log = reopen(log);
+    assert_eq!(log.own_mark(), Mark { epoch, seq: 0 });
+}
+
+#[test]
+fn a_wiped_dir_starts_a_new_epoch() {
+    let dir = TempDir::new().unwrap();
+    let data = dir.path().join("data");
+    let mut log = RocksLog::open(&data, "dc-a").unwrap();
+    let old = log.own_mark().epoch;
+    log.append_local(&[reg("dc-a", old, 1, "i1")]).unwrap();
+    drop(log);
+    std::fs::remove_dir_all(&data).unwrap();
+    let log = RocksLog::open(&data, "dc-a").unwrap();
+    assert_ne!(log.own_mark().epoch, old, "a lost history must not reuse the epoch");
+    assert_eq!(log.own_mark().seq, 0);
+    assert_eq!(log.instances().unwrap(), vec![]);
+}
+
+#[test]
+fn a_dir_of_another_dc_is_refused_and_left_alone() {
+    let dir = TempDir::new().unwrap();
+    let mut log = RocksLog::open(dir.path(), "dc-a").unwrap();
+    let epoch = log.own_mark().epoch;
+    log.append_local(&[reg("dc-a", epoch, 1, "i1")]).unwrap();
+    drop(log);
+    let err = RocksLog::open(dir.path(), "dc-b").unwrap_err();
+    assert!(
+        matches!(&err, OpenError::WrongDc { stored, requested, .. } if stored == "dc-a" && requested == "dc-b"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("belongs to DC"), "{err}");
+    let log = RocksLog::open(dir.path(), "dc-a").unwrap();
+    assert_eq!(log.own_mark(), Mark { epoch, seq: 1 });
+}
+
+#[test]
+fn an_invalid_dc_name_or_a_second_create_is_refused() {
+    let dir = TempDir::new().unwrap();
+    assert!(matches!(RocksLog::open(dir.path(), "DC A"), Err(OpenError::InvalidDc(_))));
+    let epoch = NonZeroU64::new(7).unwrap();
+    drop(RocksLog::create_with_epoch(dir.path(), "dc-a", epoch).unwrap());
+    let err = RocksLog::create_with_epoch(dir.path(), "dc-a", epoch).unwrap_err();
+    assert!(matches!(err, OpenError::AlreadyInitialized { epoch: 7, .. }), "{err}");
+    // Usable where a LogError is expected.
+    let as_log_error: LogError = err.into();
+    assert!(matches!(as_log_error, LogError::Storage(_)));
+}
+
+#[test]
+fn watch_index_is_written_with_the_next_batch_and_never_goes_back() {
+    let dir = TempDir::new().unwrap();
+    let mut log = RocksLog::create_with_epoch(dir.path(), "dc-a", NonZeroU64::new(3).unwrap()).unwrap();
+    log.set_next_index(5);
+    assert_eq!(log.index(), 0, "staged, not yet durable");
+    // A call that writes nothing leaves the index staged.
+    log.append_local(&[]).unwrap();
+    assert_eq!(log.index(), 0);
+    log.append_local(&[reg("dc-a", 3, 1, "i1")]).unwrap();
+    assert_eq!(log.index(), 5);
+    log.set_next_index(2);
+    log.append_local(&[reg("dc-a", 3, 2, "i2")]).unwrap();
+    assert_eq!(log.index(), 5);
+    let log = reopen(log);
+    assert_eq!(log.index(), 5);
+}
+
+#[test]
+fn peer_acks_and_own_event_times_persist() {
+    let dir = TempDir::new().unwrap();
+    let mut log = RocksLog::create_with_epoch(dir.path(), "dc-a", NonZeroU64::new(3).unwrap()).unwrap();
+    log.append_local(&[reg("dc-a", 3, 1, "i1"), reg("dc-a", 3, 2, "i2")]).unwrap();
+    let syncs = log.sync_writes();
+    log.record_peer_ack("dc-b", Mark { epoch: 3, seq: 2 }).unwrap();
+    log.record_peer_ack("dc-c", Mark { epoch: 3, seq: 1 }).unwrap();
+    assert_eq!(log.sync_writes(), syncs, "acks ride without an fsync of their own");
+    // The conformance events carry commit_time_ms = 1000 + seq.
+    assert_eq!(log.own_event_time_ms(2).unwrap(), Some(1_002));
+    assert_eq!(log.own_event_time_ms(3).unwrap(), None);
+    log.purge_own(1).unwrap();
+    assert_eq!(log.own_event_time_ms(1).unwrap(), None);
+    let log = reopen(log);
+    let acks = log.peer_acks();
+    assert_eq!(acks.get("dc-b"), Some(&Mark { epoch: 3, seq: 2 }));
+    assert_eq!(acks.get("dc-c"), Some(&Mark { epoch: 3, seq: 1 }));
+    assert_eq!(log.own_event_time_ms(2).unwrap(), Some(1_002));
+}
+
+#[test]
+fn remote_events_change_state_but_never_enter_the_own_log() {
+    let dir = TempDir::new().unwrap();
+    let mut log = RocksLog::create_with_epoch(dir.path(), "dc-a", NonZeroU64::new(3).unwrap()).unwrap();
+    log.apply_remote("dc-b", &[reg("dc-b", 9, 1, "r1")]).unwrap();
+    assert_eq!(log.own_mark().seq, 0);
+    assert_eq!(log.read_own(0, 10).unwrap(), vec![]);
+    assert_eq!(log.held(&tandem_replicator::log::conformance::key("dc-b", "r1")), Held::Live { seq: 1 });
+}
+
+fn open_committer(dir: &Path, epoch: u64) -> (CommitterHandle, Arc<Mutex<Vec<CommitNotice>>>) {
+    let log = RocksLog::create_with_epoch(dir, "dc-a", NonZeroU64::new(epoch).unwrap()).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&seen);
+    let handle = Committer::spawn(log, Box::new(move |n: &CommitNotice| sink.lock().push(n.clone()))).unwrap();
+    (handle, seen)
+}
+
+/// Parks the committer thread inside a `with_log` call until the returned gate is opened,
+/// so that requests sent meanwhile wait in its queue.
+async fn hold_committer(
+    handle: &CommitterHandle,
+) -> (std::sync::mpsc::Sender<()>, tokio::task::JoinHandle<Result<(), CommitError>>) {
+    let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel::<()>();
+    let h = handle.clone();
+    let held = tokio::spawn(async move {
+        h.with_log(move |_log| {
+            let _ = entered_tx.send(());
+            let _ = gate_rx.recv();
+        })
+        .await
+    });
+    entered_rx.await.unwrap();
+    (gate_tx, held)
+}
+
+/// 64 tasks append concurrently. The committer is held busy until all 64 requests wait in
+/// its queue, so the first round is one group behind one fsync; later rounds run free.
+/// Every acknowledged event is readable after a reopen, and `on_commit` saw them in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_commit_shares_fsyncs_among_concurrent_appends() {
+    const TASKS: u64 = 64;
+    const APPENDS_PER_TASK: u64 = 8;
+    let dir = TempDir::new().unwrap();
+    let (handle, seen) = open_committer(dir.path(), 21);
+
+    let (gate_tx, held) = hold_committer(&handle).await;
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let h = handle.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for i in 0..APPENDS_PER_TASK {
+                let id = format!("t{t}-{i}");
+                let evs = h.append_local(move |m| vec![reg("dc-a", m.epoch, m.seq + 1, &id)]).await.unwrap();
+                assert_eq!(evs.len(), 1);
+                acked.push(evs[0].seq);
+            }
+            acked
+        }));
+    }
+    // Wait (bounded) for the first append of every task to be queued behind the gate.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while handle.queued_requests() < TASKS as usize {
+        assert!(tokio::time::Instant::now() < deadline, "appends never queued");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    gate_tx.send(()).unwrap();
+    held.await.unwrap().unwrap();
+
+    let mut acked = BTreeSet::new();
+    for t in tasks {
+        for seq in t.await.unwrap() {
+            assert!(acked.insert(seq), "seq {seq} acked twice");
+        }
+    }
+    let appends = TASKS * APPENDS_PER_TASK;
+    assert_eq!(acked, (1..=appends).collect::<BTreeSet<u64>>());
+
+    let stats = handle.stats();
+    assert_eq!(stats.local_requests, appends);
+    assert_eq!(stats.local_events, appends);
+    assert!(stats.local_fsyncs < appends, "{stats:?}");
+    assert!(stats.fsyncs <= stats.local_fsyncs, "{stats:?}");
+    // The gated first round was one group of all 64 first appends.
+    assert!(stats.local_group_requests[6] >= 1, "{stats:?}");
+    assert_eq!(*handle.own_seq().borrow(), appends);
+
+    // on_commit saw every event once, in seq order, with a growing watch index.
+    {
+        let notices = seen.lock();
+        let mut next_seq = 1;
+        let mut last_index = 0;
+        for n in notices.iter() {
+            assert!(n.index > last_index);
+            last_index = n.index;
+            let Committed::Local { events, changes } = &n.committed else { panic!("{n:?}") };
+            assert_eq!(events.len(), changes.len());
+            for (ev, ch) in events.iter().zip(changes) {
+                assert_eq!(ev.seq, next_seq);
+                assert!(matches!(ch, StateChange::Put { seq, .. } if *seq == ev.seq));
+                next_seq += 1;
+            }
+        }
+        assert_eq!(next_seq, appends + 1);
+        assert_eq!(notices.len() as u64, stats.local_fsyncs);
+    }
+
+    handle.shutdown().await;
+    let log = RocksLog::open(dir.path(), "dc-a").unwrap();
+    assert_eq!(log.own_mark(), Mark { epoch: 21, seq: appends });
+    let logged: BTreeSet<u64> = log.read_own(0, usize::MAX).unwrap().iter().map(|e| e.seq).collect();
+    assert_eq!(logged, acked);
+    assert_eq!(log.instances().unwrap().len() as u64, appends);
+    assert_eq!(log.index(), seen.lock().last().map_or(0, |n| n.index));
+}
+
+/// A builder that mints the wrong seq or panics fails alone; its group neighbours commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_bad_builder_fails_only_its_own_request() {
+    let dir = TempDir::new().unwrap();
+    let (handle, _seen) = open_committer(dir.path(), 5);
+    let (gate_tx, held) = hold_committer(&handle).await;
+    let h = handle.clone();
+    let good1 = tokio::spawn(async move { h.append_local(|m| vec![reg("dc-a", m.epoch, m.seq + 1, "a")]).await });
+    while handle.queued_requests() < 1 {
+        tokio::task::yield_now().await;
+    }
+    let h = handle.clone();
+    let gap = tokio::spawn(async move { h.append_local(|m| vec![reg("dc-a", m.epoch, m.seq + 2, "b")]).await });
+    while handle.queued_requests() < 2 {
+        tokio::task::yield_now().await;
+    }
+    let h = handle.clone();
+    let panics = tokio::spawn(async move { h.append_local(|_| panic!("builder bug")).await });
+    while handle.queued_requests() < 3 {
+        tokio::task::yield_now().await;
+    }
+    let h = handle.clone();
+    let good2 = tokio::spawn(async move { h.append_local(|m| vec![dereg("dc-a", m.epoch, m.seq + 1, "a")]).await });
+    while handle.queued_requests() < 4 {
+        tokio::task::yield_now().await;
+    }
+    gate_tx.send(()).unwrap();
+    held.await.unwrap().unwrap();
+
+    assert_eq!(good1.await.unwrap().unwrap()[0].seq, 1);
+    assert!(matches!(gap.await.unwrap(), Err(CommitError::Log(LogError::OutOfSequence { expected: 2, got: 3 }))));
+    assert!(matches!(panics.await.unwrap(), Err(CommitError::BuilderPanicked)));
+    assert_eq!(good2.await.unwrap().unwrap()[0].seq, 2);
+    assert_eq!(handle.stats().local_fsyncs, 1);
+
+    let held_a = handle
+        .with_log(|log| log.held(&tandem_replicator::log::conformance::key("dc-a", "a")))
+        .await
+        .unwrap();
+    assert_eq!(held_a, Held::Tombstone { seq: 2 });
+    handle.shutdown().await;
+    assert!(matches!(handle.purge_own(1).await, Err(CommitError::Stopped)));
+}
+
+/// Remote batches, snapshots and purges through the committer are reported in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committer_reports_every_kind_of_write() {
+    let dir = TempDir::new().unwrap();
+    let (handle, seen) = open_committer(dir.path(), 5);
+    handle.append_local(|m| vec![reg("dc-a", m.epoch, m.seq + 1, "a"), dereg("dc-a", m.epoch, m.seq + 2, "a")])
+        .await
+        .unwrap();
+    let rep = handle.apply_remote("dc-b".into(), vec![reg("dc-b", 9, 1, "r1"), reg("dc-b", 9, 2, "r2")]).await.unwrap();
+    assert_eq!(rep.applied, 2);
+    // A pure duplicate writes nothing and is not reported.
+    let rep = handle.apply_remote("dc-b".into(), vec![reg("dc-b", 9, 1, "r1")]).await.unwrap();
+    assert_eq!(rep.duplicates, 1);
+    handle.record_peer_ack("dc-b".into(), Mark { epoch: 5, seq: 2 }).await.unwrap();
+    assert_eq!(handle.purge_own(2).await.unwrap(), 2);
+    handle.apply_remote("dc-b".into(), vec![dereg("dc-b", 9, 3, "r1")]).await.unwrap();
+    handle.purge_remote_tombstones("dc-b".into(), 3).await.unwrap();
+    let snap = handle.with_log(|log| log.snapshot_own()).await.unwrap().unwrap();
+    assert_eq!(snap.mark, Mark { epoch: 5, seq: 2 });
+    assert!(snap.tombstones.is_empty());
+
+    let notices = seen.lock().clone();
+    let kinds: Vec<&str> = notices
+        .iter()
+        .map(|n| match &n.committed {
+            Committed::Local { .. } => "local",
+            Committed::Remote { .. } => "remote",
+            Committed::Snapshot { .. } => "snapshot",
+            Committed::PurgedOwn { .. } => "purged-own",
+            Committed::PurgedRemoteTombstones { .. } => "purged-remote",
+        })
+        .collect();
+    assert_eq!(kinds, ["local", "remote", "purged-own", "remote", "purged-remote"]);
+    let indexes: Vec<u64> = notices.iter().map(|n| n.index).collect();
+    assert_eq!(indexes, [1, 2, 3, 4, 5]);
+    let Committed::PurgedOwn { tombstones_removed, .. } = &notices[2].committed else { unreachable!() };
+    assert_eq!(tombstones_removed, &[tandem_replicator::log::conformance::key("dc-a", "a")]);
+    let Committed::PurgedRemoteTombstones { tombstones_removed, .. } = &notices[4].committed else {
+        unreachable!()
+    };
+    assert_eq!(tombstones_removed, &[tandem_replicator::log::conformance::key("dc-b", "r1")]);
+    assert_eq!(notices[1].changes().len(), 2);
+
+    handle.shutdown().await;
+    let log = RocksLog::open(dir.path(), "dc-a").unwrap();
+    assert_eq!(log.index(), 5);
+    assert_eq!(log.peer_acks().get("dc-b"), Some(&Mark { epoch: 5, seq: 2 }));
+    assert_eq!(log.mark_of("dc-b"), Some(Mark { epoch: 9, seq: 3 }));
+}
