@@ -155,7 +155,8 @@ fn open_committer(dir: &Path, epoch: u64) -> (CommitterHandle, Arc<Mutex<Vec<Com
     let log = RocksLog::create_with_epoch(dir, "dc-a", NonZeroU64::new(epoch).unwrap()).unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&seen);
-    let handle = Committer::spawn(log, Box::new(move |n: &CommitNotice| sink.lock().push(n.clone()))).unwrap();
+    let handle =
+        Committer::spawn(log, Box::new(move |n: &CommitNotice| sink.lock().push(n.clone()))).unwrap();
     (handle, seen)
 }
 
@@ -266,12 +267,14 @@ async fn one_bad_builder_fails_only_its_own_request() {
     let (handle, _seen) = open_committer(dir.path(), 5);
     let (gate_tx, held) = hold_committer(&handle).await;
     let h = handle.clone();
-    let good1 = tokio::spawn(async move { h.append_local(|m| vec![reg("dc-a", m.epoch, m.seq + 1, "a")]).await });
+    let good1 =
+        tokio::spawn(async move { h.append_local(|m| vec![reg("dc-a", m.epoch, m.seq + 1, "a")]).await });
     while handle.queued_requests() < 1 {
         tokio::task::yield_now().await;
     }
     let h = handle.clone();
-    let gap = tokio::spawn(async move { h.append_local(|m| vec![reg("dc-a", m.epoch, m.seq + 2, "b")]).await });
+    let gap =
+        tokio::spawn(async move { h.append_local(|m| vec![reg("dc-a", m.epoch, m.seq + 2, "b")]).await });
     while handle.queued_requests() < 2 {
         tokio::task::yield_now().await;
     }
@@ -281,7 +284,8 @@ async fn one_bad_builder_fails_only_its_own_request() {
         tokio::task::yield_now().await;
     }
     let h = handle.clone();
-    let good2 = tokio::spawn(async move { h.append_local(|m| vec![dereg("dc-a", m.epoch, m.seq + 1, "a")]).await });
+    let good2 =
+        tokio::spawn(async move { h.append_local(|m| vec![dereg("dc-a", m.epoch, m.seq + 1, "a")]).await });
     while handle.queued_requests() < 4 {
         tokio::task::yield_now().await;
     }
@@ -289,7 +293,10 @@ async fn one_bad_builder_fails_only_its_own_request() {
     held.await.unwrap().unwrap();
 
     assert_eq!(good1.await.unwrap().unwrap()[0].seq, 1);
-    assert!(matches!(gap.await.unwrap(), Err(CommitError::Log(LogError::OutOfSequence { expected: 2, got: 3 }))));
+    assert!(matches!(
+        gap.await.unwrap(),
+        Err(CommitError::Log(LogError::OutOfSequence { expected: 2, got: 3 }))
+    ));
     assert!(matches!(panics.await.unwrap(), Err(CommitError::BuilderPanicked)));
     assert_eq!(good2.await.unwrap().unwrap()[0].seq, 2);
     assert_eq!(handle.stats().local_fsyncs, 1);
@@ -308,10 +315,14 @@ async fn one_bad_builder_fails_only_its_own_request() {
 async fn committer_reports_every_kind_of_write() {
     let dir = TempDir::new().unwrap();
     let (handle, seen) = open_committer(dir.path(), 5);
-    handle.append_local(|m| vec![reg("dc-a", m.epoch, m.seq + 1, "a"), dereg("dc-a", m.epoch, m.seq + 2, "a")])
+    handle
+        .append_local(|m| vec![reg("dc-a", m.epoch, m.seq + 1, "a"), dereg("dc-a", m.epoch, m.seq + 2, "a")])
         .await
         .unwrap();
-    let rep = handle.apply_remote("dc-b".into(), vec![reg("dc-b", 9, 1, "r1"), reg("dc-b", 9, 2, "r2")]).await.unwrap();
+    let rep = handle
+        .apply_remote("dc-b".into(), vec![reg("dc-b", 9, 1, "r1"), reg("dc-b", 9, 2, "r2")])
+        .await
+        .unwrap();
     assert_eq!(rep.applied, 2);
     // A pure duplicate writes nothing and is not reported.
     let rep = handle.apply_remote("dc-b".into(), vec![reg("dc-b", 9, 1, "r1")]).await.unwrap();
@@ -351,4 +362,168 @@ async fn committer_reports_every_kind_of_write() {
     assert_eq!(log.index(), 5);
     assert_eq!(log.peer_acks().get("dc-b"), Some(&Mark { epoch: 5, seq: 2 }));
     assert_eq!(log.mark_of("dc-b"), Some(Mark { epoch: 9, seq: 3 }));
+}
+
+mod model {
+    //! Differential check: random histories give RocksLog and the reference model MemLog
+    //! the same answers and the same state, across reopens.
+
+    use super::*;
+    use proptest::prelude::*;
+    use tandem_replicator::log::conformance::{ev, key, record};
+    use tandem_replicator::log::MemLog;
+    use tandem_schemas::{ChangeEvent, DeregisterReason, Op, Snapshot, SnapshotInstance, Tombstone};
+
+    const IDS: u8 = 4;
+
+    #[derive(Clone, Debug)]
+    enum Kind {
+        Register,
+        Update,
+        Deregister,
+    }
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        Local(Vec<(Kind, u8)>),
+        /// Events of dc-b relative to the receiver's mark: (seq offset, epoch, kind, id).
+        Remote {
+            channel: &'static str,
+            events: Vec<(i8, u64, Kind, u8)>,
+        },
+        Snapshot {
+            epoch: u64,
+            seq: u64,
+            live: Vec<(u8, u64)>,
+            dead: Vec<(u8, u64)>,
+        },
+        PurgeOwn(u64),
+        PurgeRemote(u64),
+        Reopen,
+    }
+
+    fn kind() -> impl Strategy<Value = Kind> {
+        prop_oneof![Just(Kind::Register), Just(Kind::Update), Just(Kind::Deregister)]
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => proptest::collection::vec((kind(), 0..IDS), 0..4).prop_map(Step::Local),
+            4 => (
+                prop_oneof![6 => Just("dc-b"), 1 => Just("dc-c"), 1 => Just("dc-a")],
+                proptest::collection::vec((-2i8..3, prop_oneof![8 => Just(9u64), 1 => Just(10u64)], kind(), 0..IDS), 0..5),
+            )
+                .prop_map(|(channel, events)| Step::Remote { channel, events }),
+            1 => (prop_oneof![Just(9u64), Just(10u64)], 0u64..12, proptest::collection::vec((0..IDS, 1u64..12), 0..3),
+                  proptest::collection::vec((0..IDS, 1u64..12), 0..3))
+                .prop_map(|(epoch, seq, live, dead)| Step::Snapshot { epoch, seq, live, dead }),
+            1 => (0u64..12).prop_map(Step::PurgeOwn),
+            1 => (0u64..12).prop_map(Step::PurgeRemote),
+            1 => Just(Step::Reopen),
+        ]
+    }
+
+    fn op(origin: &str, kind: &Kind, id: u8) -> Op {
+        let id = format!("i{id}");
+        match kind {
+            Kind::Register => Op::Register(record(origin, &id)),
+            Kind::Update => {
+                let mut r = record(origin, &id);
+                r.weight = 7;
+                Op::Update(r)
+            }
+            Kind::Deregister => Op::Deregister { key: key(origin, &id), reason: DeregisterReason::Evicted },
+        }
+    }
+
+    fn answers<L: EventLog>(log: &mut L, step: &Step) -> String {
+        match step {
+            Step::Local(evs) => {
+                let own = log.own_mark();
+                let events: Vec<ChangeEvent> = evs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (k, id))| ev("dc-a", own.epoch, own.seq + 1 + i as u64, op("dc-a", k, *id)))
+                    .collect();
+                format!("{:?}", log.append_local(&events))
+            }
+            Step::Remote { channel, events } => {
+                let base = log.mark_of("dc-b").map_or(0, |m| m.seq) as i64;
+                let events: Vec<ChangeEvent> = events
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (off, epoch, k, id))| {
+                        let seq = (base + 1 + i as i64 + i64::from(*off)).max(1) as u64;
+                        ev("dc-b", *epoch, seq, op("dc-b", k, *id))
+                    })
+                    .collect();
+                format!("{:?}", log.apply_remote(channel, &events))
+            }
+            Step::Snapshot { epoch, seq, live, dead } => {
+                let live: BTreeSet<(u8, u64)> = live.iter().copied().collect();
+                let dead: BTreeSet<(u8, u64)> =
+                    dead.iter().copied().filter(|(id, _)| !live.iter().any(|(l, _)| l == id)).collect();
+                let snap = Snapshot {
+                    origin_dc: "dc-b".into(),
+                    mark: Mark { epoch: *epoch, seq: *seq },
+                    instances: live
+                        .iter()
+                        .map(|(id, s)| SnapshotInstance {
+                            seq: (*s).min(*seq).max(1),
+                            record: record("dc-b", &format!("i{id}")),
+                        })
+                        .collect(),
+                    tombstones: dead
+                        .iter()
+                        .map(|(id, s)| Tombstone {
+                            key: key("dc-b", &format!("i{id}")),
+                            seq: (*s).min(*seq).max(1),
+                            reason: DeregisterReason::Explicit,
+                        })
+                        .collect(),
+                };
+                format!("{:?}", log.install_snapshot("dc-b", &snap))
+            }
+            Step::PurgeOwn(upto) => format!("{:?}", log.purge_own(*upto)),
+            Step::PurgeRemote(upto) => format!("{:?}", log.purge_remote_tombstones("dc-b", *upto)),
+            Step::Reopen => String::new(),
+        }
+    }
+
+    fn state<L: EventLog>(log: &L) -> String {
+        let held: Vec<_> = ["dc-a", "dc-b"]
+            .iter()
+            .flat_map(|o| (0..IDS).map(move |id| key(o, &format!("i{id}"))))
+            .map(|k| log.held(&k))
+            .collect();
+        format!(
+            "own {:?} floor {} marks {:?}\ninstances {:?}\ntombstones {:?}\nheld {:?}\nlog {:?}\nsnapshot {:?}",
+            log.own_mark(),
+            log.purge_floor(),
+            log.marks(),
+            log.instances().unwrap(),
+            log.tombstones().unwrap(),
+            held,
+            log.read_own(log.purge_floor(), 1000).unwrap(),
+            log.snapshot_own().unwrap(),
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #[test]
+        fn rocks_log_matches_the_model_on_random_histories(steps in proptest::collection::vec(step(), 1..25)) {
+            let mut h = Rocks::default();
+            let mut rocks = h.fresh("dc-a", 1);
+            let mut mem = MemLog::new("dc-a", 1);
+            for (i, step) in steps.iter().enumerate() {
+                if let Step::Reopen = step {
+                    rocks = h.reopen(rocks);
+                }
+                let (got, want) = (answers(&mut rocks, step), answers(&mut mem, step));
+                prop_assert_eq!(got, want, "answer to step {} {:?}", i, step);
+                prop_assert_eq!(state(&rocks), state(&mem), "state after step {} {:?}", i, step);
+            }
+        }
+    }
 }

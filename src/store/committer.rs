@@ -271,7 +271,10 @@ impl Committer {
                     let before = self.begin_write();
                     let result = self.log.apply_remote(&channel_dc, &events);
                     if let Ok(report) = &result {
-                        self.after_write(before, || Committed::Remote { origin: channel_dc, report: report.clone() });
+                        self.after_write(before, || Committed::Remote {
+                            origin: channel_dc,
+                            report: report.clone(),
+                        });
                     }
                     self.answer(reply, result.map_err(CommitError::from));
                 }
@@ -279,7 +282,10 @@ impl Committer {
                     let before = self.begin_write();
                     let result = self.log.install_snapshot(&channel_dc, &snapshot);
                     if let Ok(report) = &result {
-                        self.after_write(before, || Committed::Snapshot { origin: channel_dc, report: report.clone() });
+                        self.after_write(before, || Committed::Snapshot {
+                            origin: channel_dc,
+                            report: report.clone(),
+                        });
                     }
                     self.answer(reply, result.map_err(CommitError::from));
                 }
@@ -287,19 +293,20 @@ impl Committer {
                     let before = self.begin_write();
                     let result = self.log.purge_own_reporting(upto_seq).map(|tombstones_removed| {
                         let floor = self.log.purge_floor();
-                            self.after_write(before, || Committed::PurgedOwn { floor, tombstones_removed });
+                        self.after_write(before, || Committed::PurgedOwn { floor, tombstones_removed });
                         floor
                     });
                     self.answer(reply, result.map_err(CommitError::from));
                 }
                 Request::PurgeRemoteTombstones { origin, upto_seq, reply } => {
                     let before = self.begin_write();
-                    let result = self.log.purge_remote_tombstones_reporting(&origin, upto_seq).map(|removed| {
-                        self.after_write(before, || Committed::PurgedRemoteTombstones {
-                            origin,
-                            tombstones_removed: removed,
+                    let result =
+                        self.log.purge_remote_tombstones_reporting(&origin, upto_seq).map(|removed| {
+                            self.after_write(before, || Committed::PurgedRemoteTombstones {
+                                origin,
+                                tombstones_removed: removed,
+                            });
                         });
-                    });
                     self.answer(reply, result.map_err(CommitError::from));
                 }
                 Request::PeerAck { peer, mark, reply } => {
@@ -390,7 +397,8 @@ impl Committer {
         if self.log.sync_writes() == sync_writes_before {
             return;
         }
-        let notice = CommitNotice { index: self.log.index(), own_mark: self.log.own_mark(), committed: what() };
+        let notice =
+            CommitNotice { index: self.log.index(), own_mark: self.log.own_mark(), committed: what() };
         (self.on_commit)(&notice);
     }
 
@@ -516,7 +524,9 @@ fn clone_log_error(e: &LogError) -> LogError {
     match e {
         LogError::Refused(r) => LogError::Refused(r.clone()),
         LogError::Purged { floor } => LogError::Purged { floor: *floor },
-        LogError::OutOfSequence { expected, got } => LogError::OutOfSequence { expected: *expected, got: *got },
+        LogError::OutOfSequence { expected, got } => {
+            LogError::OutOfSequence { expected: *expected, got: *got }
+        }
         LogError::Storage(s) => LogError::Storage(s.clone()),
         LogError::Corrupt(s) => LogError::Corrupt(s.clone()),
     }

@@ -17,7 +17,9 @@ use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DBRecoveryMode, DBWithThreadMode, IteratorMode, Options,
     ReadOptions, SingleThreaded, WriteBatch, WriteOptions,
 };
-use tandem_replicator::log::{check_local_sequence, local_effect, ApplyReport, EventLog, LogError, StateChange};
+use tandem_replicator::log::{
+    check_local_sequence, local_effect, ApplyReport, EventLog, LogError, StateChange,
+};
 use tandem_replicator::merge::{self, Effect, Held, Refusal};
 use tandem_schemas::{
     validate_dc, ChangeEvent, DeregisterReason, InstanceKey, InstanceRecord, Mark, Op, Snapshot,
@@ -46,6 +48,9 @@ const META_MARK_PREFIX: &[u8] = b"mark/";
 /// `ack/<peer dc>` -> the own mark the peer has acknowledged (16 bytes).
 const META_ACK_PREFIX: &[u8] = b"ack/";
 
+/// One stored key and value, as read by a scan.
+type Entry = Result<(Box<[u8]>, Box<[u8]>), LogError>;
+
 /// Largest stored value accepted when decoding: a stored event or record was at most one
 /// frame's worth when it was written.
 const VALUE_BYTES_MAX: usize = FRAME_BYTES_MAX;
@@ -72,9 +77,9 @@ impl From<OpenError> for LogError {
     fn from(e: OpenError) -> LogError {
         match e {
             OpenError::Log(e) => e,
-            e @ (OpenError::WrongDc { .. } | OpenError::InvalidDc(_) | OpenError::AlreadyInitialized { .. }) => {
-                LogError::Storage(e.to_string())
-            }
+            e @ (OpenError::WrongDc { .. }
+            | OpenError::InvalidDc(_)
+            | OpenError::AlreadyInitialized { .. }) => LogError::Storage(e.to_string()),
         }
     }
 }
@@ -159,8 +164,8 @@ impl RocksLog {
                 log.initialize(epoch)?;
             }
             Some(stored) => {
-                let stored = String::from_utf8(stored)
-                    .map_err(|_| LogError::Corrupt("meta dc: not UTF-8".into()))?;
+                let stored =
+                    String::from_utf8(stored).map_err(|_| LogError::Corrupt("meta dc: not UTF-8".into()))?;
                 if stored != dc {
                     return Err(OpenError::WrongDc { dir: dir.to_owned(), stored, requested: dc.to_owned() });
                 }
@@ -178,7 +183,9 @@ impl RocksLog {
     fn initialize(&mut self, epoch: NonZeroU64) -> Result<(), LogError> {
         for name in COLUMN_FAMILIES {
             if self.db.iterator_cf(self.cf(name)?, IteratorMode::Start).next().is_some() {
-                return Err(LogError::Corrupt(format!("column family {name} holds data but meta has no DC name")));
+                return Err(LogError::Corrupt(format!(
+                    "column family {name} holds data but meta has no DC name"
+                )));
             }
         }
         let meta = self.cf(CF_META)?;
@@ -326,7 +333,10 @@ impl RocksLog {
     }
 
     /// [`EventLog::append_local`], also returning the changes to state in order.
-    pub fn append_local_with_changes(&mut self, events: &[ChangeEvent]) -> Result<Vec<StateChange>, LogError> {
+    pub fn append_local_with_changes(
+        &mut self,
+        events: &[ChangeEvent],
+    ) -> Result<Vec<StateChange>, LogError> {
         self.check_writable()?;
         check_local_sequence(self.own, &self.dc, events)?;
         let Some(last) = events.last() else {
@@ -401,7 +411,12 @@ impl RocksLog {
     }
 
     /// Stages one event's effect on state, exactly as the reference model applies it.
-    fn stage_effect(&self, batch: &mut WriteBatch, ev: &ChangeEvent, effect: Effect) -> Result<StateChange, LogError> {
+    fn stage_effect(
+        &self,
+        batch: &mut WriteBatch,
+        ev: &ChangeEvent,
+        effect: Effect,
+    ) -> Result<StateChange, LogError> {
         let key = ev.op.key();
         let enc = encode_key(key);
         match (effect, &ev.op) {
@@ -496,7 +511,7 @@ impl RocksLog {
         cf: &str,
         lower: &[u8],
         upper: Vec<u8>,
-    ) -> Result<impl Iterator<Item = Result<(Box<[u8]>, Box<[u8]>), LogError>> + '_, LogError> {
+    ) -> Result<impl Iterator<Item = Entry> + '_, LogError> {
         let cf = self.cf(cf)?;
         let mut ro = ReadOptions::default();
         ro.set_iterate_lower_bound(lower.to_vec());
@@ -504,19 +519,12 @@ impl RocksLog {
         Ok(self.db.iterator_cf_opt(cf, ro, IteratorMode::Start).map(|r| r.map_err(storage)))
     }
 
-    fn scan_all(
-        &self,
-        cf: &str,
-    ) -> Result<impl Iterator<Item = Result<(Box<[u8]>, Box<[u8]>), LogError>> + '_, LogError> {
+    fn scan_all(&self, cf: &str) -> Result<impl Iterator<Item = Entry> + '_, LogError> {
         Ok(self.db.iterator_cf(self.cf(cf)?, IteratorMode::Start).map(|r| r.map_err(storage)))
     }
 
     /// Iterates the keys of `owner_dc` in an instance-keyed column family.
-    fn scan_owner(
-        &self,
-        cf: &str,
-        owner_dc: &str,
-    ) -> Result<impl Iterator<Item = Result<(Box<[u8]>, Box<[u8]>), LogError>> + '_, LogError> {
+    fn scan_owner(&self, cf: &str, owner_dc: &str) -> Result<impl Iterator<Item = Entry> + '_, LogError> {
         let prefix = owner_prefix(owner_dc);
         let end = prefix_end(&prefix);
         self.scan(cf, &prefix, end)
@@ -812,7 +820,12 @@ mod tests {
         let dir = TempDir::new().unwrap();
         let mut log = fresh(&dir);
         log.append_local(&[reg("dc-a", EPOCH, 1, "i1")]).unwrap();
-        poke(&log, CF_INSTANCES, &encode_key(&key("dc-a", "i1")), b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff");
+        poke(
+            &log,
+            CF_INSTANCES,
+            &encode_key(&key("dc-a", "i1")),
+            b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff",
+        );
         assert!(is_corrupt(log.instances()));
         assert!(is_corrupt(log.try_held(&key("dc-a", "i1"))));
         assert!(is_corrupt(log.snapshot_own()));
@@ -854,8 +867,12 @@ mod tests {
     fn corrupt_log_entries_are_reported() {
         let dir = TempDir::new().unwrap();
         let mut log = fresh(&dir);
-        log.append_local(&[reg("dc-a", EPOCH, 1, "i1"), reg("dc-a", EPOCH, 2, "i2"), reg("dc-a", EPOCH, 3, "i3")])
-            .unwrap();
+        log.append_local(&[
+            reg("dc-a", EPOCH, 1, "i1"),
+            reg("dc-a", EPOCH, 2, "i2"),
+            reg("dc-a", EPOCH, 3, "i3"),
+        ])
+        .unwrap();
         poke(&log, CF_LOG, &seq_key(1), b"\x00");
         assert!(is_corrupt(log.read_own(0, 10)));
         assert!(is_corrupt(log.own_event_time_ms(1)));
@@ -892,7 +909,8 @@ mod tests {
 
     #[test]
     fn corrupt_or_inconsistent_meta_refuses_to_open() {
-        let cases: [(&str, fn(&RocksLog)); 5] = [
+        type Damage = fn(&RocksLog);
+        let cases: [(&str, Damage); 5] = [
             ("short epoch", |log| poke(log, CF_META, META_EPOCH, b"\x01\x02")),
             ("zero epoch", |log| poke(log, CF_META, META_EPOCH, &0u64.to_be_bytes())),
             ("missing own seq", |log| log.db.delete_cf(log.cf(CF_META).unwrap(), META_OWN_SEQ).unwrap()),

@@ -1,0 +1,258 @@
+//! Two real DCs on loopback (RocksDB on disk, QUIC with mutual TLS through user-space
+//! fault relays): replication, partitions with churn on both sides, heal and convergence,
+//! no resurrection, staleness, replays, refused peers.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+use tandem::client::Client;
+
+async fn all_ids(c: &Client, svc: &str) -> BTreeSet<String> {
+    ids(&c.discover("default", svc, "dc=all").await.unwrap()).into_iter().collect()
+}
+
+/// (owner, id, seq) of every instance of a service, as a DC holds it.
+async fn replicated_view(c: &Client, svc: &str) -> BTreeSet<(String, String, u64)> {
+    let d = c.discover("default", svc, "dc=all").await.unwrap();
+    d["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["owner_dc"].as_str().unwrap().to_owned(),
+                i["instance_id"].as_str().unwrap().to_owned(),
+                i["seq"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_replicate_both_ways() {
+    let p = pair().await;
+    let (a, b) = (p.client_a(), p.client_b());
+    a.register(&reg_body("orders", "a1", true)).await.unwrap();
+    b.register(&reg_body("orders", "b1", true)).await.unwrap();
+    eventually(Duration::from_secs(10), "both DCs see both instances", || async {
+        all_ids(&a, "orders").await.len() == 2 && all_ids(&b, "orders").await.len() == 2
+    })
+    .await;
+    let d = b.discover("default", "orders", "dc=dc-a").await.unwrap();
+    assert_eq!(ids(&d), vec!["a1"]);
+    assert_eq!(d["instances"][0]["owner_dc"], "dc-a");
+    // Ownership: dc-b may not change dc-a's instance.
+    let e = b.heartbeat("default", "orders", "a1").await.unwrap_err();
+    assert_eq!(e.status(), Some(409));
+    let e = b.deregister("default", "orders", "a1").await.unwrap_err();
+    assert_eq!(e.status(), Some(409));
+    // Deregistration replicates as a tombstone.
+    a.deregister("default", "orders", "a1").await.unwrap();
+    eventually(Duration::from_secs(10), "dc-b drops a1", || async { all_ids(&b, "orders").await.len() == 1 }).await;
+    // Status shows the watermark.
+    let st = b.status().await.unwrap();
+    assert!(st["applied"]["dc-a"]["seq"].as_u64().unwrap() >= 2, "{st}");
+    assert_eq!(st["peers"]["dc-a"]["inbound"]["state"], "up", "{st}");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_with_churn_on_both_sides_converges_without_resurrection() {
+    let p = pair().await;
+    let (a, b) = (p.client_a(), p.client_b());
+    for i in 0..10 {
+        a.register(&reg_body("s", &format!("a{i}"), true)).await.unwrap();
+        b.register(&reg_body("s", &format!("b{i}"), true)).await.unwrap();
+    }
+    eventually(Duration::from_secs(10), "initial replication", || async {
+        all_ids(&a, "s").await.len() == 20 && all_ids(&b, "s").await.len() == 20
+    })
+    .await;
+
+    p.partition();
+    // Churn on both sides: deregister half, re-register some ids as new instances, add new.
+    for i in 0..5 {
+        a.deregister("default", "s", &format!("a{i}")).await.unwrap();
+        b.deregister("default", "s", &format!("b{i}")).await.unwrap();
+    }
+    for i in 10..15 {
+        a.register(&reg_body("s", &format!("a{i}"), true)).await.unwrap();
+        b.register(&reg_body("s", &format!("b{i}"), true)).await.unwrap();
+    }
+    // A re-registration after deregistration under the same id is a newer event of its owner.
+    a.register(&reg_body("s", "a0", true)).await.unwrap();
+    // During the partition each DC still serves the other's last known copies.
+    assert!(all_ids(&b, "s").await.contains("a4"), "remote copies are kept while the link is down");
+    tokio::time::sleep(Duration::from_millis(1_800)).await;
+    let d = b.discover("default", "s", "dc=dc-a").await.unwrap();
+    assert!(d["instances"].as_array().unwrap().iter().all(|i| i["stale"] == true), "stale after link silence: {d}");
+
+    p.heal();
+    eventually(Duration::from_secs(20), "views converge after heal", || async {
+        let (va, vb) = (replicated_view(&a, "s").await, replicated_view(&b, "s").await);
+        va == vb && va.len() == 21
+    })
+    .await;
+    let view = all_ids(&b, "s").await;
+    for i in 1..5 {
+        assert!(!view.contains(&format!("a{i}")), "a{i} was deregistered and must not come back");
+        assert!(!view.contains(&format!("b{i}")));
+    }
+    assert!(view.contains("a0"), "re-registered by its owner");
+    let d = b.discover("default", "s", "dc=dc-a").await.unwrap();
+    assert!(d["instances"].as_array().unwrap().iter().all(|i| i["stale"] == false));
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_old_batch_changes_nothing() {
+    use tandem_replicator::log::EventLog;
+    let p = pair().await;
+    let (a, b) = (p.client_a(), p.client_b());
+    a.register(&reg_body("r", "x", true)).await.unwrap();
+    a.deregister("default", "r", "x").await.unwrap();
+    eventually(Duration::from_secs(10), "b applied both", || async {
+        b.status().await.unwrap()["applied"]["dc-a"]["seq"].as_u64() == Some(2)
+    })
+    .await;
+    // Replay dc-a's whole log into dc-b's committer, as a replayed batch would arrive.
+    let node_a = p.a.as_ref().unwrap();
+    let events = node_a.shared.committer.with_log(|log| log.read_own(0, 100).unwrap()).await.unwrap();
+    assert_eq!(events.len(), 2);
+    let node_b = p.b.as_ref().unwrap();
+    let report = node_b.shared.committer.apply_remote("dc-a".into(), events.clone()).await.unwrap();
+    assert_eq!(report.duplicates, 2);
+    assert_eq!(report.applied, 0);
+    // Only the stale REGISTER, alone: still a duplicate, nothing resurrects.
+    let report = node_b.shared.committer.apply_remote("dc-a".into(), vec![events[0].clone()]).await.unwrap();
+    assert_eq!(report.duplicates, 1);
+    assert!(all_ids(&b, "r").await.is_empty());
+    // dc-a's events over a channel claiming to be dc-c are refused.
+    let report = node_b.shared.committer.apply_remote("dc-c".into(), events).await.unwrap();
+    assert!(report.refusal.is_some());
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_with_a_certificate_of_another_dc_name_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    // dc-c's certificate comes from the same CA but dc-c is not a configured peer of dc-a.
+    let p = pair().await;
+    // Use the pair's CA to issue dc-c, so only the DC name is wrong.
+    let certs = p.dir.path().join("certs");
+    let ca_pem = std::fs::read_to_string(certs.join("ca.pem")).unwrap();
+    let ca_key = std::fs::read_to_string(certs.join("ca.key")).unwrap();
+    let now = std::time::SystemTime::now();
+    let c = tandem_replicator::tls::generate_dc_cert(&ca_pem, &ca_key, "dc-c", now - Duration::from_secs(60), now + Duration::from_secs(3600)).unwrap();
+    c.write(&dir.path().join("dc-c.pem"), &dir.path().join("dc-c.key"), true).unwrap();
+    let mut cfg = single_config(dir.path(), "dc-c");
+    cfg.replication = Some(tandem::config::ReplicationSection {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        peers: vec![tandem::config::PeerSection { dc: "dc-a".into(), addr: p.cfg_a.replication.as_ref().unwrap().listen }],
+        ca_cert: certs.join("ca.pem"),
+        cert: dir.path().join("dc-c.pem"),
+        key: dir.path().join("dc-c.key"),
+        batch_events_max: 64,
+        window_batches_max: 4,
+        backoff_initial_ms: 50,
+        backoff_max_ms: 200,
+        stale_after_ms: 1_500,
+        purge_grace_ms: 3_600_000,
+        ping_interval_ms: 200,
+    });
+    let intruder = tandem::node::Node::start(cfg, None).await.unwrap();
+    client(&intruder).register(&reg_body("evil", "e1", true)).await.unwrap();
+    let a = p.client_a();
+    eventually(Duration::from_secs(10), "dc-a counts refused connections", || async {
+        let m = reqwest::get(format!("http://{}/metrics", p.a.as_ref().unwrap().http_addr())).await.unwrap().text().await.unwrap();
+        m.lines().any(|l| l.starts_with("tandem_replication_refused_connections_total") && !l.ends_with(" 0"))
+    })
+    .await;
+    assert!(all_ids(&a, "evil").await.is_empty(), "nothing from an unconfigured DC is applied");
+    intruder.shutdown().await;
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_receiver_resumes_from_its_mark_and_loses_nothing() {
+    let mut p = pair().await;
+    let a = p.client_a();
+    for i in 0..30 {
+        a.register(&reg_body("k", &format!("i{i}"), true)).await.unwrap();
+    }
+    let b_node = p.b.take().unwrap();
+    b_node.shutdown().await;
+    for i in 30..60 {
+        a.register(&reg_body("k", &format!("i{i}"), true)).await.unwrap();
+    }
+    for i in 0..10 {
+        a.deregister("default", "k", &format!("i{i}")).await.unwrap();
+    }
+    p.b = Some(tandem::node::Node::start(p.cfg_b.clone(), None).await.unwrap());
+    let b = p.client_b();
+    eventually(Duration::from_secs(20), "dc-b catches up after restart", || async {
+        all_ids(&b, "k").await.len() == 50
+    })
+    .await;
+    assert_eq!(replicated_view(&a, "k").await, replicated_view(&b, "k").await);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_offers_remote_instances_when_local_ones_are_gone_and_fails_back_after_hold() {
+    let p = pair_with(|c| {
+        c.failover = toml::from_str("failback_hold_ms = 1500\ncooldown_ms = 0").unwrap();
+    })
+    .await;
+    let (a, b) = (p.client_a(), p.client_b());
+    a.register(&reg_body("pay", "a1", true)).await.unwrap();
+    b.register(&reg_body("pay", "b1", true)).await.unwrap();
+    eventually(Duration::from_secs(10), "replicated", || async { all_ids(&a, "pay").await.len() == 2 }).await;
+    let d = a.discover("default", "pay", "").await.unwrap();
+    assert_eq!(ids(&d), vec!["a1"], "local first: {d}");
+    assert_eq!(d["failover"]["active"], false);
+
+    a.set_status("default", "pay", "a1", "out_of_service").await.unwrap();
+    let d = a.discover("default", "pay", "explain=true").await.unwrap();
+    assert_eq!(d["failover"]["active"], true, "{d}");
+    assert_eq!(ids(&d), vec!["b1"]);
+    assert_eq!(d["failover"]["dcs"], json!(["dc-b"]));
+    let explained: Vec<&Value> = d["explain"].as_array().unwrap().iter().collect();
+    assert_eq!(explained.len(), 2, "explain covers every known instance");
+
+    a.set_status("default", "pay", "a1", "up").await.unwrap();
+    let d = a.discover("default", "pay", "").await.unwrap();
+    assert_eq!(d["failover"]["active"], true, "failback waits for the hold: {d}");
+    let idx = d["index"].as_u64().unwrap();
+    // A watcher is woken when failover deactivates.
+    let w = a.watch("default", "pay", idx, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(w["failover"]["active"], false, "{w}");
+    assert_eq!(ids(&w), vec!["a1"]);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_remote_copies_are_offered_or_not_as_the_policy_says() {
+    let p = pair_with(|c| {
+        c.failover = toml::from_str("offer_stale = false\ncooldown_ms = 0").unwrap();
+    })
+    .await;
+    let (a, b) = (p.client_a(), p.client_b());
+    b.register(&reg_body("q", "b1", true)).await.unwrap();
+    eventually(Duration::from_secs(10), "replicated", || async { all_ids(&a, "q").await.len() == 1 }).await;
+    let d = a.discover("default", "q", "").await.unwrap();
+    assert_eq!(ids(&d), vec!["b1"], "no local instance: failover to dc-b");
+    p.partition();
+    eventually(Duration::from_secs(10), "dc-b's copies become stale and are withheld", || async {
+        let d = a.discover("default", "q", "").await.unwrap();
+        ids(&d).is_empty()
+    })
+    .await;
+    let d = a.discover("default", "q", "dc=dc-b").await.unwrap();
+    assert_eq!(d["instances"][0]["stale"], true, "kept, marked stale: {d}");
+    p.stop().await;
+}
