@@ -91,6 +91,85 @@ pub struct Counters {
     pub watch_wakeups: AtomicU64,
 }
 
+/// A change to one local instance, turned into an event against the latest minted state.
+#[derive(Clone, Debug)]
+enum Patch {
+    /// Register or replace the whole record (client-set fields; health starts Healthy).
+    Register(Box<InstanceRecord>),
+    Status(Status),
+    Health { health: Health, damped: bool },
+    Damped(bool),
+    Deregister(DeregisterReason),
+}
+
+/// What a committed patch did, as its caller sees it.
+#[derive(Clone, Debug)]
+enum Outcome {
+    Written(ChangeEvent),
+    Unchanged,
+    Gone,
+}
+
+/// What a patch did.
+#[derive(Clone, Debug)]
+enum Minted {
+    Op(Op),
+    /// The instance exists and already has the value.
+    Unchanged,
+    /// The instance is not (or no longer) live.
+    Gone,
+}
+
+impl Patch {
+    /// The event this patch mints given the latest state, updating that state.
+    fn apply(self, key: &InstanceKey, minted: &mut HashMap<InstanceKey, InstanceRecord>) -> Minted {
+        match self {
+            Patch::Register(r) => {
+                let op = if minted.contains_key(key) { Op::Update((*r).clone()) } else { Op::Register((*r).clone()) };
+                minted.insert(key.clone(), *r);
+                Minted::Op(op)
+            }
+            Patch::Deregister(reason) => match minted.remove(key) {
+                Some(_) => Minted::Op(Op::Deregister { key: key.clone(), reason }),
+                None => Minted::Gone,
+            },
+            Patch::Status(status) => Self::modify(key, minted, |r| {
+                let changed = r.status != status;
+                r.status = status;
+                changed
+            }),
+            Patch::Health { health, damped } => Self::modify(key, minted, |r| {
+                let changed = r.health != health || r.damped != damped;
+                r.health = health;
+                r.damped = damped;
+                changed
+            }),
+            Patch::Damped(damped) => Self::modify(key, minted, |r| {
+                let changed = r.damped != damped;
+                r.damped = damped;
+                changed
+            }),
+        }
+    }
+
+    fn modify(
+        key: &InstanceKey,
+        minted: &mut HashMap<InstanceKey, InstanceRecord>,
+        f: impl FnOnce(&mut InstanceRecord) -> bool,
+    ) -> Minted {
+        match minted.get_mut(key) {
+            None => Minted::Gone,
+            Some(r) => {
+                if f(r) {
+                    Minted::Op(Op::Update(r.clone()))
+                } else {
+                    Minted::Unchanged
+                }
+            }
+        }
+    }
+}
+
 /// Tells whether a remote origin's copies are stale (its link silent too long).
 pub type StaleFn = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
@@ -353,6 +432,9 @@ pub struct Registry {
     health: HealthConfig,
     committer: CommitterHandle,
     view: Arc<ViewCell>,
+    /// Latest minted record of every live local instance, including writes in flight.
+    /// Read and written only inside event builders, which the committer runs one at a time.
+    minted: Arc<Mutex<HashMap<InstanceKey, InstanceRecord>>>,
     leases: Mutex<HashMap<InstanceKey, Lease>>,
     preservation: Mutex<SelfPreservation>,
     preservation_active: std::sync::atomic::AtomicBool,
@@ -374,6 +456,7 @@ impl Registry {
             dc: cfg.dc.clone(),
             health: health.clone(),
             committer,
+            minted: Arc::new(Mutex::new(HashMap::new())),
             view,
             leases: Mutex::new(HashMap::new()),
             preservation: Mutex::new(SelfPreservation::new(now, &health)),
@@ -390,8 +473,12 @@ impl Registry {
         {
             let v = reg.view.view.read();
             let mut leases = reg.leases.lock();
+            let mut minted = reg.minted.lock();
             for svc in v.services.values() {
                 for h in svc.instances.values() {
+                    if h.record.key.owner_dc == reg.dc {
+                        minted.insert(h.record.key.clone(), h.record.clone());
+                    }
                     if h.record.key.owner_dc == reg.dc && !h.record.persistent {
                         leases.insert(h.record.key.clone(), Lease::new(now, reg.lease_times(&h.record), &reg.health));
                     }
@@ -443,29 +530,60 @@ impl Registry {
         }
     }
 
-    async fn commit(&self, ops: Vec<Op>) -> Result<Vec<ChangeEvent>, ApiError> {
+    /// Makes `patches` durable as events, in order. Each patch is turned into an event on
+    /// the committer thread against the latest minted state of its key, so concurrent
+    /// writers of one instance (a status change racing a health change) never overwrite
+    /// each other's fields. Returns one entry per patch: `Written(event)`, `Unchanged`, or
+    /// `Gone` when the instance is not live any more.
+    async fn commit(&self, patches: Vec<(InstanceKey, Patch)>) -> Result<Vec<Outcome>, ApiError> {
         let dc = self.dc.clone();
-        let n = ops.len() as u64;
+        let minted = self.minted.clone();
+        let outcome: Arc<Mutex<Vec<Option<u64>>>> = Arc::new(Mutex::new(Vec::new()));
+        let out = outcome.clone();
         let events = self
             .committer
             .append_local(move |mark: Mark| {
                 let now = wall_ms();
-                ops.into_iter()
-                    .enumerate()
-                    .map(|(i, op)| ChangeEvent {
+                let mut minted = minted.lock();
+                let mut seq = mark.seq;
+                let mut events = Vec::new();
+                let mut outcome = out.lock();
+                for (key, patch) in patches {
+                    let op = match patch.apply(&key, &mut minted) {
+                        Minted::Op(op) => op,
+                        Minted::Unchanged => {
+                            outcome.push(Some(0));
+                            continue;
+                        }
+                        Minted::Gone => {
+                            outcome.push(None);
+                            continue;
+                        }
+                    };
+                    seq += 1;
+                    outcome.push(Some(seq));
+                    events.push(ChangeEvent {
                         event_id: Uuid::now_v7(),
                         origin_dc: dc.clone(),
                         origin_epoch: mark.epoch,
-                        seq: mark.seq + 1 + i as u64,
+                        seq,
                         commit_time_ms: now,
                         op,
-                    })
-                    .collect()
+                    });
+                }
+                events
             })
             .await
             .map_err(|e| ApiError::unavailable(format!("the event log refused the write: {e}")))?;
-        debug_assert_eq!(events.len() as u64, n);
-        Ok(events)
+        let outcome = std::mem::take(&mut *outcome.lock());
+        Ok(outcome
+            .into_iter()
+            .map(|o| match o {
+                None => Outcome::Gone,
+                Some(0) => Outcome::Unchanged,
+                Some(seq) => events.iter().find(|e| e.seq == seq).cloned().map_or(Outcome::Gone, Outcome::Written),
+            })
+            .collect())
     }
 
     /// POST /v1/register.
@@ -531,10 +649,6 @@ impl Registry {
             damped: false,
         };
         tandem_schemas::validate_record(&record).map_err(ApiError::invalid)?;
-        let op = match self.view.get(&key) {
-            Some(_) => Op::Update(record.clone()),
-            None => Op::Register(record.clone()),
-        };
         self.preservation.lock().record_renewal(self.now_ms());
         if !persistent {
             // The lease starts before the write so that a heartbeat racing the ack is kept.
@@ -542,13 +656,15 @@ impl Registry {
         } else {
             self.leases.lock().remove(&key);
         }
-        let events = self.commit(vec![op]).await.inspect_err(|_| {
+        let events = self.commit(vec![(key.clone(), Patch::Register(Box::new(record)))]).await.inspect_err(|_| {
             if self.view.get(&key).is_none() {
                 self.leases.lock().remove(&key);
             }
         })?;
         self.counters.registrations.fetch_add(1, Ordering::Relaxed);
-        let ev = &events[0];
+        let Some(Outcome::Written(ev)) = events.into_iter().next() else {
+            return Err(ApiError::unavailable("the registration was not written"));
+        };
         Ok(RegisterResponse {
             instance_id,
             owner_dc: self.dc.clone(),
@@ -603,48 +719,48 @@ impl Registry {
     }
 
     async fn apply_transition(&self, key: &InstanceKey, t: Transition) -> Result<(), ApiError> {
-        let Some(held) = self.view.get(key) else { return Ok(()) };
-        let op = match t {
-            Transition::Health { to, damped } => {
-                if held.record.health == to && held.record.damped == damped {
-                    return Ok(());
-                }
-                Op::Update(InstanceRecord { health: to, damped, ..held.record })
-            }
-            Transition::Damped(damped) => {
-                if held.record.damped == damped {
-                    return Ok(());
-                }
-                Op::Update(InstanceRecord { damped, ..held.record })
-            }
+        let patch = self.transition_patch(key, t);
+        self.counters.health_events.fetch_add(1, Ordering::Relaxed);
+        self.commit(vec![(key.clone(), patch)]).await.map(|_| ())
+    }
+
+    fn transition_patch(&self, key: &InstanceKey, t: Transition) -> Patch {
+        match t {
+            Transition::Health { to, damped } => Patch::Health { health: to, damped },
+            Transition::Damped(damped) => Patch::Damped(damped),
             Transition::Expire => {
                 self.leases.lock().remove(key);
                 self.counters.expirations.fetch_add(1, Ordering::Relaxed);
-                Op::Deregister { key: key.clone(), reason: DeregisterReason::LeaseExpired }
+                tracing::info!(instance = %key.instance_id, service = %key.service, "lease expired");
+                Patch::Deregister(DeregisterReason::LeaseExpired)
             }
-        };
-        self.counters.health_events.fetch_add(1, Ordering::Relaxed);
-        self.commit(vec![op]).await.map(|_| ())
+        }
     }
 
     /// DELETE /v1/instances: explicit deregistration; returns the tombstone's seq.
     pub async fn deregister(&self, ns: &str, svc: &str, id: &str) -> Result<u64, ApiError> {
         let (key, _) = self.local_key(ns, svc, id)?;
-        let events =
-            self.commit(vec![Op::Deregister { key: key.clone(), reason: DeregisterReason::Explicit }]).await?;
+        let events = self.commit(vec![(key.clone(), Patch::Deregister(DeregisterReason::Explicit))]).await?;
         self.leases.lock().remove(&key);
-        self.counters.deregistrations.fetch_add(1, Ordering::Relaxed);
-        Ok(events[0].seq)
+        match events.into_iter().next() {
+            Some(Outcome::Written(ev)) => {
+                self.counters.deregistrations.fetch_add(1, Ordering::Relaxed);
+                Ok(ev.seq)
+            }
+            Some(Outcome::Unchanged | Outcome::Gone) | None => {
+                Err(ApiError::not_found(format!("instance {id} of {ns}/{svc} is already gone")))
+            }
+        }
     }
 
     /// PUT /v1/instances/../status.
     pub async fn set_status(&self, ns: &str, svc: &str, id: &str, status: Status) -> Result<u64, ApiError> {
-        let (_, held) = self.local_key(ns, svc, id)?;
-        if held.record.status == status {
-            return Ok(held.seq);
+        let (key, held) = self.local_key(ns, svc, id)?;
+        match self.commit(vec![(key, Patch::Status(status))]).await?.into_iter().next() {
+            Some(Outcome::Written(ev)) => Ok(ev.seq),
+            Some(Outcome::Unchanged) => Ok(held.seq),
+            Some(Outcome::Gone) | None => Err(ApiError::not_found(format!("instance {id} of {ns}/{svc} is already gone"))),
         }
-        let events = self.commit(vec![Op::Update(InstanceRecord { status, ..held.record })]).await?;
-        Ok(events[0].seq)
     }
 
     /// One pass of the lease checker: ticks every lease, turns transitions into events
@@ -668,39 +784,21 @@ impl Registry {
             let mut leases = self.leases.lock();
             leases.iter_mut().filter_map(|(k, l)| l.tick(now, paused).map(|t| (k.clone(), t))).collect()
         };
-        let mut ops = Vec::new();
+        let mut patches = Vec::new();
         for (key, t) in transitions {
-            let Some(held) = self.view.get(&key) else {
+            if self.view.get(&key).is_none() {
                 self.leases.lock().remove(&key);
                 continue;
-            };
-            let op = match t {
-                Transition::Health { to, damped } => {
-                    if held.record.health == to && held.record.damped == damped {
-                        continue;
-                    }
-                    Op::Update(InstanceRecord { health: to, damped, ..held.record })
-                }
-                Transition::Damped(damped) => {
-                    if held.record.damped == damped {
-                        continue;
-                    }
-                    Op::Update(InstanceRecord { damped, ..held.record })
-                }
-                Transition::Expire => {
-                    self.leases.lock().remove(&key);
-                    self.counters.expirations.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(instance = %key.instance_id, service = %key.service, "lease expired");
-                    Op::Deregister { key, reason: DeregisterReason::LeaseExpired }
-                }
-            };
-            ops.push(op);
+            }
+            let patch = self.transition_patch(&key, t);
+            patches.push((key, patch));
         }
-        if !ops.is_empty() {
-            self.counters.health_events.fetch_add(ops.len() as u64, Ordering::Relaxed);
+        if !patches.is_empty() {
+            self.counters.health_events.fetch_add(patches.len() as u64, Ordering::Relaxed);
             // Bounded: at most BATCH_EVENTS_MAX events per durable write.
-            for chunk in ops.chunks(tandem_schemas::BATCH_EVENTS_MAX) {
-                if let Err(e) = self.commit(chunk.to_vec()).await {
+            while !patches.is_empty() {
+                let rest = patches.split_off(patches.len().min(tandem_schemas::BATCH_EVENTS_MAX));
+                if let Err(e) = self.commit(std::mem::replace(&mut patches, rest)).await {
                     tracing::error!(error = %e.message, "lease checker could not write health events");
                 }
             }
@@ -994,5 +1092,45 @@ fn local_verdict(r: &InstanceRecord, protected: bool, protect: f64) -> (bool, St
         (Status::Draining, Health::Healthy | Health::Suspect) => (true, "draining: listed but flagged".into()),
         (Status::Up, Health::Healthy) => (true, "local, healthy, up".into()),
         (Status::Up, Health::Suspect) => (true, "local, suspect (missed a heartbeat), up".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec() -> InstanceRecord {
+        tandem_replicator::log::conformance::record("dc-a", "i1")
+    }
+
+    #[test]
+    fn concurrent_patches_of_one_instance_keep_each_others_fields() {
+        // A status change and a health change minted back to back (as two requests of one
+        // commit group would be) must both survive: each builds on the other.
+        let key = rec().key;
+        let mut minted = HashMap::new();
+        assert!(matches!(Patch::Register(Box::new(rec())).apply(&key, &mut minted), Minted::Op(Op::Register(_))));
+        let Minted::Op(Op::Update(a)) = Patch::Status(Status::Draining).apply(&key, &mut minted) else { panic!() };
+        assert_eq!(a.status, Status::Draining);
+        let Minted::Op(Op::Update(b)) =
+            Patch::Health { health: Health::Suspect, damped: false }.apply(&key, &mut minted)
+        else {
+            panic!()
+        };
+        assert_eq!((b.status, b.health), (Status::Draining, Health::Suspect), "status kept by the health update");
+        assert!(matches!(Patch::Status(Status::Draining).apply(&key, &mut minted), Minted::Unchanged));
+        assert!(matches!(Patch::Deregister(DeregisterReason::Explicit).apply(&key, &mut minted), Minted::Op(_)));
+        assert!(matches!(Patch::Status(Status::Up).apply(&key, &mut minted), Minted::Gone));
+        assert!(matches!(Patch::Deregister(DeregisterReason::Explicit).apply(&key, &mut minted), Minted::Gone));
+    }
+
+    #[test]
+    fn the_view_index_moves_past_every_bump_after_a_durable_write() {
+        let base = ViewIndex::from_durable(7);
+        let mut i = base;
+        for _ in 0..1000 {
+            i = i.bumped();
+        }
+        assert!(ViewIndex::from_durable(8) > i);
     }
 }

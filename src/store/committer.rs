@@ -198,6 +198,7 @@ impl Committer {
         Self::spawn_with_limits(log, on_commit, CommitterLimits::default())
     }
 
+    /// Starts the committer thread with the given bounds.
     pub fn spawn_with_limits(
         log: RocksLog,
         on_commit: OnCommit,
