@@ -246,14 +246,29 @@ impl Gateway {
         Ok(())
     }
 
+    /// Stops every task and closes the endpoint. Returns once the UDP port is free again
+    /// (bounded: at most a few seconds), so a restarted node can bind it at once.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
+        let addr = self.endpoint.local_addr().ok();
         self.endpoint.close(0u32.into(), b"shutdown");
         for t in self.tasks {
             t.abort();
             let _ = t.await;
         }
         let _ = tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await;
+        drop(self.endpoint);
+        if let Some(addr) = addr {
+            // quinn's driver releases the socket once the last endpoint handle is gone,
+            // which happens as aborted tasks unwind; wait for it.
+            for _ in 0..150 {
+                if std::net::UdpSocket::bind(addr).is_ok() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            warn!(%addr, "replication socket still bound after shutdown");
+        }
     }
 }
 
@@ -454,16 +469,20 @@ async fn accept_loop<S: ReplicaStore>(
     started: tokio::time::Instant,
     mut shut: watch::Receiver<bool>,
 ) {
+    // Connection tasks live in this set: when the accept loop ends (or is aborted), every
+    // connection task is aborted with it, so no task outlives the gateway's socket.
+    let mut conns = tokio::task::JoinSet::new();
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => i,
             _ = shut.changed() => return,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
         };
         let Some(incoming) = incoming else { return };
         let cfg = cfg.clone();
         let store = store.clone();
         let stats = stats.clone();
-        tokio::spawn(async move {
+        conns.spawn(async move {
             let conn = match incoming.await {
                 Ok(c) => c,
                 Err(e) => {
