@@ -602,7 +602,7 @@ impl Registry {
             (true, None) => 0,
             (false, None) => self.health.expire_after_ms,
             (false, Some(t)) => {
-                let min = 3 * 100;
+                let min = crate::health::LEASE_TTL_MS_MIN;
                 if t < min || t > u64::from(LIMITS.lease_ttl_ms_max) {
                     return Err(ApiError::invalid_field(
                         "ttl_ms",

@@ -265,3 +265,31 @@ async fn ids_with_hash_signs_work_in_paths() {
     assert!(matches!(c.heartbeat("default", "svc", id).await, Err(ClientError::Api { status: 404, .. })));
     node.shutdown().await;
 }
+
+#[test]
+fn the_annotated_example_config_is_valid() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tandem.toml");
+    let cfg = tandem::config::Config::load(&path).unwrap();
+    assert_eq!(cfg.dc, "dc-a");
+    assert_eq!(cfg.replication.as_ref().unwrap().peers[0].dc, "dc-b");
+    assert_eq!(cfg.protect_threshold("default", "payments"), 0.3);
+    assert_eq!(cfg.failover.policy_for("default", "payments").mode, tandem::failover::Mode::LocalOnly);
+}
+
+#[test]
+fn config_typos_and_bad_values_are_refused_with_the_key_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("dc = \"dc-a\"\ndata_dir = \"/x\"\nhttp_adr = \"127.0.0.1:1\"\n", "http_adr"),
+        ("dc = \"DC A\"\ndata_dir = \"/x\"\n", "dc"),
+        ("dc = \"dc-a\"\ndata_dir = \"/x\"\n[protection]\nprotect_threshold = 2.0\n", "protect_threshold"),
+        ("dc = \"dc-a\"\ndata_dir = \"/x\"\n[failover]\nmin_healthy_pct = 7.0\n", "min_healthy_pct"),
+        ("dc = \"dc-a\"\ndata_dir = \"/x\"\n[health]\nsuspect_after_ms = 20000\n", "suspect_after_ms"),
+    ];
+    for (i, (body, key)) in cases.iter().enumerate() {
+        let p = dir.path().join(format!("c{i}.toml"));
+        std::fs::write(&p, body).unwrap();
+        let e = tandem::config::Config::load(&p).unwrap_err().to_string();
+        assert!(e.contains(key), "case {i}: error {e:?} does not name {key}");
+    }
+}

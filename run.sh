@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Runs tandem: a complete two-DC sandbox (dc-a and dc-b) on loopback with embedded
+# defaults. Installs what the build needs when it is missing. Extra arguments go to
+# `tandem dev` (see `./run.sh --help`).
+set -euo pipefail
+cd "$(dirname "$0")"
+. ./.ci/prereqs.sh
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tandem-target}"
+exec cargo run --locked --quiet --bin tandem -- dev "$@"
