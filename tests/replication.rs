@@ -256,3 +256,74 @@ async fn stale_remote_copies_are_offered_or_not_as_the_policy_says() {
     assert_eq!(d["instances"][0]["stale"], true, "kept, marked stale: {d}");
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_below_the_purge_floor_catches_up_by_snapshot_without_zombies() {
+    let mut p = pair_with(|c| {
+        if let Some(r) = c.replication.as_mut() {
+            r.purge_grace_ms = 100;
+        }
+    })
+    .await;
+    let (a, b) = (p.client_a(), p.client_b());
+    for i in 0..20 {
+        a.register(&reg_body("snap", &format!("i{i}"), true)).await.unwrap();
+    }
+    for i in 0..10 {
+        a.deregister("default", "snap", &format!("i{i}")).await.unwrap();
+    }
+    eventually(Duration::from_secs(10), "dc-b applied everything", || async {
+        all_ids(&b, "snap").await.len() == 10
+    })
+    .await;
+    // dc-a purges its log and tombstones once dc-b acked them and the grace passed.
+    eventually(Duration::from_secs(10), "dc-a purged its log", || async {
+        a.status().await.unwrap()["log"]["purge_floor"].as_u64().unwrap_or(0) >= 30
+    })
+    .await;
+    // dc-b loses its data dir: it comes back with no mark for dc-a, below dc-a's floor.
+    let b_node = p.b.take().unwrap();
+    b_node.shutdown().await;
+    std::fs::remove_dir_all(&p.cfg_b.data_dir).unwrap();
+    p.b = Some(tandem::node::Node::start(p.cfg_b.clone(), None).await.unwrap());
+    let b = p.client_b();
+    eventually(Duration::from_secs(15), "dc-b rebuilt dc-a's state from a snapshot", || async {
+        all_ids(&b, "snap").await.len() == 10
+    })
+    .await;
+    let view = all_ids(&b, "snap").await;
+    assert!((0..10).all(|i| !view.contains(&format!("i{i}"))), "no deregistered instance in the snapshot");
+    let st = a.status().await.unwrap();
+    assert!(st["peers"]["dc-b"]["outbound"]["snapshots_sent"].as_u64().unwrap() >= 1, "{st}");
+    // The tail after the snapshot flows as usual.
+    a.deregister("default", "snap", "i15").await.unwrap();
+    eventually(Duration::from_secs(10), "tail after the snapshot", || async {
+        !all_ids(&b, "snap").await.contains("i15")
+    })
+    .await;
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_that_lost_its_history_is_replaced_everywhere_by_its_new_epoch() {
+    let mut p = pair().await;
+    let (a, b) = (p.client_a(), p.client_b());
+    for i in 0..5 {
+        a.register(&reg_body("ep", &format!("old{i}"), true)).await.unwrap();
+    }
+    eventually(Duration::from_secs(10), "replicated", || async { all_ids(&b, "ep").await.len() == 5 }).await;
+    let a_node = p.a.take().unwrap();
+    a_node.shutdown().await;
+    std::fs::remove_dir_all(&p.cfg_a.data_dir).unwrap();
+    p.a = Some(tandem::node::Node::start(p.cfg_a.clone(), None).await.unwrap());
+    let a = p.client_a();
+    a.register(&reg_body("ep", "new0", true)).await.unwrap();
+    eventually(Duration::from_secs(15), "dc-b holds only the new epoch's instances", || async {
+        all_ids(&b, "ep").await.into_iter().collect::<Vec<_>>() == vec!["new0".to_string()]
+    })
+    .await;
+    let st_a = a.status().await.unwrap();
+    let st_b = b.status().await.unwrap();
+    assert_eq!(st_b["applied"]["dc-a"]["epoch"], st_a["log"]["epoch"]);
+    p.stop().await;
+}
