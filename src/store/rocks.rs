@@ -763,8 +763,10 @@ impl EventLog for RocksLog {
     }
 }
 
+/// Epochs are random within 53 bits so that JSON clients (which read numbers as IEEE
+/// doubles) see them exactly in /v1/status.
 fn random_epoch() -> NonZeroU64 {
-    NonZeroU64::new(rand::random::<u64>()).unwrap_or(NonZeroU64::MIN)
+    NonZeroU64::new(rand::random::<u64>() >> 11).unwrap_or(NonZeroU64::MIN)
 }
 
 fn storage(e: rocksdb::Error) -> LogError {
