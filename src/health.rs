@@ -152,7 +152,9 @@ impl Default for HealthConfig {
     fn default() -> Self {
         HealthConfig {
             heartbeat_interval_ms: 5_000,
-            suspect_after_ms: 5_000,
+            // One missed beat plus half an interval of tolerance: a client beating on time
+            // at the default interval never flaps to Suspect because of jitter.
+            suspect_after_ms: 7_500,
             unhealthy_after_ms: 15_000,
             expire_after_ms: 30_000,
             recovery_heartbeats: 2,
@@ -255,12 +257,12 @@ pub struct LeaseTimes {
 
 impl LeaseTimes {
     /// Times for a client-chosen TTL, in the default proportions: expire at the TTL,
-    /// Unhealthy at half of it, Suspect at a sixth. The TTL is first clamped to
+    /// Unhealthy at half of it, Suspect at a quarter. The TTL is first clamped to
     /// `LEASE_TTL_MS_MIN..=DURATION_MS_LIMIT`, so the result is always valid
     /// (Suspect at least [`LEASE_SUSPECT_MS_MIN`]). A TTL of 30 s gives the defaults.
     pub fn from_ttl(ttl_ms: u64) -> LeaseTimes {
         let ttl_ms = ttl_ms.clamp(LEASE_TTL_MS_MIN, DURATION_MS_LIMIT);
-        LeaseTimes { suspect_after_ms: ttl_ms / 6, unhealthy_after_ms: ttl_ms / 2, expire_after_ms: ttl_ms }
+        LeaseTimes { suspect_after_ms: ttl_ms / 4, unhealthy_after_ms: ttl_ms / 2, expire_after_ms: ttl_ms }
     }
 
     /// Checks `0 < suspect < unhealthy < expire <= DURATION_MS_LIMIT`.
@@ -630,6 +632,12 @@ impl SelfPreservation {
 
 #[cfg(test)]
 mod tests {
+    /// The tables below were written for a 5 s suspect time (one heartbeat interval);
+    /// they test the rules, not the shipped default.
+    fn base() -> HealthConfig {
+        HealthConfig { suspect_after_ms: 5_000, ..HealthConfig::default() }
+    }
+
     use super::*;
     use proptest::prelude::*;
     use Health::{Healthy as H, Suspect as S, Unhealthy as U};
@@ -665,7 +673,7 @@ mod tests {
     }
 
     fn lease_at_zero() -> Lease {
-        let cfg = HealthConfig::default();
+        let cfg = base();
         Lease::new(0, cfg.default_times(), &cfg)
     }
 
@@ -804,7 +812,7 @@ mod tests {
 
     #[test]
     fn clock_going_backwards_counts_as_no_silence() {
-        let cfg = HealthConfig::default();
+        let cfg = base();
         let mut lease = Lease::new(10_000, cfg.default_times(), &cfg);
         run(&mut lease, &[(Tick(0), None, H), (Beat(5_000), None, H), (Tick(14_999), None, H)]);
         assert_eq!(lease.last_renew_ms(), 10_000);
@@ -813,16 +821,16 @@ mod tests {
     #[test]
     fn per_instance_times_come_from_the_ttl() {
         assert_eq!(LeaseTimes::from_ttl(30_000), HealthConfig::default().default_times());
-        let shortest = LeaseTimes { suspect_after_ms: 100, unhealthy_after_ms: 300, expire_after_ms: 600 };
+        let shortest = LeaseTimes { suspect_after_ms: 150, unhealthy_after_ms: 300, expire_after_ms: 600 };
         assert_eq!(LeaseTimes::from_ttl(0), shortest);
         assert_eq!(LeaseTimes::from_ttl(1), shortest);
         assert_eq!(LeaseTimes::from_ttl(u64::MAX).expire_after_ms, DURATION_MS_LIMIT);
-        let mut lease = Lease::new(0, LeaseTimes::from_ttl(6_000), &HealthConfig::default());
+        let mut lease = Lease::new(0, LeaseTimes::from_ttl(6_000), &base());
         run(
             &mut lease,
             &[
-                (Tick(999), None, H),
-                (Tick(1_000), to(S), S),
+                (Tick(1_499), None, H),
+                (Tick(1_500), to(S), S),
                 (Tick(3_000), to(U), U),
                 (Tick(6_000), Some(Transition::Expire), U),
             ],
@@ -831,7 +839,7 @@ mod tests {
 
     #[test]
     fn validate_names_the_broken_setting() {
-        let ok = HealthConfig::default();
+        let ok = base();
         assert_eq!(ok.validate(), Ok(()));
         let order = |field, value_ms, relation, other, other_ms| HealthConfigError::Order {
             field,
@@ -997,7 +1005,7 @@ mod tests {
 
     #[test]
     fn release_from_held_unhealthy_publishes_suspect_not_healthy() {
-        let cfg = HealthConfig { flap_transitions_max: 5, ..HealthConfig::default() };
+        let cfg = HealthConfig { flap_transitions_max: 5, ..base() };
         let mut lease = Lease::new(0, cfg.default_times(), &cfg);
         run(
             &mut lease,
@@ -1028,13 +1036,13 @@ mod tests {
 
     #[test]
     fn configured_recovery_heartbeats_apply() {
-        let cfg = HealthConfig { recovery_heartbeats: 3, ..HealthConfig::default() };
+        let cfg = HealthConfig { recovery_heartbeats: 3, ..base() };
         let mut lease = Lease::new(0, cfg.default_times(), &cfg);
         let mut steps = vec![(Tick(15_000), to(U), U)];
         steps.extend([(Beat(15_000), None, U), (Beat(16_000), None, U), (Beat(17_000), to(S), S)]);
         steps.extend([(Beat(18_000), None, S), (Beat(19_000), None, S), (Beat(20_000), to(H), H)]);
         run(&mut lease, &steps);
-        let cfg = HealthConfig { recovery_heartbeats: 1, ..HealthConfig::default() };
+        let cfg = HealthConfig { recovery_heartbeats: 1, ..base() };
         let mut lease = Lease::new(0, cfg.default_times(), &cfg);
         run(&mut lease, &[(Tick(15_000), to(U), U), (Beat(15_000), to(S), S), (Beat(16_000), to(H), H)]);
     }
@@ -1063,7 +1071,7 @@ mod tests {
 
     #[test]
     fn self_preservation_pauses_during_warm_up() {
-        let cfg = HealthConfig::default();
+        let cfg = base();
         let mut sp = SelfPreservation::new(0, &cfg);
         renew(&mut sp, 0, 55_000, 100);
         assert!(sp.evaluate(59_999, 100, &cfg));
@@ -1075,7 +1083,7 @@ mod tests {
 
     #[test]
     fn self_preservation_engages_when_half_stop_renewing_and_not_when_five_percent_do() {
-        let cfg = HealthConfig::default();
+        let cfg = base();
         for (still_renewing, want_paused) in [(100, false), (95, false), (50, true), (0, true)] {
             let mut sp = SelfPreservation::new(0, &cfg);
             renew(&mut sp, 0, 120_000, 100);
@@ -1090,7 +1098,7 @@ mod tests {
 
     #[test]
     fn self_preservation_stays_off_for_tiny_populations_and_when_disabled() {
-        let cfg = HealthConfig::default();
+        let cfg = base();
         let mut sp = SelfPreservation::new(0, &cfg);
         assert!(!sp.evaluate(1_000, 9, &cfg), "below min_leases even in warm-up");
         assert!(sp.evaluate(1_000, 10, &cfg));
@@ -1103,8 +1111,8 @@ mod tests {
 
     #[test]
     fn self_preservation_adopts_a_new_window_with_a_new_warm_up() {
-        let cfg = HealthConfig { self_preservation_window_ms: 120_000, ..HealthConfig::default() };
-        let mut sp = SelfPreservation::new(0, &HealthConfig::default());
+        let cfg = HealthConfig { self_preservation_window_ms: 120_000, ..base() };
+        let mut sp = SelfPreservation::new(0, &base());
         renew(&mut sp, 0, 70_000, 100);
         assert!(sp.evaluate(70_000, 100, &cfg), "warm-up restarts at 70 s");
         renew(&mut sp, 75_000, 185_000, 100);
@@ -1117,7 +1125,7 @@ mod tests {
 
     #[test]
     fn self_preservation_forgets_renewals_older_than_the_window() {
-        let cfg = HealthConfig::default();
+        let cfg = base();
         let mut sp = SelfPreservation::new(0, &cfg);
         renew(&mut sp, 0, 120_000, 100);
         assert!(!sp.evaluate(120_000, 100, &cfg));
