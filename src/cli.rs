@@ -257,21 +257,26 @@ fn certs(out: PathBuf, mut dcs: Vec<String>, force: bool) -> anyhow::Result<()> 
 }
 
 /// Configs of the two sandbox DCs.
-pub fn dev_configs(dir: &std::path::Path, http_port: u16, repl_port: u16, stale_after_ms: u64) -> anyhow::Result<[Config; 2]> {
+pub fn dev_configs(
+    dir: &std::path::Path,
+    http_port: u16,
+    repl_port: u16,
+    stale_after_ms: u64,
+) -> anyhow::Result<[Config; 2]> {
     let certs = dir.join("certs");
     let pki = tandem_replicator::tls::generate_dev_pki(&certs, &["dc-a", "dc-b"], false)
         .or_else(|_| tandem_replicator::tls::generate_dev_pki(&certs, &["dc-a", "dc-b"], true))
         .context("cannot create development certificates")?;
     let mk = |dc: &str, i: u16, peer: &str, j: u16| -> anyhow::Result<Config> {
         let paths = pki.paths(dc).context("missing certificate paths")?;
-        let mut c = Config::single(
-            dc,
-            dir.join(dc).join("data"),
-            SocketAddr::from(([127, 0, 0, 1], http_port + i)),
-        );
+        let mut c =
+            Config::single(dc, dir.join(dc).join("data"), SocketAddr::from(([127, 0, 0, 1], http_port + i)));
         c.replication = Some(ReplicationSection {
             listen: SocketAddr::from(([127, 0, 0, 1], repl_port + i)),
-            peers: vec![PeerSection { dc: peer.into(), addr: SocketAddr::from(([127, 0, 0, 1], repl_port + j)) }],
+            peers: vec![PeerSection {
+                dc: peer.into(),
+                addr: SocketAddr::from(([127, 0, 0, 1], repl_port + j)),
+            }],
             ca_cert: paths.ca_cert.clone(),
             cert: paths.cert.clone(),
             key: paths.key.clone(),
@@ -295,8 +300,14 @@ async fn dev(dir: PathBuf, http_port: u16, repl_port: u16, stale_after_ms: u64) 
     let nb = Node::start(b, None).await?;
     let (ha, hb) = (na.http_addr(), nb.http_addr());
     println!("tandem dev: two DCs on loopback, data and certificates in {}", dir.display());
-    println!("  dc-a  http://{ha}   replication udp {}", na.repl_addr().map(|a| a.to_string()).unwrap_or_default());
-    println!("  dc-b  http://{hb}   replication udp {}", nb.repl_addr().map(|a| a.to_string()).unwrap_or_default());
+    println!(
+        "  dc-a  http://{ha}   replication udp {}",
+        na.repl_addr().map(|a| a.to_string()).unwrap_or_default()
+    );
+    println!(
+        "  dc-b  http://{hb}   replication udp {}",
+        nb.repl_addr().map(|a| a.to_string()).unwrap_or_default()
+    );
     println!();
     println!("try:");
     println!("  curl -s -XPOST http://{ha}/v1/register -d '{{\"service\":\"orders\",\"address\":\"10.0.0.7\",\"port\":8080,\"persistent\":true}}' -H 'content-type: application/json'");
@@ -350,7 +361,8 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
                     }
                 }
             }
-            let mut body = json!({"namespace": conn.namespace, "service": service, "address": address, "port": port});
+            let mut body =
+                json!({"namespace": conn.namespace, "service": service, "address": address, "port": port});
             let o = body.as_object_mut().expect("object literal");
             let mut put = |k: &str, v: Value| {
                 o.insert(k.into(), v);
@@ -391,12 +403,14 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
                 Err(e) => Err(e),
             }
         }
-        Cmd::Heartbeat { conn, service, instance_id } => {
-            Client::new(&conn.addr).heartbeat(&conn.namespace, &service, &instance_id).await.map(|v| print_json(&v))
-        }
-        Cmd::Deregister { conn, service, instance_id } => {
-            Client::new(&conn.addr).deregister(&conn.namespace, &service, &instance_id).await.map(|v| print_json(&v))
-        }
+        Cmd::Heartbeat { conn, service, instance_id } => Client::new(&conn.addr)
+            .heartbeat(&conn.namespace, &service, &instance_id)
+            .await
+            .map(|v| print_json(&v)),
+        Cmd::Deregister { conn, service, instance_id } => Client::new(&conn.addr)
+            .deregister(&conn.namespace, &service, &instance_id)
+            .await
+            .map(|v| print_json(&v)),
         Cmd::StatusSet { conn, service, instance_id, status } => Client::new(&conn.addr)
             .set_status(&conn.namespace, &service, &instance_id, &status)
             .await
@@ -409,7 +423,10 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
             if explain {
                 q.push("explain=true".into());
             }
-            Client::new(&conn.addr).discover(&conn.namespace, &service, &q.join("&")).await.map(|v| print_json(&v))
+            Client::new(&conn.addr)
+                .discover(&conn.namespace, &service, &q.join("&"))
+                .await
+                .map(|v| print_json(&v))
         }
         Cmd::Watch { conn, service, count } => {
             let client = Client::new(&conn.addr);

@@ -178,8 +178,8 @@ pub enum ConfigError {
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.into(), source })?;
         let cfg: Config = toml::from_str(&text)
             .map_err(|source| ConfigError::Parse { path: path.into(), source: Box::new(source) })?;
         cfg.validate()?;
@@ -221,7 +221,8 @@ impl Config {
         }
         if let Some(r) = &self.replication {
             for peer in &r.peers {
-                tandem_schemas::validate_dc("replication.peers.dc", &peer.dc).map_err(|e| inv(e.to_string()))?;
+                tandem_schemas::validate_dc("replication.peers.dc", &peer.dc)
+                    .map_err(|e| inv(e.to_string()))?;
                 if peer.dc == self.dc {
                     return Err(inv(format!("[replication] peer {} is this node's own DC", peer.dc)));
                 }

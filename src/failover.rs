@@ -157,7 +157,10 @@ impl PolicyConfig {
         for o in self.overrides.iter().filter(|o| o.namespace == namespace && o.service.is_none()) {
             o.fields.apply(&mut p);
         }
-        for o in self.overrides.iter().filter(|o| o.namespace == namespace && o.service.as_deref() == Some(service))
+        for o in self
+            .overrides
+            .iter()
+            .filter(|o| o.namespace == namespace && o.service.as_deref() == Some(service))
         {
             o.fields.apply(&mut p);
         }
@@ -191,7 +194,10 @@ pub struct Decision {
 
 fn triggered(p: &Policy, local: LocalCounts) -> Option<String> {
     if p.min_healthy > 0 && local.healthy < p.min_healthy {
-        return Some(format!("{} healthy local instances, below min_healthy {}", local.healthy, p.min_healthy));
+        return Some(format!(
+            "{} healthy local instances, below min_healthy {}",
+            local.healthy, p.min_healthy
+        ));
     }
     if p.min_healthy_pct > 0.0 {
         let pct = if local.total == 0 { 0.0 } else { f64::from(local.healthy) / f64::from(local.total) };
@@ -209,9 +215,15 @@ fn triggered(p: &Policy, local: LocalCounts) -> Option<String> {
 /// Evaluates the policy: the new state and the decision. Failover starts as soon as the
 /// trigger holds (subject to the cooldown); failback waits until the local side stayed
 /// healthy for `failback_hold_ms` (and the cooldown passed), so the answer cannot flap.
-pub fn evaluate(p: &Policy, state: &FailoverState, local: LocalCounts, now_ms: u64) -> (FailoverState, Decision) {
+pub fn evaluate(
+    p: &Policy,
+    state: &FailoverState,
+    local: LocalCounts,
+    now_ms: u64,
+) -> (FailoverState, Decision) {
     let mut s = state.clone();
-    let cooled = |s: &FailoverState| s.last_switch_ms.is_none_or(|t| now_ms.saturating_sub(t) >= p.cooldown_ms);
+    let cooled =
+        |s: &FailoverState| s.last_switch_ms.is_none_or(|t| now_ms.saturating_sub(t) >= p.cooldown_ms);
     match p.mode {
         Mode::LocalOnly => {
             s = FailoverState { active: false, last_switch_ms: s.last_switch_ms, local_ok_since_ms: None };

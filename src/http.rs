@@ -49,7 +49,8 @@ fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
         Err(rej) => {
             let status = rej.status();
             let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "too_large" } else { "invalid_body" };
-            let status = if status == StatusCode::PAYLOAD_TOO_LARGE { status } else { StatusCode::BAD_REQUEST };
+            let status =
+                if status == StatusCode::PAYLOAD_TOO_LARGE { status } else { StatusCode::BAD_REQUEST };
             Err(ApiError::new(status, code, rej.body_text()))
         }
     }
@@ -137,7 +138,8 @@ async fn discover(
     Path((ns, svc)): Path<(String, String)>,
     query: Result<Query<DiscoverQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", e.body_text()))?;
+    let Query(q) =
+        query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", e.body_text()))?;
     let filter = match q.dc.as_deref() {
         None | Some("") => DcFilter::Policy,
         Some("all") => DcFilter::All,
@@ -147,7 +149,8 @@ async fn discover(
     // Validate before blocking, so a bad request fails at once.
     node.registry.discover(&ns, &svc, &filter, false)?;
     if let Some(idx) = q.index.as_deref() {
-        let idx: u64 = idx.parse().map_err(|_| ApiError::invalid_field("index", "must be an unsigned integer"))?;
+        let idx: u64 =
+            idx.parse().map_err(|_| ApiError::invalid_field("index", "must be an unsigned integer"))?;
         let wait = match q.wait.as_deref() {
             Some(w) => parse_wait(w)?,
             None => WAIT_DEFAULT,
@@ -179,12 +182,14 @@ async fn list_services(
     State(node): State<Arc<NodeShared>>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", e.body_text()))?;
+    let Query(q) =
+        query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", e.body_text()))?;
     let ns = q.namespace.unwrap_or_else(|| "default".into());
     let list = node.registry.list_services(&ns)?;
     let services: Vec<ServiceSummary> =
         list.into_iter().map(|(service, instances)| ServiceSummary { service, instances }).collect();
-    Ok(Json(json!({"namespace": ns, "index": node.registry.view().index(), "services": services})).into_response())
+    Ok(Json(json!({"namespace": ns, "index": node.registry.view().index(), "services": services}))
+        .into_response())
 }
 
 async fn status(State(node): State<Arc<NodeShared>>) -> Response {

@@ -97,13 +97,17 @@ enum Patch {
     /// Register or replace the whole record (client-set fields; health starts Healthy).
     Register(Box<InstanceRecord>),
     Status(Status),
-    Health { health: Health, damped: bool },
+    Health {
+        health: Health,
+        damped: bool,
+    },
     Damped(bool),
     Deregister(DeregisterReason),
 }
 
-/// What a committed patch did, as its caller sees it.
+/// What a committed patch did, as its caller sees it. Short-lived and rare: size is fine.
 #[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)]
 enum Outcome {
     Written(ChangeEvent),
     Unchanged,
@@ -112,6 +116,7 @@ enum Outcome {
 
 /// What a patch did.
 #[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)]
 enum Minted {
     Op(Op),
     /// The instance exists and already has the value.
@@ -125,7 +130,11 @@ impl Patch {
     fn apply(self, key: &InstanceKey, minted: &mut HashMap<InstanceKey, InstanceRecord>) -> Minted {
         match self {
             Patch::Register(r) => {
-                let op = if minted.contains_key(key) { Op::Update((*r).clone()) } else { Op::Register((*r).clone()) };
+                let op = if minted.contains_key(key) {
+                    Op::Update((*r).clone())
+                } else {
+                    Op::Register((*r).clone())
+                };
                 minted.insert(key.clone(), *r);
                 Minted::Op(op)
             }
@@ -449,7 +458,12 @@ fn wall_ms() -> u64 {
 }
 
 impl Registry {
-    pub fn new(cfg: Arc<Config>, committer: CommitterHandle, view: Arc<ViewCell>, counters: Arc<Counters>) -> Arc<Self> {
+    pub fn new(
+        cfg: Arc<Config>,
+        committer: CommitterHandle,
+        view: Arc<ViewCell>,
+        counters: Arc<Counters>,
+    ) -> Arc<Self> {
         let health = cfg.health_config();
         let now = 0;
         let reg = Arc::new(Registry {
@@ -480,7 +494,10 @@ impl Registry {
                         minted.insert(h.record.key.clone(), h.record.clone());
                     }
                     if h.record.key.owner_dc == reg.dc && !h.record.persistent {
-                        leases.insert(h.record.key.clone(), Lease::new(now, reg.lease_times(&h.record), &reg.health));
+                        leases.insert(
+                            h.record.key.clone(),
+                            Lease::new(now, reg.lease_times(&h.record), &reg.health),
+                        );
                     }
                 }
             }
@@ -581,7 +598,9 @@ impl Registry {
             .map(|o| match o {
                 None => Outcome::Gone,
                 Some(0) => Outcome::Unchanged,
-                Some(seq) => events.iter().find(|e| e.seq == seq).cloned().map_or(Outcome::Gone, Outcome::Written),
+                Some(seq) => {
+                    events.iter().find(|e| e.seq == seq).cloned().map_or(Outcome::Gone, Outcome::Written)
+                }
             })
             .collect())
     }
@@ -598,7 +617,9 @@ impl Registry {
             .ok_or_else(|| ApiError::invalid_field("port", "must be 1 to 65535"))?;
         let persistent = req.persistent.unwrap_or(false);
         let ttl_ms = match (persistent, req.ttl_ms) {
-            (true, Some(_)) => return Err(ApiError::invalid_field("ttl_ms", "persistent instances have no lease")),
+            (true, Some(_)) => {
+                return Err(ApiError::invalid_field("ttl_ms", "persistent instances have no lease"))
+            }
             (true, None) => 0,
             (false, None) => self.health.expire_after_ms,
             (false, Some(t)) => {
@@ -615,7 +636,11 @@ impl Registry {
         let instance_id = match req.instance_id {
             Some(id) => id,
             None => {
-                let host = if req.address.contains(':') { format!("[{}]", req.address) } else { req.address.clone() };
+                let host = if req.address.contains(':') {
+                    format!("[{}]", req.address)
+                } else {
+                    req.address.clone()
+                };
                 format!("{}#{}:{}#{}", req.service, host, port, Uuid::new_v4())
             }
         };
@@ -652,15 +677,18 @@ impl Registry {
         self.preservation.lock().record_renewal(self.now_ms());
         if !persistent {
             // The lease starts before the write so that a heartbeat racing the ack is kept.
-            self.leases.lock().insert(key.clone(), Lease::new(self.now_ms(), self.lease_times(&record), &self.health));
+            self.leases
+                .lock()
+                .insert(key.clone(), Lease::new(self.now_ms(), self.lease_times(&record), &self.health));
         } else {
             self.leases.lock().remove(&key);
         }
-        let events = self.commit(vec![(key.clone(), Patch::Register(Box::new(record)))]).await.inspect_err(|_| {
-            if self.view.get(&key).is_none() {
-                self.leases.lock().remove(&key);
-            }
-        })?;
+        let events =
+            self.commit(vec![(key.clone(), Patch::Register(Box::new(record)))]).await.inspect_err(|_| {
+                if self.view.get(&key).is_none() {
+                    self.leases.lock().remove(&key);
+                }
+            })?;
         self.counters.registrations.fetch_add(1, Ordering::Relaxed);
         let Some(Outcome::Written(ev)) = events.into_iter().next() else {
             return Err(ApiError::unavailable("the registration was not written"));
@@ -709,7 +737,9 @@ impl Registry {
         }
         let transition = {
             let mut leases = self.leases.lock();
-            let lease = leases.entry(key.clone()).or_insert_with(|| Lease::new(now, self.lease_times(&held.record), &self.health));
+            let lease = leases
+                .entry(key.clone())
+                .or_insert_with(|| Lease::new(now, self.lease_times(&held.record), &self.health));
             lease.heartbeat(now)
         };
         if let Some(t) = transition {
@@ -759,7 +789,9 @@ impl Registry {
         match self.commit(vec![(key, Patch::Status(status))]).await?.into_iter().next() {
             Some(Outcome::Written(ev)) => Ok(ev.seq),
             Some(Outcome::Unchanged) => Ok(held.seq),
-            Some(Outcome::Gone) | None => Err(ApiError::not_found(format!("instance {id} of {ns}/{svc} is already gone"))),
+            Some(Outcome::Gone) | None => {
+                Err(ApiError::not_found(format!("instance {id} of {ns}/{svc} is already gone")))
+            }
         }
     }
 
@@ -833,7 +865,10 @@ impl Registry {
         let policy = self.config().failover.policy_for(&sid.0, &sid.1);
         let counts = {
             let v = self.view.view.read();
-            v.services.get(sid).map(|s| self.local_counts(&s.instances)).unwrap_or(LocalCounts { healthy: 0, total: 0 })
+            v.services
+                .get(sid)
+                .map(|s| self.local_counts(&s.instances))
+                .unwrap_or(LocalCounts { healthy: 0, total: 0 })
         };
         let mut states = self.failover.lock();
         let state = states.get(sid).cloned().unwrap_or_default();
@@ -880,7 +915,13 @@ impl Registry {
     }
 
     /// GET /v1/services/{ns}/{svc}.
-    pub fn discover(&self, ns: &str, svc: &str, filter: &DcFilter, explain: bool) -> Result<DiscoverAnswer, ApiError> {
+    pub fn discover(
+        &self,
+        ns: &str,
+        svc: &str,
+        filter: &DcFilter,
+        explain: bool,
+    ) -> Result<DiscoverAnswer, ApiError> {
         tandem_schemas::validate_name("namespace", ns).map_err(ApiError::invalid)?;
         tandem_schemas::validate_name("service", svc).map_err(ApiError::invalid)?;
         if let DcFilter::Only(dc) = filter {
@@ -895,7 +936,10 @@ impl Registry {
                 let p = self.config().failover.policy_for(ns, svc);
                 let c = {
                     let v = self.view.view.read();
-                    v.services.get(&sid).map(|s| self.local_counts(&s.instances)).unwrap_or(LocalCounts { healthy: 0, total: 0 })
+                    v.services
+                        .get(&sid)
+                        .map(|s| self.local_counts(&s.instances))
+                        .unwrap_or(LocalCounts { healthy: 0, total: 0 })
                 };
                 (p, c, Decision { active: false, reason: "dc filter given: no policy applied".into() })
             }
@@ -944,13 +988,18 @@ impl Registry {
                         instance_id: h.record.key.instance_id.clone(),
                         owner_dc: owner.clone(),
                         included: wanted,
-                        reason: if wanted { "dc filter matches".into() } else { "dc filter excludes its owner".into() },
+                        reason: if wanted {
+                            "dc filter matches".into()
+                        } else {
+                            "dc filter excludes its owner".into()
+                        },
                     });
                 }
             }
             DcFilter::Policy => {
                 // Local tier, with the protect threshold.
-                let share = if counts.total == 0 { 1.0 } else { f64::from(counts.healthy) / f64::from(counts.total) };
+                let share =
+                    if counts.total == 0 { 1.0 } else { f64::from(counts.healthy) / f64::from(counts.total) };
                 protected = counts.total > 0 && protect > 0.0 && share < protect;
                 for h in instances.values().filter(|h| h.record.key.owner_dc == self.dc) {
                     let (included, reason) = local_verdict(&h.record, protected, protect);
@@ -982,9 +1031,11 @@ impl Registry {
                 let mut tier_taken = false;
                 for dc in &remote_dcs {
                     let stale = stale_fn(dc);
-                    let members: Vec<&Held> = instances.values().filter(|h| &h.record.key.owner_dc == dc).collect();
+                    let members: Vec<&Held> =
+                        instances.values().filter(|h| &h.record.key.owner_dc == dc).collect();
                     let eligible = |h: &Held| is_serving(&h.record) || h.record.status == Status::Draining;
-                    let usable = (!stale || policy.offer_stale) && members.iter().any(|h| is_serving(&h.record));
+                    let usable =
+                        (!stale || policy.offer_stale) && members.iter().any(|h| is_serving(&h.record));
                     let take = decision.active && usable && (global || !tier_taken);
                     if take {
                         tier_taken = true;
@@ -994,16 +1045,27 @@ impl Registry {
                         let (included, reason) = if !decision.active {
                             (false, format!("remote DC {dc}: failover not active ({})", decision.reason))
                         } else if stale && !policy.offer_stale {
-                            (false, format!("remote DC {dc} is stale and the policy does not offer stale copies"))
+                            (
+                                false,
+                                format!("remote DC {dc} is stale and the policy does not offer stale copies"),
+                            )
                         } else if !take {
                             (false, format!("remote DC {dc}: a higher-priority DC already serves"))
                         } else if !eligible(h) {
-                            (false, format!("remote instance is {} / {}", health_name(h.record.health), status_name(h.record.status)))
+                            (
+                                false,
+                                format!(
+                                    "remote instance is {} / {}",
+                                    health_name(h.record.health),
+                                    status_name(h.record.status)
+                                ),
+                            )
                         } else {
                             (true, format!("failover to remote DC {dc}"))
                         };
                         if included {
-                            let w = (u64::from(h.record.weight) * u64::from(policy.remote_weight_pct) / 100) as u32;
+                            let w = (u64::from(h.record.weight) * u64::from(policy.remote_weight_pct) / 100)
+                                as u32;
                             out.push(view_of(h, stale, w));
                         }
                         lines.push(ExplainLine {
@@ -1039,7 +1101,10 @@ impl Registry {
                 mode: policy.mode,
                 local_healthy: counts.healthy,
                 local_total: counts.total,
-                threshold: Threshold { min_healthy: policy.min_healthy, min_healthy_pct: policy.min_healthy_pct },
+                threshold: Threshold {
+                    min_healthy: policy.min_healthy,
+                    min_healthy_pct: policy.min_healthy_pct,
+                },
                 dcs: offered_dcs,
             },
             protected,
@@ -1089,7 +1154,9 @@ fn local_verdict(r: &InstanceRecord, protected: bool, protect: f64) -> (bool, St
                 (false, "unhealthy".into())
             }
         }
-        (Status::Draining, Health::Healthy | Health::Suspect) => (true, "draining: listed but flagged".into()),
+        (Status::Draining, Health::Healthy | Health::Suspect) => {
+            (true, "draining: listed but flagged".into())
+        }
         (Status::Up, Health::Healthy) => (true, "local, healthy, up".into()),
         (Status::Up, Health::Suspect) => (true, "local, suspect (missed a heartbeat), up".into()),
     }
@@ -1109,19 +1176,34 @@ mod tests {
         // commit group would be) must both survive: each builds on the other.
         let key = rec().key;
         let mut minted = HashMap::new();
-        assert!(matches!(Patch::Register(Box::new(rec())).apply(&key, &mut minted), Minted::Op(Op::Register(_))));
-        let Minted::Op(Op::Update(a)) = Patch::Status(Status::Draining).apply(&key, &mut minted) else { panic!() };
+        assert!(matches!(
+            Patch::Register(Box::new(rec())).apply(&key, &mut minted),
+            Minted::Op(Op::Register(_))
+        ));
+        let Minted::Op(Op::Update(a)) = Patch::Status(Status::Draining).apply(&key, &mut minted) else {
+            panic!()
+        };
         assert_eq!(a.status, Status::Draining);
         let Minted::Op(Op::Update(b)) =
             Patch::Health { health: Health::Suspect, damped: false }.apply(&key, &mut minted)
         else {
             panic!()
         };
-        assert_eq!((b.status, b.health), (Status::Draining, Health::Suspect), "status kept by the health update");
+        assert_eq!(
+            (b.status, b.health),
+            (Status::Draining, Health::Suspect),
+            "status kept by the health update"
+        );
         assert!(matches!(Patch::Status(Status::Draining).apply(&key, &mut minted), Minted::Unchanged));
-        assert!(matches!(Patch::Deregister(DeregisterReason::Explicit).apply(&key, &mut minted), Minted::Op(_)));
+        assert!(matches!(
+            Patch::Deregister(DeregisterReason::Explicit).apply(&key, &mut minted),
+            Minted::Op(_)
+        ));
         assert!(matches!(Patch::Status(Status::Up).apply(&key, &mut minted), Minted::Gone));
-        assert!(matches!(Patch::Deregister(DeregisterReason::Explicit).apply(&key, &mut minted), Minted::Gone));
+        assert!(matches!(
+            Patch::Deregister(DeregisterReason::Explicit).apply(&key, &mut minted),
+            Minted::Gone
+        ));
     }
 
     #[test]

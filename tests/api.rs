@@ -76,20 +76,50 @@ async fn hostile_requests_get_clear_4xx_and_the_node_keeps_running() {
         ("bad service", r#"{"service":"a b","address":"1.2.3.4","port":1}"#.into()),
         ("bad address", r#"{"service":"s","address":"not an address!","port":1}"#.into()),
         ("ttl too small", r#"{"service":"s","address":"1.2.3.4","port":1,"ttl_ms":1}"#.into()),
-        ("persistent with ttl", r#"{"service":"s","address":"1.2.3.4","port":1,"ttl_ms":5000,"persistent":true}"#.into()),
-        ("too many tags", format!(r#"{{"service":"s","address":"1.2.3.4","port":1,"tags":[{}]}}"#, vec!["\"t\""; 40].join(","))),
-        ("huge metadata value", format!(r#"{{"service":"s","address":"1.2.3.4","port":1,"metadata":{{"k":"{}"}}}}"#, "v".repeat(2000))),
+        (
+            "persistent with ttl",
+            r#"{"service":"s","address":"1.2.3.4","port":1,"ttl_ms":5000,"persistent":true}"#.into(),
+        ),
+        (
+            "too many tags",
+            format!(
+                r#"{{"service":"s","address":"1.2.3.4","port":1,"tags":[{}]}}"#,
+                vec!["\"t\""; 40].join(",")
+            ),
+        ),
+        (
+            "huge metadata value",
+            format!(
+                r#"{{"service":"s","address":"1.2.3.4","port":1,"metadata":{{"k":"{}"}}}}"#,
+                "v".repeat(2000)
+            ),
+        ),
         ("control chars", r#"{"service":"s","address":"1.2.3.4","port":1,"zone":"a\u0000b"}"#.into()),
     ];
     for (what, body) in bad_bodies {
-        let r = h.post(format!("{base}/v1/register")).header("content-type", "application/json").body(body).send().await.unwrap();
+        let r = h
+            .post(format!("{base}/v1/register"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status().as_u16(), 400, "{what}");
         let v: Value = r.json().await.unwrap();
-        assert!(v["error"]["code"].is_string() && !v["error"]["message"].as_str().unwrap().is_empty(), "{what}: {v}");
+        assert!(
+            v["error"]["code"].is_string() && !v["error"]["message"].as_str().unwrap().is_empty(),
+            "{what}: {v}"
+        );
     }
     // Oversized body: refused before parsing.
     let big = format!(r#"{{"service":"s","address":"1.2.3.4","port":1,"zone":"{}"}}"#, "z".repeat(200_000));
-    let r = h.post(format!("{base}/v1/register")).header("content-type", "application/json").body(big).send().await.unwrap();
+    let r = h
+        .post(format!("{base}/v1/register"))
+        .header("content-type", "application/json")
+        .body(big)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 413);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "too_large");
@@ -138,9 +168,11 @@ async fn an_instance_without_heartbeats_goes_suspect_unhealthy_then_expires() {
     let node = Node::start(cfg, None).await.unwrap();
     let c = client(&node);
     // ttl 1200 ms: suspect at 200, unhealthy at 600, expired at 1200.
-    c.register(&json!({"service": "short", "instance_id": "i1", "address": "10.0.0.1", "port": 1, "ttl_ms": 1200}))
-        .await
-        .unwrap();
+    c.register(
+        &json!({"service": "short", "instance_id": "i1", "address": "10.0.0.1", "port": 1, "ttl_ms": 1200}),
+    )
+    .await
+    .unwrap();
     let started = std::time::Instant::now();
     let mut seen = Vec::new();
     loop {

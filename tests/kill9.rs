@@ -27,7 +27,14 @@ fn spawn_server(config: &Path) -> Proc {
         .arg(config)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(std::env::temp_dir().join(format!("tandem-kill9-{}.log", config.file_stem().and_then(|s| s.to_str()).unwrap_or("x")))).map(Stdio::from).unwrap_or_else(|_| Stdio::null()))
+        .stderr(
+            std::fs::File::create(std::env::temp_dir().join(format!(
+                "tandem-kill9-{}.log",
+                config.file_stem().and_then(|s| s.to_str()).unwrap_or("x")
+            )))
+            .map(Stdio::from)
+            .unwrap_or_else(|_| Stdio::null()),
+        )
         .spawn()
         .expect("spawn tandem server");
     Proc(child)
@@ -98,7 +105,8 @@ async fn kill9_during_a_stream_of_acked_writes_loses_nothing_and_resurrects_noth
     for w in writers {
         let _ = tokio::time::timeout(Duration::from_secs(20), w).await;
     }
-    let (reg, dereg, tried) = (acked_reg.lock().clone(), acked_dereg.lock().clone(), tried_dereg.lock().clone());
+    let (reg, dereg, tried) =
+        (acked_reg.lock().clone(), acked_dereg.lock().clone(), tried_dereg.lock().clone());
     assert!(reg.len() > 50, "the load ran: {} acked registrations", reg.len());
 
     let _server = spawn_server(&cfg);
@@ -109,7 +117,11 @@ async fn kill9_during_a_stream_of_acked_writes_loses_nothing_and_resurrects_noth
     let back: Vec<&String> = dereg.iter().filter(|id| present.contains(*id)).collect();
     assert!(lost.is_empty(), "acked registrations lost after kill -9: {lost:?}");
     assert!(back.is_empty(), "acked deregistrations came back after kill -9: {back:?}");
-    eprintln!("kill -9 after {} acked registrations and {} acked deregistrations: none lost", reg.len(), dereg.len());
+    eprintln!(
+        "kill -9 after {} acked registrations and {} acked deregistrations: none lost",
+        reg.len(),
+        dereg.len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,7 +179,8 @@ async fn kill9_of_the_receiving_dc_mid_stream_then_restart_converges() {
     wait_up(&cb).await;
     tokio::time::timeout(Duration::from_secs(60), writer).await.unwrap().unwrap();
     eventually(Duration::from_secs(30), "dc-b converges to dc-a", || async {
-        let da: BTreeSet<String> = ids(&a.discover("default", "m", "dc=all").await.unwrap()).into_iter().collect();
+        let da: BTreeSet<String> =
+            ids(&a.discover("default", "m", "dc=all").await.unwrap()).into_iter().collect();
         match cb.discover("default", "m", "dc=all").await {
             Ok(d) => ids(&d).into_iter().collect::<BTreeSet<_>>() == da && da.len() == 450,
             Err(ClientError::Unreachable(_)) | Err(_) => false,

@@ -52,7 +52,8 @@ async fn events_replicate_both_ways() {
     assert_eq!(e.status(), Some(409));
     // Deregistration replicates as a tombstone.
     a.deregister("default", "orders", "a1").await.unwrap();
-    eventually(Duration::from_secs(10), "dc-b drops a1", || async { all_ids(&b, "orders").await.len() == 1 }).await;
+    eventually(Duration::from_secs(10), "dc-b drops a1", || async { all_ids(&b, "orders").await.len() == 1 })
+        .await;
     // Status shows the watermark.
     let st = b.status().await.unwrap();
     assert!(st["applied"]["dc-a"]["seq"].as_u64().unwrap() >= 2, "{st}");
@@ -89,7 +90,10 @@ async fn partition_with_churn_on_both_sides_converges_without_resurrection() {
     assert!(all_ids(&b, "s").await.contains("a4"), "remote copies are kept while the link is down");
     tokio::time::sleep(Duration::from_millis(1_800)).await;
     let d = b.discover("default", "s", "dc=dc-a").await.unwrap();
-    assert!(d["instances"].as_array().unwrap().iter().all(|i| i["stale"] == true), "stale after link silence: {d}");
+    assert!(
+        d["instances"].as_array().unwrap().iter().all(|i| i["stale"] == true),
+        "stale after link silence: {d}"
+    );
 
     p.heal();
     eventually(Duration::from_secs(20), "views converge after heal", || async {
@@ -147,12 +151,22 @@ async fn a_peer_with_a_certificate_of_another_dc_name_is_refused() {
     let ca_pem = std::fs::read_to_string(certs.join("ca.pem")).unwrap();
     let ca_key = std::fs::read_to_string(certs.join("ca.key")).unwrap();
     let now = std::time::SystemTime::now();
-    let c = tandem_replicator::tls::generate_dc_cert(&ca_pem, &ca_key, "dc-c", now - Duration::from_secs(60), now + Duration::from_secs(3600)).unwrap();
+    let c = tandem_replicator::tls::generate_dc_cert(
+        &ca_pem,
+        &ca_key,
+        "dc-c",
+        now - Duration::from_secs(60),
+        now + Duration::from_secs(3600),
+    )
+    .unwrap();
     c.write(&dir.path().join("dc-c.pem"), &dir.path().join("dc-c.key"), true).unwrap();
     let mut cfg = single_config(dir.path(), "dc-c");
     cfg.replication = Some(tandem::config::ReplicationSection {
         listen: "127.0.0.1:0".parse().unwrap(),
-        peers: vec![tandem::config::PeerSection { dc: "dc-a".into(), addr: p.cfg_a.replication.as_ref().unwrap().listen }],
+        peers: vec![tandem::config::PeerSection {
+            dc: "dc-a".into(),
+            addr: p.cfg_a.replication.as_ref().unwrap().listen,
+        }],
         ca_cert: certs.join("ca.pem"),
         cert: dir.path().join("dc-c.pem"),
         key: dir.path().join("dc-c.key"),
@@ -168,7 +182,12 @@ async fn a_peer_with_a_certificate_of_another_dc_name_is_refused() {
     client(&intruder).register(&reg_body("evil", "e1", true)).await.unwrap();
     let a = p.client_a();
     eventually(Duration::from_secs(10), "dc-a counts refused connections", || async {
-        let m = reqwest::get(format!("http://{}/metrics", p.a.as_ref().unwrap().http_addr())).await.unwrap().text().await.unwrap();
+        let m = reqwest::get(format!("http://{}/metrics", p.a.as_ref().unwrap().http_addr()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         m.lines().any(|l| l.starts_with("tandem_replication_refused_connections_total") && !l.ends_with(" 0"))
     })
     .await;

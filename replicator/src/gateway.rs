@@ -274,9 +274,14 @@ impl Gateway {
 
 async fn write_frame(send: &mut quinn::SendStream, frame: &Frame) -> Result<(), StreamError> {
     let bytes = encode_frame(frame);
-    let len = u32::try_from(bytes.len())
-        .map_err(|_| StreamError { code: tandem_schemas::RefuseCode::Internal, message: "frame too large".into() })?;
-    let io = |e: quinn::WriteError| StreamError { code: tandem_schemas::RefuseCode::Internal, message: e.to_string() };
+    let len = u32::try_from(bytes.len()).map_err(|_| StreamError {
+        code: tandem_schemas::RefuseCode::Internal,
+        message: "frame too large".into(),
+    })?;
+    let io = |e: quinn::WriteError| StreamError {
+        code: tandem_schemas::RefuseCode::Internal,
+        message: e.to_string(),
+    };
     send.write_all(&len.to_be_bytes()).await.map_err(io)?;
     send.write_all(&bytes).await.map_err(io)?;
     Ok(())
@@ -584,7 +589,10 @@ async fn receive_session<S: ReplicaStore>(
                     Some(receiver.applied(batch_id, &report))
                 }
                 ReceiverAction::PurgeTombstones { upto_seq } => {
-                    store.purge_remote_tombstones(peer_dc.to_owned(), upto_seq).await.map_err(|e| e.to_string())?;
+                    store
+                        .purge_remote_tombstones(peer_dc.to_owned(), upto_seq)
+                        .await
+                        .map_err(|e| e.to_string())?;
                     None
                 }
                 ReceiverAction::Contact { last_seq, .. } => {
@@ -661,4 +669,3 @@ impl EventLog for LogRef<'_> {
         self.0.tombstones()
     }
 }
-

@@ -10,7 +10,10 @@
 
 use std::collections::BTreeMap;
 
-use tandem_schemas::{ChangeEvent, DeregisterReason, InstanceKey, InstanceRecord, Mark, Op, Snapshot, SnapshotInstance, Tombstone};
+use tandem_schemas::{
+    ChangeEvent, DeregisterReason, InstanceKey, InstanceRecord, Mark, Op, Snapshot, SnapshotInstance,
+    Tombstone,
+};
 
 use crate::merge::{self, Effect, Held, Refusal};
 
@@ -228,7 +231,8 @@ impl EventLog for MemLog {
             }));
         }
         let live: Vec<InstanceKey> = self.live.keys().filter(|k| k.owner_dc == channel_dc).cloned().collect();
-        let tombs: Vec<InstanceKey> = self.tombs.keys().filter(|k| k.owner_dc == channel_dc).cloned().collect();
+        let tombs: Vec<InstanceKey> =
+            self.tombs.keys().filter(|k| k.owner_dc == channel_dc).cloned().collect();
         let plan = merge::plan_snapshot(channel_dc, self.mark_of(channel_dc), &live, &tombs, snap)?;
         let mut report = ApplyReport { mark: Some(plan.new_mark), ..Default::default() };
         for k in plan.remove {

@@ -252,7 +252,10 @@ mod tests {
     }
 
     fn dereg(seq: u64, id: &str) -> ChangeEvent {
-        ChangeEvent { op: Op::Deregister { key: key(id), reason: DeregisterReason::Explicit }, ..reg(seq, id) }
+        ChangeEvent {
+            op: Op::Deregister { key: key(id), reason: DeregisterReason::Explicit },
+            ..reg(seq, id)
+        }
     }
 
     const M: fn(u64) -> Option<Mark> = |seq| Some(Mark { epoch: 7, seq });

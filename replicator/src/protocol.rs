@@ -132,7 +132,11 @@ impl Sender {
     }
 
     /// Handles a frame from the receiver.
-    pub fn handle_frame<L: EventLog>(&mut self, log: &L, frame: Frame) -> Result<Vec<SenderEvent>, StreamError> {
+    pub fn handle_frame<L: EventLog>(
+        &mut self,
+        log: &L,
+        frame: Frame,
+    ) -> Result<Vec<SenderEvent>, StreamError> {
         match (self.phase, frame) {
             (SenderPhase::AwaitHelloAck, Frame::HelloAck { dc, mark }) => {
                 if dc != self.peer_dc {
@@ -253,7 +257,11 @@ impl Sender {
         Ok(None)
     }
 
-    fn snapshot_frame<L: EventLog>(&mut self, log: &L, now_ms: u64) -> Result<(Frame, Vec<SenderEvent>), StreamError> {
+    fn snapshot_frame<L: EventLog>(
+        &mut self,
+        log: &L,
+        now_ms: u64,
+    ) -> Result<(Frame, Vec<SenderEvent>), StreamError> {
         // A snapshot must not overtake batches in flight of the old cursor; wait for them.
         let snapshot: Snapshot =
             log.snapshot_own().map_err(|e| StreamError::new(RefuseCode::Internal, e.to_string()))?;
@@ -317,7 +325,11 @@ impl Receiver {
 
     /// Handles a frame from the sender. `mark` is the receiver's current mark of the
     /// channel's origin.
-    pub fn handle_frame(&mut self, mark: Option<Mark>, frame: Frame) -> Result<Vec<ReceiverAction>, StreamError> {
+    pub fn handle_frame(
+        &mut self,
+        mark: Option<Mark>,
+        frame: Frame,
+    ) -> Result<Vec<ReceiverAction>, StreamError> {
         match (self.phase, frame) {
             (ReceiverPhase::AwaitHello, Frame::Hello { dc, last_seq, .. }) => {
                 if dc != self.channel_dc {

@@ -223,13 +223,12 @@ pub fn decode_frame(bytes: &[u8], max: usize) -> Result<Frame, DecodeError> {
     }
     // Read the version alone first so that a newer peer gets a precise refusal rather
     // than a "malformed" one.
-    let (version, _) = postcard::take_from_bytes::<u16>(bytes)
-        .map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    let (version, _) =
+        postcard::take_from_bytes::<u16>(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
     if version != SCHEMA_VERSION {
         return Err(DecodeError::SchemaVersion { got: version, expected: SCHEMA_VERSION });
     }
-    let env: Envelope =
-        postcard::from_bytes(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    let env: Envelope = postcard::from_bytes(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
     validate::validate_frame(&env.frame)?;
     Ok(env.frame)
 }
@@ -244,8 +243,7 @@ pub fn decode_event(bytes: &[u8]) -> Result<ChangeEvent, DecodeError> {
     if bytes.len() > FRAME_BYTES_MAX {
         return Err(DecodeError::TooLarge { len: bytes.len(), max: FRAME_BYTES_MAX });
     }
-    let ev: ChangeEvent =
-        postcard::from_bytes(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    let ev: ChangeEvent = postcard::from_bytes(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
     validate_event(&ev)?;
     Ok(ev)
 }
@@ -260,8 +258,7 @@ pub fn decode_record(bytes: &[u8]) -> Result<InstanceRecord, DecodeError> {
     if bytes.len() > FRAME_BYTES_MAX {
         return Err(DecodeError::TooLarge { len: bytes.len(), max: FRAME_BYTES_MAX });
     }
-    let r: InstanceRecord =
-        postcard::from_bytes(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    let r: InstanceRecord = postcard::from_bytes(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
     validate_record(&r)?;
     Ok(r)
 }

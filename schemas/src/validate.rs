@@ -59,8 +59,7 @@ pub fn validate_dc(field: &'static str, s: &str) -> Result<(), ValidationError> 
     if s.is_empty() || s.len() > LIMITS.dc_name_bytes_max {
         return Err(err(field, format!("must be 1 to {} bytes", LIMITS.dc_name_bytes_max)));
     }
-    if s.starts_with('-') || !s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    {
+    if s.starts_with('-') || !s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
         return Err(err(field, "may hold only a-z, 0-9 and '-', and must not start with '-'"));
     }
     Ok(())
@@ -174,7 +173,10 @@ pub fn validate_record(r: &InstanceRecord) -> Result<(), ValidationError> {
         return Err(err("ttl_ms", "persistent instances have no lease"));
     }
     if !r.persistent && (r.lease_ttl_ms == 0 || r.lease_ttl_ms > LIMITS.lease_ttl_ms_max) {
-        return Err(err("ttl_ms", format!("must be 1 to {} for ephemeral instances", LIMITS.lease_ttl_ms_max)));
+        return Err(err(
+            "ttl_ms",
+            format!("must be 1 to {} for ephemeral instances", LIMITS.lease_ttl_ms_max),
+        ));
     }
     Ok(())
 }

@@ -11,7 +11,12 @@ use std::path::PathBuf;
 use tandem_schemas::*;
 
 fn key(id: &str) -> InstanceKey {
-    InstanceKey { owner_dc: "dc-a".into(), namespace: "default".into(), service: "orders".into(), instance_id: id.into() }
+    InstanceKey {
+        owner_dc: "dc-a".into(),
+        namespace: "default".into(),
+        service: "orders".into(),
+        instance_id: id.into(),
+    }
 }
 
 fn record() -> InstanceRecord {
@@ -46,7 +51,10 @@ fn event(seq: u64, op: Op) -> ChangeEvent {
 fn vectors() -> Vec<(&'static str, Vec<u8>)> {
     let reg = event(1, Op::Register(record()));
     let upd = event(2, Op::Update(record()));
-    let dereg = event(3, Op::Deregister { key: key("orders#10.0.0.7:8080#1"), reason: DeregisterReason::LeaseExpired });
+    let dereg = event(
+        3,
+        Op::Deregister { key: key("orders#10.0.0.7:8080#1"), reason: DeregisterReason::LeaseExpired },
+    );
     let snap = Snapshot {
         origin_dc: "dc-a".into(),
         mark: Mark { epoch: 9, seq: 40 },
@@ -59,7 +67,10 @@ fn vectors() -> Vec<(&'static str, Vec<u8>)> {
         ("event_deregister", encode_event(&dereg)),
         ("record", encode_record(&record())),
         ("frame_hello", encode_frame(&Frame::Hello { dc: "dc-a".into(), epoch: 7, last_seq: 300 })),
-        ("frame_hello_ack", encode_frame(&Frame::HelloAck { dc: "dc-b".into(), mark: Some(Mark { epoch: 7, seq: 12 }) })),
+        (
+            "frame_hello_ack",
+            encode_frame(&Frame::HelloAck { dc: "dc-b".into(), mark: Some(Mark { epoch: 7, seq: 12 }) }),
+        ),
         ("frame_batch", encode_frame(&Frame::Batch { batch_id: 5, events: vec![reg, upd, dereg] })),
         ("frame_snapshot", encode_frame(&Frame::Snapshot { batch_id: 6, snapshot: snap })),
         ("frame_ack", encode_frame(&Frame::Ack { batch_id: 5, mark: Mark { epoch: 7, seq: 3 } })),
@@ -83,7 +94,8 @@ fn wire_format_matches_golden_vectors() {
             std::fs::write(&path, format!("{hex_now}\n")).unwrap();
             continue;
         }
-        let want = std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("missing golden vector {}", path.display()));
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|_| panic!("missing golden vector {}", path.display()));
         if want.trim() != hex_now {
             failures.push(format!("{name}:\n  golden {}\n  now    {hex_now}", want.trim()));
         }
@@ -111,7 +123,10 @@ fn golden_vectors_decode_back_to_the_same_values() {
 fn a_newer_schema_version_is_refused_precisely() {
     let mut bytes = encode_frame(&Frame::Ack { batch_id: 1, mark: Mark { epoch: 1, seq: 1 } });
     bytes[0] = 2; // schema version 2 (varint)
-    assert_eq!(decode_frame(&bytes, FRAME_BYTES_MAX), Err(DecodeError::SchemaVersion { got: 2, expected: 1 }));
+    assert_eq!(
+        decode_frame(&bytes, FRAME_BYTES_MAX),
+        Err(DecodeError::SchemaVersion { got: 2, expected: 1 })
+    );
 }
 
 #[test]

@@ -41,7 +41,8 @@ pub struct Pair {
 
 pub async fn pair_with(tune: impl Fn(&mut Config)) -> Pair {
     let dir = tempfile::tempdir().unwrap();
-    let pki = tandem_replicator::tls::generate_dev_pki(&dir.path().join("certs"), &["dc-a", "dc-b"], false).unwrap();
+    let pki = tandem_replicator::tls::generate_dev_pki(&dir.path().join("certs"), &["dc-a", "dc-b"], false)
+        .unwrap();
     let (la, lb) = (free_udp_port(), free_udp_port());
     let listen_a: SocketAddr = format!("127.0.0.1:{la}").parse().unwrap();
     let listen_b: SocketAddr = format!("127.0.0.1:{lb}").parse().unwrap();

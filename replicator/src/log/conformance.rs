@@ -192,7 +192,10 @@ pub fn snapshot_install<H: Harness>(h: &mut H) {
     dst.apply_remote("dc-a", &src.read_own(3, 10).unwrap()).unwrap();
     assert_eq!(dst.held(&key("dc-a", "keep")), Held::Tombstone { seq: 4 });
     // An older snapshot of the same epoch is refused.
-    assert!(matches!(dst.install_snapshot("dc-a", &snap), Err(LogError::Refused(Refusal::CursorRegressed { .. }))));
+    assert!(matches!(
+        dst.install_snapshot("dc-a", &snap),
+        Err(LogError::Refused(Refusal::CursorRegressed { .. }))
+    ));
     let dst = h.reopen(dst);
     assert_eq!(dst.mark_of("dc-a"), Some(Mark { epoch: 4, seq: 4 }));
 }
