@@ -898,7 +898,7 @@ impl Registry {
                 match v.services.get(&(ns.to_owned(), svc.to_owned())) {
                     Some(s) => (s.index, s.notify.subscribe()),
                     // Unknown services wait on the global index and look again.
-                    None => (v.index.min(index), self.view.global.subscribe()),
+                    None => (v.index, self.view.global.subscribe()),
                 }
             };
             if cur > index {

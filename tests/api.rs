@@ -325,3 +325,33 @@ fn config_typos_and_bad_values_are_refused_with_the_key_named() {
         assert!(e.contains(key), "case {i}: error {e:?} does not name {key}");
     }
 }
+
+#[tokio::test]
+async fn policy_reload_applies_a_valid_file_and_keeps_the_old_one_on_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node.toml");
+    let base = format!(
+        "dc = \"dc-a\"\ndata_dir = \"{}\"\nhttp_addr = \"127.0.0.1:0\"\n",
+        dir.path().join("d").display()
+    );
+    std::fs::write(&path, format!("{base}[failover]\nmode = \"local_first\"\n")).unwrap();
+    let cfg = tandem::config::Config::load(&path).unwrap();
+    let node = Node::start(cfg, Some(path.clone())).await.unwrap();
+    let h = reqwest::Client::new();
+    let url = format!("{}/v1/admin/reload", http(&node));
+    let mode = |n: &Node| n.shared.registry.config().failover.policy_for("default", "x").mode;
+    assert_eq!(mode(&node), tandem::failover::Mode::LocalFirst);
+
+    std::fs::write(&path, format!("{base}[failover]\nmode = \"global\"\nmin_healthy_pct = 3.0\n")).unwrap();
+    let r = h.post(&url).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("min_healthy_pct"), "{v}");
+    assert_eq!(mode(&node), tandem::failover::Mode::LocalFirst, "the old policy stays in force");
+
+    std::fs::write(&path, format!("{base}[failover]\nmode = \"global\"\n")).unwrap();
+    let r = h.post(&url).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(mode(&node), tandem::failover::Mode::Global);
+    node.shutdown().await;
+}
