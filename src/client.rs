@@ -31,23 +31,47 @@ impl ClientError {
     }
 }
 
+/// Largest response body the client reads; a larger answer is refused as a decode error
+/// (a registry answer is far smaller; this bounds what a broken or hostile server costs).
+pub const RESPONSE_BYTES_MAX: usize = 32 * 1024 * 1024;
+
+/// Timeouts of a [`Client`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// Per address: how long a TCP connect may take before the next address is tried.
+    pub connect_timeout: Duration,
+    /// Per address: how long a non-blocking request may take.
+    pub request_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions { connect_timeout: Duration::from_secs(2), request_timeout: Duration::from_secs(10) }
+    }
+}
+
 /// A client of one DC's registry nodes.
 pub struct Client {
     http: reqwest::Client,
     bases: Vec<String>,
     current: AtomicUsize,
+    request_timeout: Duration,
 }
 
 impl Client {
     /// `addrs`: base URLs such as `http://127.0.0.1:8500` (at least one).
     pub fn new(addrs: &[String]) -> Client {
+        Client::with_options(addrs, ClientOptions::default())
+    }
+
+    pub fn with_options(addrs: &[String], opts: ClientOptions) -> Client {
         let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(2))
+            .connect_timeout(opts.connect_timeout)
             .timeout(Duration::from_secs(330))
             .build()
             .expect("a plain HTTP client always builds");
         let bases = addrs.iter().map(|a| a.trim_end_matches('/').to_owned()).collect();
-        Client { http, bases, current: AtomicUsize::new(0) }
+        Client { http, bases, current: AtomicUsize::new(0), request_timeout: opts.request_timeout }
     }
 
     pub fn addrs(&self) -> &[String] {
@@ -77,8 +101,9 @@ impl Client {
                 Ok(resp) => {
                     let status = resp.status();
                     let headers = resp.headers().clone();
-                    let text = resp.text().await.map_err(|e| ClientError::Decode(e.to_string()))?;
-                    let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+                    let body = read_body(resp).await.map_err(ClientError::Decode)?;
+                    let v: Value = serde_json::from_slice(&body)
+                        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
                     if status.is_server_error() {
                         last = format!("{url}: {status}");
                         continue;
@@ -103,7 +128,7 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> Result<T, ClientError> {
-        let (v, _) = self.send(method, path, body, Duration::from_secs(10)).await?;
+        let (v, _) = self.send(method, path, body, self.request_timeout).await?;
         serde_json::from_value(v).map_err(|e| ClientError::Decode(e.to_string()))
     }
 
@@ -119,9 +144,16 @@ impl Client {
         self.call(reqwest::Method::DELETE, &format!("/v1/instances/{ns}/{svc}/{}", enc(id)), None).await
     }
 
-    pub async fn set_status(&self, ns: &str, svc: &str, id: &str, status: &str) -> Result<Value, ClientError> {
+    pub async fn set_status(
+        &self,
+        ns: &str,
+        svc: &str,
+        id: &str,
+        status: &str,
+    ) -> Result<Value, ClientError> {
         let body = serde_json::json!({ "status": status });
-        self.call(reqwest::Method::PUT, &format!("/v1/instances/{ns}/{svc}/{}/status", enc(id)), Some(&body)).await
+        self.call(reqwest::Method::PUT, &format!("/v1/instances/{ns}/{svc}/{}/status", enc(id)), Some(&body))
+            .await
     }
 
     /// Discovery; `query` is appended as is (e.g. `dc=all&explain=true`).
@@ -140,6 +172,22 @@ impl Client {
     pub async fn status(&self) -> Result<Value, ClientError> {
         self.call(reqwest::Method::GET, "/v1/status", None).await
     }
+}
+
+/// Reads a response body of at most [`RESPONSE_BYTES_MAX`] bytes.
+async fn read_body(mut resp: reqwest::Response) -> Result<Vec<u8>, String> {
+    let too_large = || format!("response body larger than {RESPONSE_BYTES_MAX} bytes");
+    if resp.content_length().is_some_and(|n| n > RESPONSE_BYTES_MAX as u64) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > RESPONSE_BYTES_MAX {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// Percent-encodes an instance id for a path segment ('#' would end the path).

@@ -18,4 +18,5 @@ pub mod health;
 pub mod http;
 pub mod node;
 pub mod registry;
+pub mod sdk;
 pub mod store;

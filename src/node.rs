@@ -282,8 +282,12 @@ impl Node {
     /// Stops every task, the gateway and the committer (which syncs and closes RocksDB).
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
+        // Bounded: blocking queries in flight get a second to finish, then are cut.
         for t in self.tasks {
-            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+            let abort = t.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(1), t).await.is_err() {
+                abort.abort();
+            }
         }
         let gw = self.shared.gateway.lock().take();
         if let Some(gw) = gw {

@@ -66,7 +66,12 @@ struct Service {
     index: u64,
     instances: BTreeMap<InstanceKey, Held>,
     notify: watch::Sender<u64>,
+    /// The most recently removed instances, newest last (bounded), for `explain`.
+    removed: std::collections::VecDeque<InstanceKey>,
 }
+
+/// How many removed instances a service remembers for `explain`.
+const REMOVED_REMEMBERED_MAX: usize = 32;
 
 type ServiceId = (String, String);
 
@@ -211,6 +216,7 @@ impl ViewCell {
                 index: idx,
                 instances: BTreeMap::new(),
                 notify: watch::channel(idx).0,
+                removed: Default::default(),
             });
             svc.instances.insert(record.key.clone(), Held { seq, record });
         }
@@ -239,7 +245,9 @@ impl ViewCell {
                         index: idx,
                         instances: BTreeMap::new(),
                         notify: watch::channel(idx).0,
+                        removed: Default::default(),
                     });
+                    svc.removed.retain(|k| k != &record.key);
                     svc.instances.insert(record.key.clone(), Held { seq: *seq, record: record.clone() });
                     svc.index = idx;
                     touched.push(sid);
@@ -247,7 +255,13 @@ impl ViewCell {
                 StateChange::Remove { key } => {
                     let sid = (key.namespace.clone(), key.service.clone());
                     if let Some(svc) = v.services.get_mut(&sid) {
-                        svc.instances.remove(key);
+                        if svc.instances.remove(key).is_some() {
+                            svc.removed.retain(|k| k != key);
+                            if svc.removed.len() >= REMOVED_REMEMBERED_MAX {
+                                svc.removed.pop_front();
+                            }
+                            svc.removed.push_back(key.clone());
+                        }
                         svc.index = idx;
                         touched.push(sid);
                     }
@@ -1049,6 +1063,8 @@ impl Registry {
                                 false,
                                 format!("remote DC {dc} is stale and the policy does not offer stale copies"),
                             )
+                        } else if !take && !usable {
+                            (false, format!("remote DC {dc} has no healthy, up instance to offer"))
                         } else if !take {
                             (false, format!("remote DC {dc}: a higher-priority DC already serves"))
                         } else if !eligible(h) {
@@ -1087,6 +1103,21 @@ impl Registry {
                             reason: format!("remote DC {owner} is not in the policy's remote_dcs"),
                         });
                     }
+                }
+            }
+        }
+        if explain {
+            // Recently removed instances: their tombstones keep them out for good.
+            if let Some(s) = v.services.get(&sid) {
+                for k in &s.removed {
+                    lines.push(ExplainLine {
+                        instance_id: k.instance_id.clone(),
+                        owner_dc: k.owner_dc.clone(),
+                        included: false,
+                        reason:
+                            "deregistered: a tombstone holds it out; an older registration never revives it"
+                                .into(),
+                    });
                 }
             }
         }

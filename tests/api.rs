@@ -355,3 +355,19 @@ async fn policy_reload_applies_a_valid_file_and_keeps_the_old_one_on_error() {
     assert_eq!(mode(&node), tandem::failover::Mode::Global);
     node.shutdown().await;
 }
+
+#[tokio::test]
+async fn explain_names_deregistered_instances_and_their_tombstones() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let c = client(&node);
+    c.register(&reg_body("e", "keep", true)).await.unwrap();
+    c.register(&reg_body("e", "gone", true)).await.unwrap();
+    c.deregister("default", "e", "gone").await.unwrap();
+    let d = c.discover("default", "e", "explain=true").await.unwrap();
+    let lines = d["explain"].as_array().unwrap();
+    let gone = lines.iter().find(|l| l["instance_id"] == "gone").expect("explained");
+    assert_eq!(gone["included"], false);
+    assert!(gone["reason"].as_str().unwrap().contains("tombstone"), "{gone}");
+    node.shutdown().await;
+}
