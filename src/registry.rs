@@ -68,6 +68,8 @@ struct Service {
     notify: watch::Sender<u64>,
     /// The most recently removed instances, newest last (bounded), for `explain`.
     removed: std::collections::VecDeque<InstanceKey>,
+    /// Owner DCs that ever held an instance of this service (a handful).
+    owners: Vec<String>,
 }
 
 /// How many removed instances a service remembers for `explain`.
@@ -217,7 +219,11 @@ impl ViewCell {
                 instances: BTreeMap::new(),
                 notify: watch::channel(idx).0,
                 removed: Default::default(),
+                owners: Vec::new(),
             });
+            if !svc.owners.contains(&record.key.owner_dc) {
+                svc.owners.push(record.key.owner_dc.clone());
+            }
             svc.instances.insert(record.key.clone(), Held { seq, record });
         }
     }
@@ -246,7 +252,11 @@ impl ViewCell {
                         instances: BTreeMap::new(),
                         notify: watch::channel(idx).0,
                         removed: Default::default(),
+                        owners: Vec::new(),
                     });
+                    if !svc.owners.contains(&record.key.owner_dc) {
+                        svc.owners.push(record.key.owner_dc.clone());
+                    }
                     svc.removed.retain(|k| k != &record.key);
                     svc.instances.insert(record.key.clone(), Held { seq: *seq, record: record.clone() });
                     svc.index = idx;
@@ -307,10 +317,28 @@ impl ViewCell {
     }
 
     /// Finds an instance by (namespace, service, id) whatever its owner.
+    /// O(owners x log n): a heartbeat must not scan the service.
     fn find(&self, ns: &str, svc: &str, id: &str) -> Option<Held> {
         let v = self.view.read();
         let s = v.services.get(&(ns.to_owned(), svc.to_owned()))?;
-        s.instances.values().find(|h| h.record.key.instance_id == id).cloned()
+        let mut key = InstanceKey {
+            owner_dc: self.local_dc.clone(),
+            namespace: ns.to_owned(),
+            service: svc.to_owned(),
+            instance_id: id.to_owned(),
+        };
+        if let Some(h) = s.instances.get(&key) {
+            return Some(h.clone());
+        }
+        for owner in &s.owners {
+            if owner != &self.local_dc {
+                key.owner_dc.clone_from(owner);
+                if let Some(h) = s.instances.get(&key) {
+                    return Some(h.clone());
+                }
+            }
+        }
+        None
     }
 }
 
