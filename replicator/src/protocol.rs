@@ -307,6 +307,9 @@ pub struct Receiver {
     phase: ReceiverPhase,
     /// The batch being applied, if any: applies are strictly one at a time, in order.
     applying: Option<u64>,
+    /// The origin epoch named in the Hello and the mark sent back in the HelloAck: the view
+    /// of this receiver that the sender acts on.
+    handshake: Option<(u64, Option<Mark>)>,
 }
 
 impl Receiver {
@@ -316,6 +319,7 @@ impl Receiver {
             channel_dc: channel_dc.to_owned(),
             phase: ReceiverPhase::AwaitHello,
             applying: None,
+            handshake: None,
         }
     }
 
@@ -331,7 +335,7 @@ impl Receiver {
         frame: Frame,
     ) -> Result<Vec<ReceiverAction>, StreamError> {
         match (self.phase, frame) {
-            (ReceiverPhase::AwaitHello, Frame::Hello { dc, last_seq, .. }) => {
+            (ReceiverPhase::AwaitHello, Frame::Hello { dc, epoch, last_seq }) => {
                 if dc != self.channel_dc {
                     return Err(StreamError::new(
                         RefuseCode::WrongOrigin,
@@ -339,6 +343,7 @@ impl Receiver {
                     ));
                 }
                 self.phase = ReceiverPhase::Streaming;
+                self.handshake = Some((epoch, mark));
                 Ok(vec![
                     ReceiverAction::Send(Frame::HelloAck { dc: self.local_dc.clone(), mark }),
                     ReceiverAction::Contact { last_seq, origin_now_ms: 0 },
@@ -349,13 +354,47 @@ impl Receiver {
                 Ok(vec![ReceiverAction::Apply { batch_id, events }])
             }
             (ReceiverPhase::Streaming, Frame::Snapshot { batch_id, snapshot }) => {
+                // A snapshot of another epoch replaces whatever the receiver holds, so it
+                // must answer the view the sender saw: the mark is still in the epoch the
+                // HelloAck reported (or already in the snapshot's, where the merge refuses
+                // a regression). Else a session the peer has not yet noticed is dead (a
+                // half-open connection of an earlier incarnation of the origin) could put
+                // a replaced epoch back over the one a newer session installed.
+                let held = mark.map(|m| m.epoch);
+                let seen = self.handshake.and_then(|(_, m)| m).map(|m| m.epoch);
+                if held != Some(snapshot.mark.epoch) && held != seen {
+                    return Err(StreamError::new(
+                        RefuseCode::Gap,
+                        format!(
+                            "the mark moved from epoch {seen:?} to {held:?} under this stream; \
+                             reconnect to see it"
+                        ),
+                    ));
+                }
                 self.begin_apply(batch_id)?;
                 Ok(vec![ReceiverAction::Install { batch_id, snapshot }])
             }
-            (ReceiverPhase::Streaming, Frame::Ping { last_seq, floor_seq, now_ms }) => Ok(vec![
-                ReceiverAction::Contact { last_seq, origin_now_ms: now_ms },
-                ReceiverAction::PurgeTombstones { upto_seq: floor_seq },
-            ]),
+            (ReceiverPhase::Streaming, Frame::Ping { last_seq, floor_seq, now_ms }) => {
+                // Once the handshake is done the receiver holds nothing of the origin or
+                // the stream's epoch (a snapshot of it goes before any ping). Another epoch
+                // means another session moved the mark: the sender's cursor is stale, and
+                // an idle sender would otherwise never find out. The floor is of the
+                // stream's epoch too, so it must not purge another epoch's tombstones.
+                let epoch = self.handshake.map(|(e, _)| e);
+                if let Some(m) = mark.filter(|m| Some(m.epoch) != epoch) {
+                    return Err(StreamError::new(
+                        RefuseCode::Gap,
+                        format!(
+                            "the mark is of epoch {} but this stream ships epoch {epoch:?}; reconnect",
+                            m.epoch
+                        ),
+                    ));
+                }
+                Ok(vec![
+                    ReceiverAction::Contact { last_seq, origin_now_ms: now_ms },
+                    ReceiverAction::PurgeTombstones { upto_seq: floor_seq },
+                ])
+            }
             (_, Frame::Refuse { code, message }) => {
                 Err(StreamError { code, message: format!("peer refused: {message}") })
             }
