@@ -477,6 +477,7 @@ async fn accept_loop<S: ReplicaStore>(
     // Connection tasks live in this set: when the accept loop ends (or is aborted), every
     // connection task is aborted with it, so no task outlives the gateway's socket.
     let mut conns = tokio::task::JoinSet::new();
+    let sessions: Arc<Mutex<BTreeMap<String, Arc<OriginSessions>>>> = Default::default();
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => i,
@@ -487,6 +488,7 @@ async fn accept_loop<S: ReplicaStore>(
         let cfg = cfg.clone();
         let store = store.clone();
         let stats = stats.clone();
+        let sessions = sessions.clone();
         conns.spawn(async move {
             let conn = match incoming.await {
                 Ok(c) => c,
@@ -511,12 +513,27 @@ async fn accept_loop<S: ReplicaStore>(
                     return;
                 }
             };
-            let res = receive_session(&conn, &cfg, &peer_dc, &store, &stats, started).await;
-            stats.with_peer(&peer_dc, |p| p.in_connected = false);
+            let origin = sessions.lock().entry(peer_dc.clone()).or_default().clone();
+            let res = receive_session(&conn, &cfg, &peer_dc, &store, &stats, started, origin).await;
             if let Err(e) = res {
                 debug!(peer = %peer_dc, error = %e, "replication stream from peer ended");
             }
         });
+    }
+}
+
+/// Serializes the receive sessions of one origin.
+#[derive(Debug)]
+struct OriginSessions {
+    /// Bumped by every new session; an older session that sees it change stops.
+    gen: watch::Sender<u64>,
+    /// Held by the running session.
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl Default for OriginSessions {
+    fn default() -> Self {
+        OriginSessions { gen: watch::channel(0).0, turn: tokio::sync::Mutex::new(()) }
     }
 }
 
@@ -527,96 +544,134 @@ async fn receive_session<S: ReplicaStore>(
     store: &S,
     stats: &GatewayStats,
     started: tokio::time::Instant,
+    origin: Arc<OriginSessions>,
 ) -> Result<(), String> {
     let (mut send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
+    // One receive session per origin at a time: a newer connection of the origin ends the
+    // older one (it may be a half-open connection of a dead incarnation) and waits until
+    // it has stopped, so the mark it reports in its HelloAck cannot be moved under it.
+    let my_gen = {
+        let mut g = 0;
+        origin.gen.send_modify(|v| {
+            *v += 1;
+            g = *v;
+        });
+        g
+    };
+    let mut superseded = origin.gen.subscribe();
+    let _turn = origin.turn.lock().await;
+    if *superseded.borrow_and_update() != my_gen {
+        return Err("superseded by a newer connection of the same origin".into());
+    }
     let mut receiver = Receiver::new(&cfg.local_dc, peer_dc);
     stats.with_peer(peer_dc, |p| p.in_connected = true);
     info!(peer = %peer_dc, "replication stream from peer open");
-    loop {
-        let frame = read_frame(&mut recv, SNAPSHOT_FRAME_BYTES_MAX).await;
-        let frame = match frame {
-            Ok(Some(f)) => f,
-            Ok(None) => return Ok(()),
-            Err(e) => {
-                stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                let _ = write_frame(&mut send, &e.to_frame()).await;
-                return Err(e.message);
-            }
-        };
-        stats.frames_received.fetch_add(1, Ordering::Relaxed);
-        let mono = now_ms(started);
-        stats.with_peer(peer_dc, |p| {
-            p.in_last_contact_wall_ms = wall_ms();
-            p.in_last_contact_mono_ms = mono;
-        });
-        let mark = store.mark_of(peer_dc.to_owned()).await.map_err(|e| e.to_string())?;
-        let actions = match receiver.handle_frame(mark, frame) {
-            Ok(a) => a,
-            Err(e) => {
-                stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                let _ = write_frame(&mut send, &e.to_frame()).await;
-                let _ = send.finish();
-                return Err(e.message);
-            }
-        };
-        for action in actions {
-            let ack = match action {
-                ReceiverAction::Send(f) => Some(Ok(f)),
-                ReceiverAction::Apply { batch_id, events } => {
-                    let times: Vec<u64> = events.iter().map(|e| e.commit_time_ms).collect();
-                    let report =
-                        store.apply_remote(peer_dc.to_owned(), events).await.map_err(|e| e.to_string())?;
-                    let now = wall_ms();
-                    stats.with_peer(peer_dc, |p| {
-                        p.events_applied += report.applied as u64;
-                        for t in times.iter().take(report.applied + report.superseded + report.duplicates) {
-                            p.lag_ms_recent.push(now.saturating_sub(*t));
-                        }
-                        if let Some(m) = report.mark {
-                            p.in_origin_last_seq = p.in_origin_last_seq.max(m.seq);
-                        }
-                    });
-                    Some(receiver.applied(batch_id, &report))
-                }
-                ReceiverAction::Install { batch_id, snapshot } => {
-                    let report = match store.install_snapshot(peer_dc.to_owned(), snapshot).await {
-                        Ok(r) => r,
-                        // A refused snapshot changed nothing; tell the sender why.
-                        Err(LogError::Refused(r)) => ApplyReport { refusal: Some(r), ..Default::default() },
-                        Err(e) => return Err(e.to_string()),
-                    };
-                    stats.with_peer(peer_dc, |p| p.snapshots_installed += 1);
-                    Some(receiver.applied(batch_id, &report))
-                }
-                ReceiverAction::PurgeTombstones { upto_seq } => {
-                    store
-                        .purge_remote_tombstones(peer_dc.to_owned(), upto_seq)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    None
-                }
-                ReceiverAction::Contact { last_seq, .. } => {
-                    stats.with_peer(peer_dc, |p| p.in_origin_last_seq = p.in_origin_last_seq.max(last_seq));
-                    None
+    let res = async {
+        loop {
+            let frame = tokio::select! {
+                f = read_frame(&mut recv, SNAPSHOT_FRAME_BYTES_MAX) => f,
+                _ = superseded.changed() => {
+                    return Err("superseded by a newer connection of the same origin".into());
                 }
             };
-            match ack {
-                None => {}
-                Some(Ok(f)) => {
-                    write_frame(&mut send, &f).await.map_err(|e| e.message)?;
-                    stats.frames_sent.fetch_add(1, Ordering::Relaxed);
-                }
-                Some(Err(e)) => {
+            if *superseded.borrow() != my_gen {
+                return Err("superseded by a newer connection of the same origin".into());
+            }
+            let frame = match frame {
+                Ok(Some(f)) => f,
+                Ok(None) => return Ok(()),
+                Err(e) => {
                     stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                    warn!(peer = %peer_dc, error = %e, "refusing replication stream");
+                    let _ = write_frame(&mut send, &e.to_frame()).await;
+                    return Err(e.message);
+                }
+            };
+            stats.frames_received.fetch_add(1, Ordering::Relaxed);
+            let mono = now_ms(started);
+            stats.with_peer(peer_dc, |p| {
+                p.in_last_contact_wall_ms = wall_ms();
+                p.in_last_contact_mono_ms = mono;
+            });
+            let mark = store.mark_of(peer_dc.to_owned()).await.map_err(|e| e.to_string())?;
+            let actions = match receiver.handle_frame(mark, frame) {
+                Ok(a) => a,
+                Err(e) => {
+                    stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
                     let _ = write_frame(&mut send, &e.to_frame()).await;
                     let _ = send.finish();
                     return Err(e.message);
                 }
+            };
+            for action in actions {
+                let ack = match action {
+                    ReceiverAction::Send(f) => Some(Ok(f)),
+                    ReceiverAction::Apply { batch_id, events } => {
+                        let times: Vec<u64> = events.iter().map(|e| e.commit_time_ms).collect();
+                        let report = store
+                            .apply_remote(peer_dc.to_owned(), events)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        let now = wall_ms();
+                        stats.with_peer(peer_dc, |p| {
+                            p.events_applied += report.applied as u64;
+                            for t in times.iter().take(report.applied + report.superseded + report.duplicates)
+                            {
+                                p.lag_ms_recent.push(now.saturating_sub(*t));
+                            }
+                            if let Some(m) = report.mark {
+                                p.in_origin_last_seq = p.in_origin_last_seq.max(m.seq);
+                            }
+                        });
+                        Some(receiver.applied(batch_id, &report))
+                    }
+                    ReceiverAction::Install { batch_id, snapshot } => {
+                        let report = match store.install_snapshot(peer_dc.to_owned(), snapshot).await {
+                            Ok(r) => r,
+                            // A refused snapshot changed nothing; tell the sender why.
+                            Err(LogError::Refused(r)) => {
+                                ApplyReport { refusal: Some(r), ..Default::default() }
+                            }
+                            Err(e) => return Err(e.to_string()),
+                        };
+                        stats.with_peer(peer_dc, |p| p.snapshots_installed += 1);
+                        Some(receiver.applied(batch_id, &report))
+                    }
+                    ReceiverAction::PurgeTombstones { upto_seq } => {
+                        store
+                            .purge_remote_tombstones(peer_dc.to_owned(), upto_seq)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        None
+                    }
+                    ReceiverAction::Contact { last_seq, .. } => {
+                        stats.with_peer(peer_dc, |p| {
+                            p.in_origin_last_seq = p.in_origin_last_seq.max(last_seq)
+                        });
+                        None
+                    }
+                };
+                match ack {
+                    None => {}
+                    Some(Ok(f)) => {
+                        write_frame(&mut send, &f).await.map_err(|e| e.message)?;
+                        stats.frames_sent.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(Err(e)) => {
+                        stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                        warn!(peer = %peer_dc, error = %e, "refusing replication stream");
+                        let _ = write_frame(&mut send, &e.to_frame()).await;
+                        let _ = send.finish();
+                        return Err(e.message);
+                    }
+                }
             }
+            let _ = send.flush().await;
         }
-        let _ = send.flush().await;
     }
+    .await;
+    // Still holding the turn, so a newer session's "up" is never overwritten.
+    stats.with_peer(peer_dc, |p| p.in_connected = false);
+    res
 }
 
 /// Adapts `&dyn EventLog` to the generic protocol functions.

@@ -50,6 +50,8 @@ pub enum Refusal {
     Gap { expected: u64, got: u64 },
     #[error("cursor regressed: receiver is at seq {held}, snapshot is at seq {got}")]
     CursorRegressed { held: u64, got: u64 },
+    #[error("event of origin {origin} touches an instance owned by {owner}")]
+    NotOwner { origin: String, owner: String },
 }
 
 /// The verdict on one event.
@@ -74,6 +76,14 @@ pub fn decide(channel_dc: &str, mark: Option<Mark>, held: Held, ev: &ChangeEvent
         return Verdict::Refused(Refusal::WrongChannel {
             channel: channel_dc.to_owned(),
             origin: ev.origin_dc.clone(),
+        });
+    }
+    // Rule 1 again, on the key: an origin mints events only for instances it owns. The
+    // decoder checks this too; the merge does not rely on every caller having decoded.
+    if ev.op.key().owner_dc != ev.origin_dc {
+        return Verdict::Refused(Refusal::NotOwner {
+            origin: ev.origin_dc.clone(),
+            owner: ev.op.key().owner_dc.clone(),
         });
     }
     // Rules 2 and 3: dedupe by high-water mark, then demand the next seq of the same epoch.
@@ -278,6 +288,19 @@ mod tests {
             ("dc-a", M(4), Tombstone { seq: 9 }, reg(5, "i"), Verdict::Superseded),
             ("dc-a", M(4), Tombstone { seq: 3 }, reg(5, "i"), Verdict::Apply(Effect::Put)),
             ("dc-a", M(4), Live { seq: 8 }, reg(5, "i"), Verdict::Superseded),
+            (
+                "dc-a",
+                M(4),
+                Absent,
+                ChangeEvent {
+                    op: Op::Deregister {
+                        key: InstanceKey { owner_dc: "dc-b".into(), ..key("i") },
+                        reason: DeregisterReason::Explicit,
+                    },
+                    ..reg(5, "i")
+                },
+                Verdict::Refused(Refusal::NotOwner { origin: "dc-a".into(), owner: "dc-b".into() }),
+            ),
             (
                 "dc-b",
                 M(4),

@@ -94,7 +94,8 @@ pub struct Sender {
     /// (batch id, last seq of the batch), oldest first.
     inflight: VecDeque<(u64, u64)>,
     pending_snapshot: bool,
-    last_send_ms: u64,
+    /// When the last ping went out.
+    last_ping_ms: u64,
 }
 
 impl Sender {
@@ -111,7 +112,7 @@ impl Sender {
             acked_seq: 0,
             inflight: VecDeque::new(),
             pending_snapshot: false,
-            last_send_ms: now_ms,
+            last_ping_ms: now_ms,
         };
         let hello = Frame::Hello { dc: s.local_dc.clone(), epoch: own.epoch, last_seq: own.seq };
         (s, hello)
@@ -221,13 +222,22 @@ impl Sender {
         if self.phase != SenderPhase::Streaming {
             return Ok(None);
         }
+        let own = log.own_mark();
+        // A ping every interval, busy or idle (never ahead of a pending snapshot, which
+        // must reach the receiver first): liveness, the origin's last seq for lag, and the
+        // purge floor for the receiver's tombstones.
+        if !self.pending_snapshot && now_ms.saturating_sub(self.last_ping_ms) >= self.tuning.ping_interval_ms
+        {
+            self.last_ping_ms = now_ms;
+            let ping = Frame::Ping { last_seq: own.seq, floor_seq: log.purge_floor(), now_ms };
+            return Ok(Some((ping, vec![])));
+        }
         if self.inflight.len() >= self.tuning.window_batches_max {
             return Ok(None);
         }
         if self.pending_snapshot {
-            return self.snapshot_frame(log, now_ms).map(Some);
+            return self.snapshot_frame(log).map(Some);
         }
-        let own = log.own_mark();
         if self.sent_seq < own.seq {
             match log.read_own(self.sent_seq, self.tuning.batch_events_max) {
                 Ok(events) if !events.is_empty() => {
@@ -236,7 +246,6 @@ impl Sender {
                     self.next_batch_id += 1;
                     self.inflight.push_back((id, last));
                     self.sent_seq = last;
-                    self.last_send_ms = now_ms;
                     return Ok(Some((Frame::Batch { batch_id: id, events }, vec![])));
                 }
                 Ok(_) => {}
@@ -244,24 +253,15 @@ impl Sender {
                     // Purged under our feet (the peer was not counted in the floor): only
                     // a snapshot can bring it up to date.
                     self.pending_snapshot = true;
-                    return self.snapshot_frame(log, now_ms).map(Some);
+                    return self.snapshot_frame(log).map(Some);
                 }
                 Err(e) => return Err(StreamError::new(RefuseCode::Internal, e.to_string())),
             }
         }
-        if now_ms.saturating_sub(self.last_send_ms) >= self.tuning.ping_interval_ms {
-            self.last_send_ms = now_ms;
-            let ping = Frame::Ping { last_seq: own.seq, floor_seq: log.purge_floor(), now_ms };
-            return Ok(Some((ping, vec![])));
-        }
         Ok(None)
     }
 
-    fn snapshot_frame<L: EventLog>(
-        &mut self,
-        log: &L,
-        now_ms: u64,
-    ) -> Result<(Frame, Vec<SenderEvent>), StreamError> {
+    fn snapshot_frame<L: EventLog>(&mut self, log: &L) -> Result<(Frame, Vec<SenderEvent>), StreamError> {
         // A snapshot must not overtake batches in flight of the old cursor; wait for them.
         let snapshot: Snapshot =
             log.snapshot_own().map_err(|e| StreamError::new(RefuseCode::Internal, e.to_string()))?;
@@ -271,7 +271,6 @@ impl Sender {
         self.inflight.push_back((id, mark.seq));
         self.sent_seq = mark.seq;
         self.pending_snapshot = false;
-        self.last_send_ms = now_ms;
         Ok((Frame::Snapshot { batch_id: id, snapshot }, vec![SenderEvent::SnapshotSent(mark)]))
     }
 }
@@ -433,7 +432,7 @@ impl Receiver {
 /// Maps a merge refusal to the code sent to the peer.
 pub fn refusal_error(r: &Refusal) -> StreamError {
     let code = match r {
-        Refusal::WrongChannel { .. } => RefuseCode::WrongOrigin,
+        Refusal::WrongChannel { .. } | Refusal::NotOwner { .. } => RefuseCode::WrongOrigin,
         Refusal::EpochMismatch { .. } | Refusal::Gap { .. } => RefuseCode::Gap,
         Refusal::CursorRegressed { .. } => RefuseCode::CursorRegressed,
     };

@@ -232,7 +232,7 @@ impl Fail {
                 Refusal::Gap { .. } | Refusal::EpochMismatch { .. } | Refusal::CursorRegressed { .. },
             ) => true,
             Fail::Stream(e) => matches!(e.code, RefuseCode::Gap | RefuseCode::CursorRegressed),
-            Fail::Refused(Refusal::WrongChannel { .. }) | Fail::Other(_) => false,
+            Fail::Refused(Refusal::WrongChannel { .. } | Refusal::NotOwner { .. }) | Fail::Other(_) => false,
         }
     }
 }
@@ -1329,11 +1329,13 @@ fn regression_seeds() {
         }),
         // The same race on a ping: the floor of a replaced epoch must not purge the new
         // epoch's tombstones. See `idle_origin_repairs_a_peer_that_a_half_open_session_fed_its_lost_epoch`.
-        (2042, "a ping of a replaced epoch, refused by a lingering receiver", |s| {
+        // (Was seed 2042 until pings went out on busy streams too, which moved its timing.)
+        (1183, "a ping of a replaced epoch, refused by a lingering receiver", |s| {
             s.lingering_refusals > 0 && s.tombstone_purges > 0
         }),
         (
-            2486,
+            // (Was seed 2486 until pings went out on busy streams too.)
+            41,
             "two DCs, half-open connections: the new connection redelivers what a lingering receiver applied",
             |s| s.dcs == 2 && s.lingering_frames > 0 && s.duplicates > 0,
         ),
