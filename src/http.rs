@@ -147,7 +147,7 @@ async fn discover(
     };
     let explain = parse_bool("explain", q.explain.as_deref())?;
     // Validate before blocking, so a bad request fails at once.
-    node.registry.discover(&ns, &svc, &filter, false)?;
+    crate::registry::validate_query(&ns, &svc, &filter)?;
     if let Some(idx) = q.index.as_deref() {
         let idx: u64 =
             idx.parse().map_err(|_| ApiError::invalid_field("index", "must be an unsigned integer"))?;

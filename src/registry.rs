@@ -964,11 +964,7 @@ impl Registry {
         filter: &DcFilter,
         explain: bool,
     ) -> Result<DiscoverAnswer, ApiError> {
-        tandem_schemas::validate_name("namespace", ns).map_err(ApiError::invalid)?;
-        tandem_schemas::validate_name("service", svc).map_err(ApiError::invalid)?;
-        if let DcFilter::Only(dc) = filter {
-            tandem_schemas::validate_dc("dc", dc).map_err(ApiError::invalid)?;
-        }
+        validate_query(ns, svc, filter)?;
         self.counters.discover_requests.fetch_add(1, Ordering::Relaxed);
         let sid = (ns.to_owned(), svc.to_owned());
         let now = self.now_ms();
@@ -1195,6 +1191,16 @@ impl Registry {
             }
         }
         m
+    }
+}
+
+/// Checks the names of a discovery request.
+pub fn validate_query(ns: &str, svc: &str, filter: &DcFilter) -> Result<(), ApiError> {
+    tandem_schemas::validate_name("namespace", ns).map_err(ApiError::invalid)?;
+    tandem_schemas::validate_name("service", svc).map_err(ApiError::invalid)?;
+    match filter {
+        DcFilter::Only(dc) => tandem_schemas::validate_dc("dc", dc).map_err(ApiError::invalid),
+        DcFilter::Policy | DcFilter::All => Ok(()),
     }
 }
 
