@@ -1,4 +1,4 @@
-//! The `tandem` command line: `server`, `dev`, `certs`, and client commands for people and
+//! The `tandem` command line: `server`, `dev`, `certs`, `chaos`, and client commands for people and
 //! scripts (`register`, `heartbeat`, `deregister`, `status-set`, `discover`, `watch`,
 //! `status`). Client commands print JSON on stdout and errors on stderr; the exit status is
 //! 0 on success, 1 on an error answer, 2 when no registry answered.
@@ -64,6 +64,13 @@ enum Cmd {
         /// Replace existing files.
         #[arg(long)]
         force: bool,
+    },
+    /// Run partition-heal chaos drills with an invariant checker (`tandem chaos --help`).
+    #[command(disable_help_flag = true)]
+    Chaos {
+        /// Drills and options, passed to the drill runner (see `tandem chaos --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// Register an instance.
     Register {
@@ -187,6 +194,17 @@ async fn run(cli: Cli) -> ExitCode {
             dev(dir, http_port, repl_port, stale_after_ms).await
         }
         Cmd::Certs { out, dcs, force } => certs(out, dcs, force),
+        Cmd::Chaos { args } => {
+            // Drills start `tandem server` processes from this very binary.
+            let bin = match std::env::current_exe() {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("error: cannot find the tandem binary: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            return tandem_chaos::drills::main(args, bin).await;
+        }
         other => return client_cmd(other).await,
     };
     match res {
@@ -454,7 +472,7 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
             }
         }
         Cmd::Status { conn } => Client::new(&conn.addr).status().await.map(|v| print_json(&v)),
-        Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } => Ok(()),
+        Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } | Cmd::Chaos { .. } => Ok(()),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

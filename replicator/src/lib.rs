@@ -9,8 +9,8 @@
 //! Architecture invariant: only this crate knows quinn and rustls; it never depends on
 //! RocksDB (the root crate provides the durable [`log::EventLog`]).
 
+pub mod gateway;
 pub mod log;
 pub mod merge;
-pub mod tls;
-pub mod gateway;
 pub mod protocol;
+pub mod tls;

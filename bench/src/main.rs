@@ -1,0 +1,289 @@
+//! `tandem-bench`: tandem's benchmarks, bounded in time, with the machine's floors and
+//! (with `compare`) etcd and r-nacos measured in the same run.
+//!
+//! Layout of a run: the server side (tandem nodes, their committer and RocksDB threads)
+//! runs on its own tokio runtime, pinned to CPU 0; the load generator runs on another,
+//! pinned to CPU 1 (when the machine has two cores or more). CPU time is accounted per
+//! thread group from /proc, so "server CPU-seconds per 1k operations" excludes the load
+//! generator. Every output line names the build profile; the header names the machine, the
+//! commit and the durability setting. See docs/benchmarks.md.
+//!
+//! Architecture invariants: every load loop is bounded (deadline, operation count,
+//! in-flight cap); every server listens on loopback only; nothing here changes tandem's
+//! behaviour (nodes are started through the public `Node::start` with a `Config`).
+
+mod floors;
+mod load;
+mod nodes;
+mod peers;
+mod repl;
+mod sys;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use tandem::config::Config;
+use tandem::node::Node;
+
+use crate::load::Report;
+use crate::sys::{CpuSplit, LOAD_THREAD, PROFILE, SERVER_THREAD};
+
+#[derive(Parser)]
+#[command(
+    name = "tandem-bench",
+    about = "tandem benchmarks: register, heartbeat, discover, replicate, floors, peers"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+    #[command(flatten)]
+    opts: Opts,
+}
+
+#[derive(Subcommand, Clone, Copy, PartialEq, Eq)]
+enum Cmd {
+    /// Every benchmark below, in order (floors first); peers when installed.
+    All,
+    /// Durable registrations over HTTP at several concurrencies, with registrations per fsync.
+    Register,
+    /// Heartbeats over HTTP on many leases, with the disk-write counter.
+    Heartbeat,
+    /// Discovery requests over HTTP on many services.
+    Discover,
+    /// Two DCs over QUIC + mutual TLS on loopback: throughput and lag, beside one raw quinn stream.
+    Replicate,
+    /// The machine's floors: fsync of the data disk, RocksDB synced batched writes, one quinn stream.
+    Fsync,
+    /// The same operations against etcd and r-nacos (when installed; see bench/peers.sh).
+    Compare,
+    /// Memory: RSS of a separate tandem node process before and after loading instances.
+    Memory,
+    /// Internal: runs one node in this process for `memory` (prints its address, stops on
+    /// stdin EOF).
+    #[command(hide = true)]
+    ServeProbe,
+}
+
+/// Options shared by every benchmark.
+#[derive(Args, Clone, Debug)]
+pub struct Opts {
+    /// Seconds of load per step.
+    #[arg(long, global = true, default_value_t = 5.0)]
+    secs: f64,
+    /// Directory for data dirs (RocksDB, fsync probe, peers' data); must be on the disk to measure.
+    #[arg(long, global = true)]
+    data_dir: Option<PathBuf>,
+    /// Do not pin the server and the load generator to different cores.
+    #[arg(long, global = true)]
+    no_pin: bool,
+    /// Concurrency steps of `register` (closed loop).
+    #[arg(long, global = true, value_delimiter = ',', default_value = "1,8,64,256")]
+    concurrency: Vec<usize>,
+    /// Leases held during `heartbeat`.
+    #[arg(long, global = true, default_value_t = 10_000)]
+    leases: u64,
+    /// Services and instances per service during `discover`.
+    #[arg(long, global = true, default_value_t = 1_000)]
+    services: u64,
+    #[arg(long, global = true, default_value_t = 10)]
+    per_service: u64,
+    /// Offered rates of `replicate`, events per second.
+    #[arg(long, global = true, value_delimiter = ',', default_value = "1000,5000,10000")]
+    rates: Vec<u64>,
+    /// How long `replicate`'s catch-up step cuts the link (M7 asks for 60).
+    #[arg(long, global = true, default_value_t = 15.0)]
+    partition_secs: f64,
+    /// Also write the tables as markdown to this file.
+    #[arg(long, global = true)]
+    markdown: Option<PathBuf>,
+}
+
+/// What every benchmark gets: the two runtimes, the options, the report, an HTTP client.
+pub struct Ctx {
+    pub srv: tokio::runtime::Handle,
+    pub load: tokio::runtime::Handle,
+    pub opts: Opts,
+    pub report: Report,
+    pub http: reqwest::Client,
+    pub base_dir: PathBuf,
+    /// Server and load generator are pinned to different cores (peers follow the server).
+    pub pin: bool,
+    /// Figures earlier steps measured, for the conditions and ratios of later ones.
+    pub floors: Figures,
+}
+
+/// Figures kept across benchmarks of one run.
+#[derive(Clone, Debug, Default)]
+pub struct Figures {
+    pub fsync_p50_ms: Option<f64>,
+    pub fsync_p99_ms: Option<f64>,
+    pub quinn_frames_per_s: Option<f64>,
+    pub register_best_per_s: Option<f64>,
+    /// (concurrency, registrations/s, server CPU-s per 1k).
+    pub register_by_conc: Vec<(usize, f64, f64)>,
+    pub heartbeats_per_server_cpu_s: Option<f64>,
+    pub heartbeats_per_s: Option<f64>,
+    pub discover_per_server_cpu_s: Option<f64>,
+    pub discover_per_s: Option<f64>,
+    pub repl_lag_p99_ms_at_10k: Option<f64>,
+    pub register_half_p99_ms: Option<f64>,
+    pub heartbeat_disk_writes: Option<u64>,
+    pub heartbeat_p99_ms: Option<f64>,
+    /// A separate tandem node process: (RSS before, RSS after, instances loaded).
+    pub tandem_rss: Option<(u64, u64, u64)>,
+    /// Registrations per fsync: best over HTTP, and in-process (no HTTP).
+    pub register_per_fsync_http: Option<f64>,
+    pub register_per_fsync_direct: Option<f64>,
+    /// (partition s, ingest /s, drain /s, reconnect s) of replicate's catch-up step.
+    pub catch_up: Option<(f64, f64, f64, f64)>,
+}
+
+impl Ctx {
+    pub fn step(&self) -> Duration {
+        Duration::from_secs_f64(self.opts.secs.clamp(0.5, 120.0))
+    }
+
+    /// Starts a node on the server runtime (so its committer and RocksDB threads inherit
+    /// the server's CPU pinning).
+    pub async fn start_node(&self, cfg: Config) -> anyhow::Result<Node> {
+        self.srv.spawn(Node::start(cfg, None)).await.context("node start task")?
+    }
+
+    pub async fn stop_node(&self, node: Node) {
+        let _ = self.srv.spawn(node.shutdown()).await;
+    }
+
+    /// Runs a future on the load runtime.
+    pub async fn on_load<F>(&self, f: F) -> anyhow::Result<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.load.spawn(f).await.context("load task")
+    }
+
+    pub fn tempdir(&self, prefix: &str) -> anyhow::Result<tempfile::TempDir> {
+        tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in(&self.base_dir)
+            .with_context(|| format!("cannot create a temp dir in {}", self.base_dir.display()))
+    }
+}
+
+/// A node config for benchmarks: loopback, data on the bench disk, default durability.
+///
+/// Leases are long (suspect after 120 s, expiry after 300 s) so that a step's registrations
+/// neither go suspect nor expire while the load runs: health events would add fsyncs that
+/// are not the operation under test. Heartbeat handling is the same whatever the timings.
+pub fn bench_config(dir: &std::path::Path, dc: &str) -> Config {
+    let mut c = Config::single(dc, dir.join(dc), "127.0.0.1:0".parse().expect("constant address"));
+    c.health.heartbeat_interval_ms = 60_000;
+    c.health.suspect_after_ms = 120_000;
+    c.health.unhealthy_after_ms = 240_000;
+    c.health.expire_after_ms = 300_000;
+    c.protection.self_preservation_window_ms = 600_000;
+    c
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    if cli.cmd == Cmd::ServeProbe {
+        return nodes::serve_probe(cli.opts.data_dir.clone().unwrap_or_else(std::env::temp_dir));
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pin = !cli.opts.no_pin && cores >= 2;
+    let srv = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(SERVER_THREAD)
+        .on_thread_start(move || {
+            if pin {
+                sys::pin_current_thread(0);
+            }
+        })
+        .enable_all()
+        .build()?;
+    let load = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(LOAD_THREAD)
+        .on_thread_start(move || {
+            if pin {
+                sys::pin_current_thread(1);
+            }
+        })
+        .enable_all()
+        .build()?;
+    let main_rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let base_dir = cli.opts.data_dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&base_dir).with_context(|| format!("cannot create {}", base_dir.display()))?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(4096)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .context("cannot build the HTTP client")?;
+    let mut ctx = Ctx {
+        srv: srv.handle().clone(),
+        load: load.handle().clone(),
+        opts: cli.opts.clone(),
+        report: Report::default(),
+        http,
+        base_dir: base_dir.clone(),
+        pin,
+        floors: Figures::default(),
+    };
+    ctx.report.header(format!("machine: {}", sys::machine_line()));
+    ctx.report.header(format!(
+        "commit {} | profile {PROFILE} (cargo dev profile: opt-level 0 for tandem and its Rust dependencies, librocksdb-sys opt-level 1)",
+        sys::git_commit()
+    ));
+    ctx.report.header(format!(
+        "durability: every acknowledged write is a RocksDB WriteBatch with sync=true (WAL fsync), shared by concurrent writers; data dir on {} ({})",
+        base_dir.display(),
+        sys::disk_of(&base_dir)
+    ));
+    ctx.report.header(format!(
+        "layout: server runtime 1 worker{}, load generator 1 worker{}; step {} s",
+        if pin { " pinned to CPU 0 (with the committer and RocksDB threads)" } else { "" },
+        if pin { " pinned to CPU 1" } else { "" },
+        ctx.opts.secs
+    ));
+    let cmd = cli.cmd;
+    let result = main_rt.block_on(async {
+        if matches!(cmd, Cmd::All | Cmd::Fsync) {
+            floors::run(&mut ctx).await?;
+        }
+        if matches!(cmd, Cmd::All | Cmd::Register) {
+            nodes::register(&mut ctx).await?;
+        }
+        if matches!(cmd, Cmd::All | Cmd::Heartbeat) {
+            nodes::heartbeat(&mut ctx).await?;
+        }
+        if matches!(cmd, Cmd::All | Cmd::Discover) {
+            nodes::discover(&mut ctx).await?;
+        }
+        if matches!(cmd, Cmd::All | Cmd::Memory) {
+            nodes::memory(&mut ctx).await?;
+        }
+        if matches!(cmd, Cmd::All | Cmd::Replicate) {
+            repl::run(&mut ctx).await?;
+        }
+        if matches!(cmd, Cmd::All | Cmd::Compare) {
+            peers::run(&mut ctx).await?;
+        }
+        anyhow::Ok(())
+    });
+    if let Some(path) = &ctx.opts.markdown {
+        std::fs::write(path, ctx.report.markdown())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        println!("\nmarkdown written to {}", path.display());
+    }
+    srv.shutdown_timeout(Duration::from_secs(5));
+    load.shutdown_timeout(Duration::from_secs(5));
+    result
+}
+
+/// The CPU split as a closure for the load loops.
+pub fn cpu_now() -> CpuSplit {
+    CpuSplit::now()
+}

@@ -1,0 +1,571 @@
+//! One-node benchmarks through the real HTTP API of an in-process node: durable register,
+//! heartbeat (with the disk-write counter), discover.
+//!
+//! Datasets that a step only reads (the leases of `heartbeat`, the services of `discover`)
+//! are seeded through `Registry::register`, the same durable, group-committed write path
+//! the HTTP handler calls, minus HTTP: the seeding is not what is measured.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tandem::node::Node;
+use tandem::registry::RegisterRequest;
+use tandem::store::{CommitStats, GROUP_SIZE_BUCKETS};
+
+use crate::load::{closed_loop, ms, open_loop, rate, OpResult, Run};
+use crate::sys::rss_bytes;
+use crate::{bench_config, cpu_now, Ctx};
+
+/// A registration of instance `id` of `service` (ephemeral unless `persistent`).
+pub fn register_request(service: String, id: String, persistent: bool) -> RegisterRequest {
+    RegisterRequest {
+        namespace: None,
+        service,
+        instance_id: Some(id),
+        address: "10.20.30.40".into(),
+        port: 8080,
+        zone: Some("zone-a".into()),
+        weight: None,
+        version: Some("1.4.2".into()),
+        tags: None,
+        metadata: None,
+        ttl_ms: None,
+        persistent: Some(persistent),
+        status: None,
+    }
+}
+
+/// Registers `count` instances through the registry (not HTTP), `conc` at a time.
+pub async fn seed(
+    ctx: &Ctx,
+    node: &Node,
+    count: u64,
+    persistent: bool,
+    name: fn(u64) -> (String, String),
+) -> anyhow::Result<Run> {
+    let registry = node.shared.registry.clone();
+    let run = ctx
+        .on_load(closed_loop(256, Duration::from_secs(600), count, cpu_now, move |i| {
+            let registry = registry.clone();
+            async move {
+                let (svc, id) = name(i);
+                registry
+                    .register(register_request(svc, id, persistent))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        }))
+        .await?;
+    anyhow::ensure!(run.ok == count, "seeding registered {} of {count}: {:?}", run.ok, run.first_error);
+    Ok(run)
+}
+
+async fn check(resp: Result<reqwest::Response, reqwest::Error>) -> OpResult {
+    let resp = resp.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|e| e.to_string())?;
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(format!("{status}: {}", String::from_utf8_lossy(&body)))
+    }
+}
+
+fn stats_delta(a: &CommitStats, b: &CommitStats) -> (u64, u64, u64, [u64; GROUP_SIZE_BUCKETS]) {
+    let mut h = [0; GROUP_SIZE_BUCKETS];
+    for (i, slot) in h.iter_mut().enumerate() {
+        *slot = b.local_group_requests[i] - a.local_group_requests[i];
+    }
+    (b.local_fsyncs - a.local_fsyncs, b.local_requests - a.local_requests, b.local_events - a.local_events, h)
+}
+
+/// `2^i..2^(i+1)-1` of the largest non-empty bucket.
+fn largest_group(h: &[u64; GROUP_SIZE_BUCKETS]) -> String {
+    match h.iter().rposition(|n| *n > 0) {
+        None => "-".into(),
+        Some(i) if i + 1 == GROUP_SIZE_BUCKETS => format!(">= {}", 1u64 << i),
+        Some(i) => format!("{}-{}", 1u64 << i, (1u64 << (i + 1)) - 1),
+    }
+}
+
+fn cores(run: &Run) -> String {
+    format!("{:.2} / {:.2}", run.server_cores(), run.load_cores())
+}
+
+fn errors(run: &Run) -> String {
+    let mut s = run.errors.to_string();
+    if run.dropped > 0 {
+        s.push_str(&format!(" (+{} dropped)", run.dropped));
+    }
+    if let Some(e) = &run.first_error {
+        s.push_str(&format!(" first: {}", e.chars().take(80).collect::<String>()));
+    }
+    s
+}
+
+/// `register`: durable registrations at each concurrency, then an open-loop step at half
+/// of the best throughput (M1's p99 condition).
+pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let dir = ctx.tempdir("tandem-bench-register")?;
+    let node = ctx.start_node(bench_config(dir.path(), "dc-a")).await?;
+    let url = Arc::new(format!("http://{}/v1/register", node.http_addr()));
+    ctx.report.table(
+        "register: durable registrations, POST /v1/register, closed loop",
+        &[
+            "concurrency",
+            "registrations/s",
+            "latency ms p50 / p99 / p999 / max",
+            "registrations per fsync",
+            "largest group",
+            "server CPU-s per 1k",
+            "CPU cores server / load",
+            "errors",
+        ],
+    );
+    let mut best = 0.0f64;
+    let concs = ctx.opts.concurrency.clone();
+    for (step, &c) in concs.iter().enumerate() {
+        let s0 = node.shared.committer.stats();
+        let (http, url) = (ctx.http.clone(), url.clone());
+        let run = ctx
+            .on_load(closed_loop(c.max(1), ctx.step(), u64::MAX, cpu_now, move |i| {
+                let (http, url) = (http.clone(), url.clone());
+                async move {
+                    let body = json!({
+                        "service": format!("svc-{}", i % 1000),
+                        "instance_id": format!("s{step}-i{i}"),
+                        "address": "10.20.30.40", "port": 8080, "zone": "zone-a", "version": "1.4.2",
+                    });
+                    check(http.post(url.as_str()).json(&body).send().await).await
+                }
+            }))
+            .await?;
+        let (fsyncs, requests, _events, hist) = stats_delta(&s0, &node.shared.committer.stats());
+        best = best.max(run.per_sec());
+        let per_fsync = requests as f64 / fsyncs.max(1) as f64;
+        ctx.floors.register_per_fsync_http =
+            Some(ctx.floors.register_per_fsync_http.unwrap_or(0.0).max(per_fsync));
+        ctx.floors.register_by_conc.push((c, run.per_sec(), run.server_cpu_s_per_kop()));
+        ctx.report.row(vec![
+            c.to_string(),
+            rate(run.per_sec()),
+            run.lat.summary(),
+            format!("{:.1} ({requests} / {fsyncs})", requests as f64 / fsyncs.max(1) as f64),
+            largest_group(&hist),
+            format!("{:.3}", run.server_cpu_s_per_kop()),
+            cores(&run),
+            errors(&run),
+        ]);
+    }
+    // The committer alone: 256 writers through Registry::register, no HTTP. Shows how far
+    // group commit goes when arrivals are not throttled by the HTTP stack.
+    {
+        let s0 = node.shared.committer.stats();
+        let registry = node.shared.registry.clone();
+        let run = ctx
+            .on_load(closed_loop(256, ctx.step(), u64::MAX, cpu_now, move |i| {
+                let registry = registry.clone();
+                async move {
+                    let req = register_request(format!("svc-{}", i % 1000), format!("direct-i{i}"), false);
+                    registry.register(req).await.map(|_| ()).map_err(|e| e.to_string())
+                }
+            }))
+            .await?;
+        let (fsyncs, requests, _, hist) = stats_delta(&s0, &node.shared.committer.stats());
+        let per_fsync = requests as f64 / fsyncs.max(1) as f64;
+        ctx.floors.register_per_fsync_direct = Some(per_fsync);
+        ctx.report.row(vec![
+            "256, in-process Registry::register (no HTTP)".into(),
+            rate(run.per_sec()),
+            run.lat.summary(),
+            format!("{per_fsync:.1} ({requests} / {fsyncs})"),
+            largest_group(&hist),
+            format!("{:.3}", run.server_cpu_s_per_kop()),
+            cores(&run),
+            errors(&run),
+        ]);
+    }
+    // Half of saturation, open loop: latency from the intended send time.
+    if best > 0.0 {
+        let r = (best / 2.0).max(1.0);
+        let s0 = node.shared.committer.stats();
+        let (http, url) = (ctx.http.clone(), url.clone());
+        let run = ctx
+            .on_load(open_loop(r, ctx.step(), 4096, cpu_now, move |i| {
+                let (http, url) = (http.clone(), url.clone());
+                async move {
+                    let body = json!({
+                        "service": format!("svc-{}", i % 1000),
+                        "instance_id": format!("half-i{i}"),
+                        "address": "10.20.30.40", "port": 8080, "zone": "zone-a", "version": "1.4.2",
+                    });
+                    check(http.post(url.as_str()).json(&body).send().await).await
+                }
+            }))
+            .await?;
+        let (fsyncs, requests, _, hist) = stats_delta(&s0, &node.shared.committer.stats());
+        ctx.report.row(vec![
+            format!("open loop at {}/s (half of best)", rate(r)),
+            rate(run.per_sec()),
+            run.lat.summary(),
+            format!("{:.1} ({requests} / {fsyncs})", requests as f64 / fsyncs.max(1) as f64),
+            largest_group(&hist),
+            format!("{:.3}", run.server_cpu_s_per_kop()),
+            cores(&run),
+            errors(&run),
+        ]);
+        ctx.floors.register_half_p99_ms = Some(run.lat.q_ms(0.99));
+        if let Some(f99) = ctx.floors.fsync_p99_ms {
+            let bound = f99 + 2.0;
+            let p99 = run.lat.q_ms(0.99);
+            ctx.report.note(format!(
+                "M1 latency condition: p99 at half of saturation {} ms vs fsync p99 + 2 ms = {} ms: {}",
+                ms(p99),
+                ms(bound),
+                if p99 <= bound { "met" } else { "not met" }
+            ));
+        }
+        ctx.floors.register_best_per_s = Some(best);
+    }
+    ctx.report.note(
+        "registrations per fsync = committer local_requests / local_fsyncs over the step (group commit: \
+         one synced WriteBatch carries every registration waiting when the previous write finished)"
+            .into(),
+    );
+    ctx.stop_node(node).await;
+    Ok(())
+}
+
+fn hb_name(i: u64) -> (String, String) {
+    (format!("hb-{}", i % 100), format!("lease-{i}"))
+}
+
+/// `heartbeat`: leases seeded, then heartbeats over HTTP; the committer's fsync count must
+/// not move.
+pub async fn heartbeat(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let dir = ctx.tempdir("tandem-bench-heartbeat")?;
+    let node = ctx.start_node(bench_config(dir.path(), "dc-a")).await?;
+    let n = ctx.opts.leases.max(1);
+    let seeded = seed(ctx, &node, n, false, hb_name).await?;
+    anyhow::ensure!(node.shared.registry.lease_count() as u64 == n, "expected {n} leases");
+    ctx.report.table(
+        "heartbeat: PUT /v1/heartbeat on held leases, closed loop",
+        &[
+            "leases",
+            "concurrency",
+            "heartbeats/s",
+            "latency ms p50 / p99 / p999 / max",
+            "disk writes during the step",
+            "heartbeats per server CPU-s",
+            "CPU cores server / load",
+            "errors",
+        ],
+    );
+    let base = Arc::new(format!("http://{}/v1/heartbeat/default", node.http_addr()));
+    for conc in [64usize] {
+        let w0 = node.shared.committer.stats().fsyncs;
+        let (http, base) = (ctx.http.clone(), base.clone());
+        let run = ctx
+            .on_load(closed_loop(conc, ctx.step(), u64::MAX, cpu_now, move |i| {
+                let (http, base) = (http.clone(), base.clone());
+                async move {
+                    // A stride through the leases so consecutive requests touch different ones.
+                    let (svc, id) = hb_name(i.wrapping_mul(7_919) % n);
+                    check(http.put(format!("{base}/{svc}/{id}")).send().await).await
+                }
+            }))
+            .await?;
+        let w1 = node.shared.committer.stats().fsyncs;
+        let per_cpu = run.ok as f64 / run.cpu.server.as_secs_f64().max(1e-9);
+        ctx.report.row(vec![
+            rate(n as f64),
+            conc.to_string(),
+            rate(run.per_sec()),
+            run.lat.summary(),
+            (w1 - w0).to_string(),
+            rate(per_cpu),
+            cores(&run),
+            errors(&run),
+        ]);
+        ctx.floors.heartbeats_per_server_cpu_s = Some(per_cpu);
+        ctx.floors.heartbeats_per_s = Some(run.per_sec());
+        ctx.floors.heartbeat_disk_writes = Some(w1 - w0);
+        ctx.floors.heartbeat_p99_ms = Some(run.lat.q_ms(0.99));
+    }
+    {
+        let w0 = node.shared.committer.stats().fsyncs;
+        let registry = node.shared.registry.clone();
+        let run = ctx
+            .on_load(closed_loop(8, ctx.step().min(Duration::from_secs(3)), u64::MAX, cpu_now, move |i| {
+                let registry = registry.clone();
+                async move {
+                    let (svc, id) = hb_name(i.wrapping_mul(7_919) % n);
+                    registry.heartbeat("default", &svc, &id).await.map_err(|e| e.to_string())?;
+                    tokio::task::yield_now().await;
+                    Ok(())
+                }
+            }))
+            .await?;
+        let w1 = node.shared.committer.stats().fsyncs;
+        let cpu = run.cpu.server + run.cpu.load;
+        ctx.report.row(vec![
+            rate(n as f64),
+            "8, in-process Registry::heartbeat (no HTTP)".into(),
+            rate(run.per_sec()),
+            run.lat.summary(),
+            (w1 - w0).to_string(),
+            format!("{} (caller's thread included)", rate(run.ok as f64 / cpu.as_secs_f64().max(1e-9))),
+            cores(&run),
+            errors(&run),
+        ]);
+    }
+    ctx.report.note(format!(
+        "{} leases seeded in {:.1} s through the durable write path; disk writes = the committer's synced \
+         RocksDB writes (the counter behind tandem_disk_writes_total and /v1/status disk_writes)",
+        rate(n as f64),
+        seeded.elapsed.as_secs_f64()
+    ));
+    ctx.stop_node(node).await;
+    Ok(())
+}
+
+fn svc_name(per: u64) -> impl Fn(u64) -> (String, String) {
+    move |i| (format!("svc-{}", i / per), format!("inst-{}", i % per))
+}
+
+/// `discover`: services x instances seeded, then discovery requests over HTTP.
+pub async fn discover(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let dir = ctx.tempdir("tandem-bench-discover")?;
+    let node = ctx.start_node(bench_config(dir.path(), "dc-a")).await?;
+    let (services, per) = (ctx.opts.services.max(1), ctx.opts.per_service.max(1));
+    // `seed` takes a fn pointer; the instance count per service is fixed by the name.
+    let seeded = seed_services(ctx, &node, services, per).await?;
+    let base = Arc::new(format!("http://{}/v1/services/default", node.http_addr()));
+    let sample: serde_json::Value =
+        ctx.http.get(format!("{base}/svc-0")).send().await?.error_for_status()?.json().await?;
+    let got = sample["instances"].as_array().map_or(0, |a| a.len()) as u64;
+    anyhow::ensure!(got == per, "discover answered {got} instances, expected {per}");
+    let answer_bytes = serde_json::to_vec(&sample)?.len();
+    ctx.report.table(
+        "discover: GET /v1/services/{ns}/{service}, closed loop",
+        &[
+            "dataset",
+            "concurrency",
+            "queries/s",
+            "latency ms p50 / p99 / p999 / max",
+            "queries per server CPU-s",
+            "CPU cores server / load",
+            "errors",
+        ],
+    );
+    for conc in [32usize] {
+        let (http, base) = (ctx.http.clone(), base.clone());
+        let run = ctx
+            .on_load(closed_loop(conc, ctx.step(), u64::MAX, cpu_now, move |i| {
+                let (http, base) = (http.clone(), base.clone());
+                async move {
+                    let svc = i.wrapping_mul(7_919) % services;
+                    check(http.get(format!("{base}/svc-{svc}")).send().await).await
+                }
+            }))
+            .await?;
+        let per_cpu = run.ok as f64 / run.cpu.server.as_secs_f64().max(1e-9);
+        ctx.report.row(vec![
+            format!("{} services x {per}", rate(services as f64)),
+            conc.to_string(),
+            rate(run.per_sec()),
+            run.lat.summary(),
+            rate(per_cpu),
+            cores(&run),
+            errors(&run),
+        ]);
+        ctx.floors.discover_per_server_cpu_s = Some(per_cpu);
+        ctx.floors.discover_per_s = Some(run.per_sec());
+    }
+    {
+        let registry = node.shared.registry.clone();
+        let run = ctx
+            .on_load(closed_loop(8, ctx.step().min(Duration::from_secs(3)), u64::MAX, cpu_now, move |i| {
+                let registry = registry.clone();
+                async move {
+                    let svc = format!("svc-{}", i.wrapping_mul(7_919) % services);
+                    let answer = registry
+                        .discover("default", &svc, &tandem::registry::DcFilter::Policy, false)
+                        .map_err(|e| e.to_string())?;
+                    let body = serde_json::to_vec(&answer).map_err(|e| e.to_string())?;
+                    std::hint::black_box(body);
+                    tokio::task::yield_now().await;
+                    Ok(())
+                }
+            }))
+            .await?;
+        let cpu = run.cpu.server + run.cpu.load;
+        ctx.report.row(vec![
+            format!("{} services x {per}", rate(services as f64)),
+            "8, in-process Registry::discover + JSON encoding (no HTTP)".into(),
+            rate(run.per_sec()),
+            run.lat.summary(),
+            format!("{} (caller's thread included)", rate(run.ok as f64 / cpu.as_secs_f64().max(1e-9))),
+            cores(&run),
+            errors(&run),
+        ]);
+    }
+    ctx.report.note(format!(
+        "{} instances seeded in {:.1} s; one answer is {answer_bytes} bytes of JSON",
+        rate((services * per) as f64),
+        seeded.elapsed.as_secs_f64()
+    ));
+    ctx.stop_node(node).await;
+    Ok(())
+}
+
+async fn seed_services(ctx: &Ctx, node: &Node, services: u64, per: u64) -> anyhow::Result<Run> {
+    let registry = node.shared.registry.clone();
+    let count = services * per;
+    let name = svc_name(per);
+    let name = Arc::new(name);
+    let run = ctx
+        .on_load(closed_loop(256, Duration::from_secs(600), count, cpu_now, move |i| {
+            let (registry, name) = (registry.clone(), name.clone());
+            async move {
+                let (svc, id) = name(i);
+                registry
+                    .register(register_request(svc, id, true))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        }))
+        .await?;
+    anyhow::ensure!(run.ok == count, "seeding registered {} of {count}: {:?}", run.ok, run.first_error);
+    Ok(run)
+}
+
+/// `serve-probe`: one node in this process, for `memory`. Prints `http=ADDR`, then serves
+/// until stdin closes (the parent's guard), at most 10 minutes.
+pub fn serve_probe(base: std::path::PathBuf) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    rt.block_on(async {
+        let dir = tempfile::Builder::new().prefix("tandem-bench-memory").tempdir_in(&base)?;
+        let node = tandem::node::Node::start(bench_config(dir.path(), "dc-a"), None).await?;
+        println!("http={}", node.http_addr());
+        let stdin_closed = tokio::task::spawn_blocking(|| {
+            let mut sink = String::new();
+            while std::io::stdin().read_line(&mut sink).is_ok_and(|n| n > 0) {
+                sink.clear();
+            }
+        });
+        let _ = tokio::time::timeout(Duration::from_secs(600), stdin_closed).await;
+        node.shutdown().await;
+        anyhow::Ok(())
+    })
+}
+
+/// A child process killed on drop.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    /// Closes the child's stdin (it then stops its node and removes its data dir), waits up
+    /// to 10 s for it, and kills it only if it is still running.
+    fn drop(&mut self) {
+        drop(self.0.stdin.take());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `memory`: RSS of a separate tandem node process, empty and with `leases` ephemeral plus
+/// `services x per_service` persistent instances (the same instance count the peers hold
+/// in `compare`), loaded over HTTP.
+pub async fn memory(ctx: &mut Ctx) -> anyhow::Result<()> {
+    use std::io::BufRead as _;
+    let exe = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new(if ctx.pin { "taskset".into() } else { exe.clone() });
+    if ctx.pin {
+        cmd.arg("-c").arg("0").arg(&exe);
+    }
+    cmd.arg("serve-probe")
+        .arg("--data-dir")
+        .arg(&ctx.base_dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = Child(cmd.spawn()?);
+    let stdout = child.0.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    });
+    let line = tokio::time::timeout(Duration::from_secs(30), line).await???;
+    let addr = line
+        .trim()
+        .strip_prefix("http=")
+        .ok_or_else(|| anyhow::anyhow!("serve-probe said {line:?}"))?
+        .to_owned();
+    let pid = child.0.id();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = rss_bytes(pid).unwrap_or(0);
+    let (leases, services, per) =
+        (ctx.opts.leases.max(1), ctx.opts.services.max(1), ctx.opts.per_service.max(1));
+    let total = leases + services * per;
+    let (http, url) = (ctx.http.clone(), Arc::new(format!("http://{addr}/v1/register")));
+    let run = ctx
+        .on_load(closed_loop(256, Duration::from_secs(300), total, cpu_now, move |i| {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let body = if i < leases {
+                    let (svc, id) = hb_name(i);
+                    json!({"service": svc, "instance_id": id, "address": "10.20.30.40", "port": 8080,
+                           "zone": "zone-a", "version": "1.4.2"})
+                } else {
+                    let (svc, id) = svc_name(per)(i - leases);
+                    json!({"service": svc, "instance_id": id, "address": "10.20.30.40", "port": 8080,
+                           "zone": "zone-a", "version": "1.4.2", "persistent": true})
+                };
+                check(http.post(url.as_str()).json(&body).send().await).await
+            }
+        }))
+        .await?;
+    anyhow::ensure!(run.ok == total, "memory: registered {} of {total}: {:?}", run.ok, run.first_error);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = rss_bytes(pid).unwrap_or(0);
+    drop(child);
+    ctx.report.table(
+        "memory: RSS of a separate tandem node process (same binary, serve-probe)",
+        &[
+            "instances",
+            "RSS empty MiB",
+            "RSS loaded MiB",
+            "growth per instance B",
+            "whole RSS per instance B",
+        ],
+    );
+    ctx.report.row(vec![
+        format!(
+            "{} ({} ephemeral + {} persistent)",
+            rate(total as f64),
+            rate(leases as f64),
+            rate((services * per) as f64)
+        ),
+        format!("{:.1}", before as f64 / 1048576.0),
+        format!("{:.1}", after as f64 / 1048576.0),
+        format!("{:.0}", after.saturating_sub(before) as f64 / total as f64),
+        format!("{:.0}", after as f64 / total as f64),
+    ]);
+    ctx.report.note(
+        "growth includes the in-memory view, leases, RocksDB memtables (the log, instance and index writes of \
+         every registration) and allocator slack; debug build"
+            .into(),
+    );
+    ctx.floors.tandem_rss = Some((before, after, total));
+    Ok(())
+}

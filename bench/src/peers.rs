@@ -1,0 +1,746 @@
+//! `compare`: the same operations against etcd and r-nacos, as separate processes on
+//! loopback, pinned to the server's core like tandem's server side; then the targets of
+//! issue 6 (M1-M8) judged from the figures of this run.
+//!
+//! Equivalent operations (issue 6):
+//! - etcd 3.4, spoken to through its gRPC-gateway JSON API (`/v3/...`) over HTTP/1.1, the
+//!   same transport as tandem's API (etcd's native gRPC would be cheaper per call):
+//!   register = lease grant + put with that lease (one lease per instance, as a client
+//!   session holds); heartbeat = lease keep-alive; discover = serializable prefix range.
+//! - r-nacos, Nacos HTTP API v1: register = POST /nacos/v1/ns/instance (persistent, the
+//!   raft path, and ephemeral, memory only); heartbeat = PUT .../instance/beat;
+//!   discover = GET .../instance/list.
+//!
+//! A peer that is not installed is reported as such and skipped (bench/peers.sh installs
+//! them). Every process started here is killed when its guard drops.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+use crate::load::{closed_loop, ms, rate, OpResult, Run};
+use crate::sys::{process_cpu, rss_bytes};
+use crate::{cpu_now, Ctx};
+
+/// What a peer measured, for ratios.
+#[derive(Clone, Debug, Default)]
+pub struct PeerFigures {
+    pub register_best_per_s: Option<f64>,
+    pub keepalive_per_cpu_s: Option<f64>,
+    pub discover_per_cpu_s: Option<f64>,
+    pub rss_bytes_empty: Option<u64>,
+    pub rss_bytes_with_dataset: Option<u64>,
+    pub instances_in_dataset: u64,
+}
+
+/// A child process killed on drop.
+struct Proc {
+    child: Child,
+    name: &'static str,
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+    fn cpu(&self) -> Duration {
+        process_cpu(self.pid()).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        println!("# stopped {} (pid {})", self.name, self.child.id());
+    }
+}
+
+fn find_bin(name: &str, extra: &[PathBuf]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).chain(extra.iter().cloned()).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+fn free_tcp() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn spawn(
+    ctx: &Ctx,
+    name: &'static str,
+    bin: &Path,
+    args: &[String],
+    env: &[(&str, String)],
+    log: &Path,
+) -> anyhow::Result<Proc> {
+    let mut cmd = if ctx.pin {
+        let mut c = Command::new("taskset");
+        c.arg("-c").arg("0").arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    };
+    let out = std::fs::File::create(log)?;
+    cmd.args(args).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().with_context(|| format!("cannot start {}", bin.display()))?;
+    println!("# started {name} (pid {}), log {}", child.id(), log.display());
+    Ok(Proc { child, name })
+}
+
+async fn wait_ready(http: &reqwest::Client, url: &str, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(r) = http.get(url).send().await {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{url} not ready within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn ok_json(resp: Result<reqwest::Response, reqwest::Error>) -> Result<Value, String> {
+    let resp = resp.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!(
+            "{status}: {}",
+            String::from_utf8_lossy(&body).chars().take(200).collect::<String>()
+        ));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("bad JSON: {e}"))
+}
+
+async fn ok_text(resp: Result<reqwest::Response, reqwest::Error>) -> OpResult {
+    let resp = resp.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|e| e.to_string())?;
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(format!("{status}: {}", String::from_utf8_lossy(&body).chars().take(200).collect::<String>()))
+    }
+}
+
+/// Standard base64 (etcd's JSON API carries keys and values as bytes).
+fn b64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for c in data.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        out.push(T[(n >> 18) as usize & 63] as char);
+        out.push(T[(n >> 12) as usize & 63] as char);
+        out.push(if c.len() > 1 { T[(n >> 6) as usize & 63] as char } else { '=' });
+        out.push(if c.len() > 2 { T[n as usize & 63] as char } else { '=' });
+    }
+    out
+}
+
+/// The value stored per instance at the peers: the same fields tandem holds.
+fn instance_value(svc: &str, id: &str) -> String {
+    json!({"service": svc, "instance_id": id, "address": "10.20.30.40", "port": 8080, "zone": "zone-a",
+           "version": "1.4.2", "weight": 100, "status": "up"})
+    .to_string()
+}
+
+/// Server-side CPU of a peer process across a load run.
+async fn measured<Fut: std::future::Future<Output = anyhow::Result<Run>>>(
+    p: &Proc,
+    f: Fut,
+) -> anyhow::Result<(Run, Duration)> {
+    let c0 = p.cpu();
+    let run = f.await?;
+    Ok((run, p.cpu().saturating_sub(c0)))
+}
+
+fn cores(run: &Run, server: Duration) -> String {
+    format!("{:.2} / {:.2}", server.as_secs_f64() / run.elapsed.as_secs_f64().max(1e-9), run.load_cores())
+}
+
+fn errs(run: &Run) -> String {
+    match &run.first_error {
+        Some(e) => format!("{} first: {}", run.errors, e.chars().take(80).collect::<String>()),
+        None => run.errors.to_string(),
+    }
+}
+
+pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+    ctx.report.table(
+        "peers: same operations, same dataset sizes, servers pinned to CPU 0 like tandem's",
+        &[
+            "peer",
+            "operation",
+            "concurrency",
+            "ops/s",
+            "latency ms p50 / p99 / p999 / max",
+            "ops per server CPU-s",
+            "CPU cores server / load",
+            "errors",
+        ],
+    );
+    let etcd = match find_bin("etcd", &[]) {
+        None => {
+            ctx.report.note(
+                "etcd: not installed (bench/peers.sh installs etcd-server from Debian); skipped".into(),
+            );
+            None
+        }
+        Some(bin) => match etcd(ctx, &bin).await {
+            Ok(f) => Some(f),
+            Err(e) => {
+                ctx.report.note(format!("etcd: failed: {e:#}"));
+                None
+            }
+        },
+    };
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let rnacos = match find_bin("rnacos", &[home.join(".cache/rnacos-install/bin"), home.join(".cargo/bin")])
+    {
+        None => {
+            ctx.report
+                .note("r-nacos: not installed (bench/peers.sh runs cargo install rnacos); skipped".into());
+            None
+        }
+        Some(bin) => match rnacos(ctx, &bin).await {
+            Ok(f) => Some(f),
+            Err(e) => {
+                ctx.report.note(format!("r-nacos: failed: {e:#}"));
+                None
+            }
+        },
+    };
+    targets(ctx, etcd.as_ref(), rnacos.as_ref());
+    Ok(())
+}
+
+async fn etcd(ctx: &mut Ctx, bin: &Path) -> anyhow::Result<PeerFigures> {
+    let dir = ctx.tempdir("tandem-bench-etcd")?;
+    let (cp, pp) = (free_tcp()?, free_tcp()?);
+    let client_url = format!("http://127.0.0.1:{cp}");
+    let peer_url = format!("http://127.0.0.1:{pp}");
+    let args: Vec<String> = vec![
+        "--name".into(),
+        "bench".into(),
+        "--data-dir".into(),
+        dir.path().join("data").to_string_lossy().into_owned(),
+        "--listen-client-urls".into(),
+        client_url.clone(),
+        "--advertise-client-urls".into(),
+        client_url.clone(),
+        "--listen-peer-urls".into(),
+        peer_url.clone(),
+        "--initial-advertise-peer-urls".into(),
+        peer_url.clone(),
+        "--initial-cluster".into(),
+        format!("bench={peer_url}"),
+        "--log-level".into(),
+        "error".into(),
+        "--logger".into(),
+        "zap".into(),
+    ];
+    let proc = spawn(ctx, "etcd", bin, &args, &[], &dir.path().join("etcd.log"))?;
+    wait_ready(&ctx.http, &format!("{client_url}/health"), Duration::from_secs(20)).await?;
+    let version =
+        ctx.http.get(format!("{client_url}/version")).send().await?.text().await.unwrap_or_default();
+    ctx.report
+        .note(format!("etcd {} (WAL fsync on, single member), JSON gateway at {client_url}", version.trim()));
+    let base = Arc::new(client_url);
+    let mut fig = PeerFigures { rss_bytes_empty: rss_bytes(proc.pid()), ..Default::default() };
+
+    // register = lease grant + put with it.
+    for c in [64usize, 256] {
+        let (http, base) = (ctx.http.clone(), base.clone());
+        let (run, cpu) = measured(
+            &proc,
+            ctx.on_load(closed_loop(c, ctx.step(), u64::MAX, cpu_now, move |i| {
+                let (http, base) = (http.clone(), base.clone());
+                async move {
+                    let g = ok_json(
+                        http.post(format!("{base}/v3/lease/grant")).json(&json!({"TTL": 30})).send().await,
+                    )
+                    .await?;
+                    let id = g["ID"].as_str().ok_or("grant without ID")?.to_owned();
+                    let (svc, inst) = (format!("svc-{}", i % 1000), format!("c{c}-i{i}"));
+                    let body = json!({"key": b64(format!("/services/{svc}/{inst}").as_bytes()),
+                                      "value": b64(instance_value(&svc, &inst).as_bytes()), "lease": id});
+                    ok_json(http.post(format!("{base}/v3/kv/put")).json(&body).send().await).await.map(|_| ())
+                }
+            })),
+        )
+        .await?;
+        fig.register_best_per_s = Some(fig.register_best_per_s.unwrap_or(0.0).max(run.per_sec()));
+        row(ctx, "etcd", "register = lease grant + put(lease)", c, &run, cpu);
+    }
+
+    // heartbeat = keep-alive on N leases.
+    let n = ctx.opts.leases.max(1);
+    let ids: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::with_capacity(n as usize)));
+    {
+        let (http, base, ids) = (ctx.http.clone(), base.clone(), ids.clone());
+        let seeded = ctx
+            .on_load(closed_loop(256, Duration::from_secs(300), n, cpu_now, move |_| {
+                let (http, base, ids) = (http.clone(), base.clone(), ids.clone());
+                async move {
+                    let g = ok_json(
+                        http.post(format!("{base}/v3/lease/grant")).json(&json!({"TTL": 300})).send().await,
+                    )
+                    .await?;
+                    ids.lock().push(g["ID"].as_str().ok_or("grant without ID")?.to_owned());
+                    Ok(())
+                }
+            }))
+            .await?;
+        anyhow::ensure!(
+            seeded.ok == n,
+            "etcd: granted {} of {n} leases: {:?}",
+            seeded.ok,
+            seeded.first_error
+        );
+    }
+    let ids = Arc::new(std::mem::take(&mut *ids.lock()));
+    {
+        let (http, base, ids) = (ctx.http.clone(), base.clone(), ids.clone());
+        let (run, cpu) = measured(
+            &proc,
+            ctx.on_load(closed_loop(64, ctx.step(), u64::MAX, cpu_now, move |i| {
+                let (http, base, ids) = (http.clone(), base.clone(), ids.clone());
+                async move {
+                    let id = &ids[(i.wrapping_mul(7_919) % ids.len() as u64) as usize];
+                    let v = ok_json(
+                        http.post(format!("{base}/v3/lease/keepalive")).json(&json!({"ID": id})).send().await,
+                    )
+                    .await?;
+                    if v["result"]["TTL"].is_null() && v["TTL"].is_null() {
+                        return Err(format!("keepalive answer without TTL: {v}"));
+                    }
+                    Ok(())
+                }
+            })),
+        )
+        .await?;
+        fig.keepalive_per_cpu_s = Some(run.ok as f64 / cpu.as_secs_f64().max(1e-9));
+        row(ctx, "etcd", &format!("heartbeat = lease keep-alive ({} leases)", rate(n as f64)), 64, &run, cpu);
+    }
+
+    // discover = serializable prefix range over services x instances.
+    let (services, per) = (ctx.opts.services.max(1), ctx.opts.per_service.max(1));
+    {
+        let (http, base) = (ctx.http.clone(), base.clone());
+        let seeded = ctx
+            .on_load(closed_loop(256, Duration::from_secs(300), services * per, cpu_now, move |i| {
+                let (http, base) = (http.clone(), base.clone());
+                async move {
+                    let (svc, inst) = (format!("d-{}", i / per), format!("inst-{}", i % per));
+                    let body = json!({"key": b64(format!("/services/{svc}/{inst}").as_bytes()),
+                                      "value": b64(instance_value(&svc, &inst).as_bytes())});
+                    ok_json(http.post(format!("{base}/v3/kv/put")).json(&body).send().await).await.map(|_| ())
+                }
+            }))
+            .await?;
+        anyhow::ensure!(
+            seeded.ok == services * per,
+            "etcd: seeded {} keys: {:?}",
+            seeded.ok,
+            seeded.first_error
+        );
+    }
+    {
+        let (http, base) = (ctx.http.clone(), base.clone());
+        let (run, cpu) = measured(
+            &proc,
+            ctx.on_load(closed_loop(32, ctx.step(), u64::MAX, cpu_now, move |i| {
+                let (http, base) = (http.clone(), base.clone());
+                async move {
+                    let svc = i.wrapping_mul(7_919) % services;
+                    let prefix = format!("/services/d-{svc}/");
+                    let end = format!("/services/d-{svc}0");
+                    let v = ok_json(
+                        http.post(format!("{base}/v3/kv/range"))
+                            .json(&json!({"key": b64(prefix.as_bytes()), "range_end": b64(end.as_bytes()), "serializable": true}))
+                            .send()
+                            .await,
+                    )
+                    .await?;
+                    let n = v["kvs"].as_array().map_or(0, |a| a.len()) as u64;
+                    if n != per {
+                        return Err(format!("range returned {n} keys, expected {per}"));
+                    }
+                    Ok(())
+                }
+            })),
+        )
+        .await?;
+        fig.discover_per_cpu_s = Some(run.ok as f64 / cpu.as_secs_f64().max(1e-9));
+        row(
+            ctx,
+            "etcd",
+            &format!("discover = serializable prefix range ({} services x {per})", rate(services as f64)),
+            32,
+            &run,
+            cpu,
+        );
+    }
+    fig.rss_bytes_with_dataset = rss_bytes(proc.pid());
+    fig.instances_in_dataset = services * per + n;
+    ctx.report.note(format!(
+        "etcd RSS with {} leases and {} keys: {:.1} MiB",
+        rate(n as f64),
+        rate((services * per) as f64),
+        fig.rss_bytes_with_dataset.unwrap_or(0) as f64 / 1048576.0
+    ));
+    drop(proc);
+    Ok(fig)
+}
+
+fn row(ctx: &mut Ctx, peer: &str, op: &str, conc: usize, run: &Run, cpu: Duration) {
+    ctx.report.row(vec![
+        peer.into(),
+        op.into(),
+        conc.to_string(),
+        rate(run.per_sec()),
+        run.lat.summary(),
+        rate(run.ok as f64 / cpu.as_secs_f64().max(1e-9)),
+        cores(run, cpu),
+        errs(run),
+    ]);
+}
+
+fn nacos_ip(i: u64) -> String {
+    format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255)
+}
+
+async fn rnacos(ctx: &mut Ctx, bin: &Path) -> anyhow::Result<PeerFigures> {
+    let dir = ctx.tempdir("tandem-bench-rnacos")?;
+    let (hp, gp, cp) = (free_tcp()?, free_tcp()?, free_tcp()?);
+    let env: Vec<(&str, String)> = vec![
+        ("RNACOS_HTTP_PORT", hp.to_string()),
+        ("RNACOS_GRPC_PORT", gp.to_string()),
+        ("RNACOS_HTTP_CONSOLE_PORT", cp.to_string()),
+        ("RNACOS_SDK_HOST", "127.0.0.1".into()),
+        ("RNACOS_CONSOLE_HOST", "127.0.0.1".into()),
+        ("RNACOS_RAFT_NODE_ADDR", format!("127.0.0.1:{gp}")),
+        ("RNACOS_DATA_DIR", dir.path().join("data").to_string_lossy().into_owned()),
+        ("RUST_LOG", "error".into()),
+    ];
+    let proc = spawn(ctx, "r-nacos", bin, &[], &env, &dir.path().join("rnacos.log"))?;
+    let base = Arc::new(format!("http://127.0.0.1:{hp}/nacos/v1/ns"));
+    wait_ready(&ctx.http, &format!("{base}/instance/list?serviceName=probe"), Duration::from_secs(30))
+        .await?;
+    ctx.report.note(format!("r-nacos ({}) at http://127.0.0.1:{hp}", bin.display()));
+    let mut fig = PeerFigures { rss_bytes_empty: rss_bytes(proc.pid()), ..Default::default() };
+
+    // heartbeat: N ephemeral instances, then beats.
+    let n = ctx.opts.leases.max(1);
+    {
+        let (http, base) = (ctx.http.clone(), base.clone());
+        let seeded = ctx
+            .on_load(closed_loop(256, Duration::from_secs(300), n, cpu_now, move |i| {
+                let (http, base) = (http.clone(), base.clone());
+                async move {
+                    let url = format!(
+                        "{base}/instance?serviceName=hb-{}&ip={}&port=8080&ephemeral=true",
+                        i % 100,
+                        nacos_ip(i)
+                    );
+                    ok_text(http.post(url).send().await).await
+                }
+            }))
+            .await?;
+        anyhow::ensure!(seeded.ok == n, "r-nacos: registered {} of {n}: {:?}", seeded.ok, seeded.first_error);
+    }
+
+    // discover.
+    let (services, per) = (ctx.opts.services.max(1), ctx.opts.per_service.max(1));
+    {
+        let (http, base) = (ctx.http.clone(), base.clone());
+        let seeded = ctx
+            .on_load(closed_loop(256, Duration::from_secs(300), services * per, cpu_now, move |i| {
+                let (http, base) = (http.clone(), base.clone());
+                async move {
+                    let url = format!(
+                        "{base}/instance?serviceName=d-{}&ip={}&port=8080&ephemeral=true",
+                        i / per,
+                        nacos_ip(i)
+                    );
+                    ok_text(http.post(url).send().await).await
+                }
+            }))
+            .await?;
+        anyhow::ensure!(
+            seeded.ok == services * per,
+            "r-nacos: seeded {}: {:?}",
+            seeded.ok,
+            seeded.first_error
+        );
+    }
+    fig.rss_bytes_with_dataset = rss_bytes(proc.pid());
+    fig.instances_in_dataset = services * per + n;
+    ctx.report.note(format!(
+        "r-nacos RSS empty {:.1} MiB, with {} instances {:.1} MiB (before the register steps add more)",
+        fig.rss_bytes_empty.unwrap_or(0) as f64 / 1048576.0,
+        rate(fig.instances_in_dataset as f64),
+        fig.rss_bytes_with_dataset.unwrap_or(0) as f64 / 1048576.0
+    ));
+    {
+        let (http, base) = (ctx.http.clone(), base.clone());
+        let (run, cpu) = measured(
+            &proc,
+            ctx.on_load(closed_loop(64, ctx.step(), u64::MAX, cpu_now, move |i| {
+                let (http, base) = (http.clone(), base.clone());
+                async move {
+                    let k = i.wrapping_mul(7_919) % n;
+                    let url = format!(
+                        "{base}/instance/beat?serviceName=hb-{}&ip={}&port=8080",
+                        k % 100,
+                        nacos_ip(k)
+                    );
+                    ok_text(http.put(url).send().await).await
+                }
+            })),
+        )
+        .await?;
+        fig.keepalive_per_cpu_s = Some(run.ok as f64 / cpu.as_secs_f64().max(1e-9));
+        row(ctx, "r-nacos", &format!("heartbeat = beat ({} instances)", rate(n as f64)), 64, &run, cpu);
+    }
+    {
+        let (http, base) = (ctx.http.clone(), base.clone());
+        let (run, cpu) = measured(
+            &proc,
+            ctx.on_load(closed_loop(32, ctx.step(), u64::MAX, cpu_now, move |i| {
+                let (http, base) = (http.clone(), base.clone());
+                async move {
+                    let svc = i.wrapping_mul(7_919) % services;
+                    let v =
+                        ok_json(http.get(format!("{base}/instance/list?serviceName=d-{svc}")).send().await)
+                            .await?;
+                    let n = v["hosts"].as_array().map_or(0, |a| a.len()) as u64;
+                    if n != per {
+                        return Err(format!("list returned {n} hosts, expected {per}"));
+                    }
+                    Ok(())
+                }
+            })),
+        )
+        .await?;
+        fig.discover_per_cpu_s = Some(run.ok as f64 / cpu.as_secs_f64().max(1e-9));
+        row(
+            ctx,
+            "r-nacos",
+            &format!("discover = instance/list ({} services x {per})", rate(services as f64)),
+            32,
+            &run,
+            cpu,
+        );
+    }
+    for (ephemeral, label) in [(false, "register, persistent (raft)"), (true, "register, ephemeral (memory)")]
+    {
+        let (http, base) = (ctx.http.clone(), base.clone());
+        let offset = if ephemeral { 1u64 << 20 } else { 0 };
+        let (run, cpu) = measured(
+            &proc,
+            ctx.on_load(closed_loop(256, ctx.step(), 1 << 20, cpu_now, move |i| {
+                let (http, base) = (http.clone(), base.clone());
+                async move {
+                    let url = format!(
+                        "{base}/instance?serviceName=reg-{}&ip={}&port=8080&ephemeral={ephemeral}&weight=1",
+                        i % 1000,
+                        nacos_ip(i + offset)
+                    );
+                    ok_text(http.post(url).send().await).await
+                }
+            })),
+        )
+        .await?;
+        if !ephemeral {
+            fig.register_best_per_s = Some(run.per_sec());
+        }
+        row(ctx, "r-nacos", label, 256, &run, cpu);
+    }
+    drop(proc);
+    Ok(fig)
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "not met"
+    }
+}
+
+/// The targets of issue 6 judged from this run's figures.
+fn targets(ctx: &mut Ctx, etcd: Option<&PeerFigures>, rnacos: Option<&PeerFigures>) {
+    let f = ctx.floors.clone();
+    ctx.report
+        .table("targets of issue 6, judged from this run", &["target", "figure in this run", "verdict"]);
+    let nm = |why: &str| format!("not measured: {why}");
+    // M1
+    match (f.register_best_per_s, etcd.and_then(|e| e.register_best_per_s)) {
+        (Some(t), Some(e)) => ctx.report.row(vec![
+            "M1 register >= 2x etcd put-with-lease".into(),
+            format!("{} vs {} /s = {:.2}x", rate(t), rate(e), t / e),
+            verdict(t >= 2.0 * e).into(),
+        ]),
+        _ => ctx.report.row(vec![
+            "M1 register >= 2x etcd".into(),
+            "-".into(),
+            nm("needs register and etcd in one run"),
+        ]),
+    }
+    match (f.register_per_fsync_http, f.register_per_fsync_direct) {
+        (Some(h), d) => {
+            let d = d.unwrap_or(0.0);
+            ctx.report.row(vec![
+                "M1 >= 32 registrations per fsync under concurrency".into(),
+                format!("{h:.1} over HTTP (best step); {d:.1} with 256 in-process writers"),
+                if h >= 32.0 {
+                    "met".into()
+                } else if d >= 32.0 {
+                    "not met over HTTP (arrivals throttled by the HTTP stack); met in-process".into()
+                } else {
+                    "not met".into()
+                },
+            ]);
+        }
+        _ => ctx.report.row(vec!["M1 >= 32 per fsync".into(), "-".into(), nm("register not run")]),
+    }
+    match (f.register_half_p99_ms, f.fsync_p99_ms) {
+        (Some(p), Some(fs)) => ctx.report.row(vec![
+            "M1 p99 <= fsync p99 + 2 ms at half of saturation".into(),
+            format!("{} ms vs {} ms", ms(p), ms(fs + 2.0)),
+            verdict(p <= fs + 2.0).into(),
+        ]),
+        _ => ctx.report.row(vec!["M1 p99 condition".into(), "-".into(), nm("needs fsync and register")]),
+    }
+    // M2
+    if let Some(h) = f.heartbeats_per_server_cpu_s {
+        ctx.report.row(vec![
+            "M2 >= 100,000 heartbeats/s on one server core".into(),
+            format!("{} per server CPU-s ({} leases)", rate(h), rate(ctx.opts.leases as f64)),
+            verdict(h >= 100_000.0).into(),
+        ]);
+        ctx.report.row(vec![
+            "M2 zero disk writes per heartbeat".into(),
+            format!("{} disk writes during the step", f.heartbeat_disk_writes.unwrap_or(u64::MAX)),
+            verdict(f.heartbeat_disk_writes == Some(0)).into(),
+        ]);
+        ctx.report.row(vec![
+            "M2 heartbeat p99 < 5 ms".into(),
+            format!("{} ms", ms(f.heartbeat_p99_ms.unwrap_or(f64::NAN))),
+            verdict(f.heartbeat_p99_ms.is_some_and(|p| p < 5.0)).into(),
+        ]);
+        match etcd.and_then(|e| e.keepalive_per_cpu_s) {
+            Some(e) => ctx.report.row(vec![
+                "M2 >= 3x etcd keep-alives per CPU-s".into(),
+                format!("{} vs {} = {:.2}x", rate(h), rate(e), h / e),
+                verdict(h >= 3.0 * e).into(),
+            ]),
+            None => ctx.report.row(vec!["M2 vs etcd".into(), "-".into(), nm("etcd not measured")]),
+        }
+    } else {
+        ctx.report.row(vec!["M2 heartbeats".into(), "-".into(), nm("heartbeat not run")]);
+    }
+    // M3
+    if let Some(d) = f.discover_per_server_cpu_s {
+        for (peer, fig, factor) in [("etcd serializable range", etcd, 2.0), ("r-nacos list", rnacos, 1.5)] {
+            match fig.and_then(|p| p.discover_per_cpu_s) {
+                Some(p) => ctx.report.row(vec![
+                    format!("M3 discover >= {factor}x {peer} per CPU-s"),
+                    format!(
+                        "{} vs {} = {:.2}x ({} services x {})",
+                        rate(d),
+                        rate(p),
+                        d / p,
+                        rate(ctx.opts.services as f64),
+                        ctx.opts.per_service
+                    ),
+                    verdict(d >= factor * p).into(),
+                ]),
+                None => ctx.report.row(vec![format!("M3 vs {peer}"), "-".into(), nm("peer not measured")]),
+            }
+        }
+    } else {
+        ctx.report.row(vec!["M3 discover".into(), "-".into(), nm("discover not run")]);
+    }
+    ctx.report.row(vec![
+        "M4 watch fan-out, 10,000 watchers".into(),
+        "-".into(),
+        nm("no watch fan-out step in the harness yet"),
+    ]);
+    ctx.report.row(vec![
+        "M5 failure detection within TTL + 1 s".into(),
+        "-".into(),
+        nm("no failure-detection step in the harness yet"),
+    ]);
+    match (f.repl_lag_p99_ms_at_10k, f.fsync_p99_ms) {
+        (Some(l), Some(fs)) => ctx.report.row(vec![
+            "M6 cross-DC lag p99 at 10,000 events/s <= delay (0 here) + fsync p99 + 10 ms".into(),
+            format!("{} ms vs {} ms", ms(l), ms(fs + 10.0)),
+            verdict(l <= fs + 10.0).into(),
+        ]),
+        _ => ctx.report.row(vec![
+            "M6 cross-DC lag".into(),
+            "-".into(),
+            nm("needs replicate at 10000/s and fsync"),
+        ]),
+    }
+    match f.catch_up {
+        Some((cut, ingest, drain, reconnect)) => ctx.report.row(vec![
+            "M7 catch-up after a 60 s partition at >= 10x ingest".into(),
+            format!(
+                "{cut:.0} s cut: drained at {} /s = {:.1}x the {} /s ingest (after {reconnect:.1} s to reconnect)",
+                rate(drain),
+                drain / ingest,
+                rate(ingest)
+            ),
+            format!("{}{}", verdict(drain >= 10.0 * ingest), if cut < 60.0 { " (shorter cut than M7's 60 s)" } else { "" }),
+        ]),
+        None => ctx.report.row(vec!["M7 catch-up".into(), "-".into(), nm("replicate not run")]),
+    }
+    match f.tandem_rss {
+        Some((before, after, n)) => {
+            let growth = after.saturating_sub(before) as f64 / n.max(1) as f64;
+            ctx.report.row(vec![
+                "M8 <= 1 KiB per instance".into(),
+                format!(
+                    "{growth:.0} B of RSS growth per instance ({} instances, separate node process)",
+                    rate(n as f64)
+                ),
+                verdict(growth <= 1024.0).into(),
+            ]);
+            match rnacos.and_then(|r| Some((r.rss_bytes_empty?, r.rss_bytes_with_dataset?, r.instances_in_dataset))) {
+                Some((rb, ra, rn)) => ctx.report.row(vec![
+                    "M8 RSS <= r-nacos's on the same data".into(),
+                    format!(
+                        "tandem {:.1} MiB vs r-nacos {:.1} MiB with {} instances each (empty: {:.1} vs {:.1} MiB)",
+                        after as f64 / 1048576.0,
+                        ra as f64 / 1048576.0,
+                        rate(rn as f64),
+                        before as f64 / 1048576.0,
+                        rb as f64 / 1048576.0
+                    ),
+                    verdict(after <= ra).into(),
+                ]),
+                None => ctx.report.row(vec!["M8 vs r-nacos".into(), "-".into(), nm("r-nacos not measured")]),
+            }
+        }
+        None => ctx.report.row(vec!["M8 memory".into(), "-".into(), nm("memory not run")]),
+    }
+    ctx.report.note(
+        "every tandem figure here comes from a debug-profile build (opt-level 0 for tandem, tokio, hyper, axum, \
+         quinn, rustls); etcd and r-nacos are optimized release builds: CPU-normalized ratios understate tandem"
+            .into(),
+    );
+}

@@ -1,0 +1,220 @@
+//! A bounded HTTP client for the parts of tandem's API the drills use, turning answers into
+//! checker records: every request has a timeout, and every failure is classified as
+//! certainly-not-applied ([`Outcome::Failed`]) or maybe-applied ([`Outcome::Unknown`]).
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::checker::{Mark, ObservedInstance, Outcome, ServiceView, StatusView, ViewScope};
+
+/// A client of one or more registries (the base URL is given per call).
+#[derive(Clone)]
+pub struct Api {
+    http: reqwest::Client,
+}
+
+impl Default for Api {
+    fn default() -> Self {
+        Api::new()
+    }
+}
+
+impl Api {
+    pub fn new() -> Api {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(1))
+            .pool_idle_timeout(Duration::from_secs(10))
+            .build()
+            .expect("a plain HTTP client always builds");
+        Api { http }
+    }
+
+    async fn send(
+        &self,
+        req: reqwest::RequestBuilder,
+        timeout: Duration,
+    ) -> Result<(u16, Value), (bool, String)> {
+        match req.timeout(timeout).send().await {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                match resp.text().await {
+                    Ok(text) => Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text)))),
+                    Err(e) => Err((false, format!("reading the answer: {e}"))),
+                }
+            }
+            // A connect error means the request never left: certainly not applied.
+            Err(e) => Err((e.is_connect(), short_error(&e))),
+        }
+    }
+
+    async fn write(&self, req: reqwest::RequestBuilder, timeout: Duration) -> Outcome {
+        match self.send(req, timeout).await {
+            Ok((s, body)) if (200..300).contains(&s) => Outcome::Acked {
+                version: body.get("version").and_then(Value::as_u64),
+                epoch: body.get("epoch").and_then(Value::as_u64),
+            },
+            Ok((s, body)) if (400..500).contains(&s) => {
+                Outcome::Failed { http_status: Some(s), message: error_code(&body) }
+            }
+            Ok((s, body)) => Outcome::Unknown { message: format!("{s} {}", error_code(&body)) },
+            Err((true, m)) => Outcome::Failed { http_status: None, message: m },
+            Err((false, m)) => Outcome::Unknown { message: m },
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn register(
+        &self,
+        base: &str,
+        namespace: &str,
+        service: &str,
+        id: &str,
+        address: &str,
+        port: u16,
+        persistent: bool,
+        ttl_ms: u64,
+        timeout: Duration,
+    ) -> Outcome {
+        let mut body = json!({
+            "namespace": namespace, "service": service, "instance_id": id,
+            "address": address, "port": port,
+        });
+        if persistent {
+            body["persistent"] = json!(true);
+        } else {
+            body["ttl_ms"] = json!(ttl_ms);
+        }
+        self.write(self.http.post(format!("{base}/v1/register")).json(&body), timeout).await
+    }
+
+    pub async fn heartbeat(&self, base: &str, ns: &str, svc: &str, id: &str, timeout: Duration) -> Outcome {
+        self.write(self.http.put(format!("{base}/v1/heartbeat/{ns}/{svc}/{id}")), timeout).await
+    }
+
+    pub async fn deregister(&self, base: &str, ns: &str, svc: &str, id: &str, timeout: Duration) -> Outcome {
+        self.write(self.http.delete(format!("{base}/v1/instances/{ns}/{svc}/{id}")), timeout).await
+    }
+
+    pub async fn set_status(
+        &self,
+        base: &str,
+        ns: &str,
+        svc: &str,
+        id: &str,
+        status: &str,
+        timeout: Duration,
+    ) -> Outcome {
+        let req = self
+            .http
+            .put(format!("{base}/v1/instances/{ns}/{svc}/{id}/status"))
+            .json(&json!({"status": status}));
+        self.write(req, timeout).await
+    }
+
+    /// A discovery answer: `?dc=all` or the policy's.
+    pub async fn view(
+        &self,
+        base: &str,
+        ns: &str,
+        svc: &str,
+        scope: ViewScope,
+        timeout: Duration,
+    ) -> Result<ServiceView, String> {
+        let q = match scope {
+            ViewScope::All => "?dc=all",
+            ViewScope::Policy => "",
+        };
+        let (s, body) = self
+            .send(self.http.get(format!("{base}/v1/services/{ns}/{svc}{q}")), timeout)
+            .await
+            .map_err(|e| e.1)?;
+        if s != 200 {
+            return Err(format!("{s} {}", error_code(&body)));
+        }
+        parse_view(&body)
+    }
+
+    /// `/v1/status`: the parts the checker uses, and the whole answer.
+    pub async fn status(&self, base: &str, timeout: Duration) -> Result<(StatusView, Value), String> {
+        let (s, body) =
+            self.send(self.http.get(format!("{base}/v1/status")), timeout).await.map_err(|e| e.1)?;
+        if s != 200 {
+            return Err(format!("{s} {}", error_code(&body)));
+        }
+        Ok((parse_status(&body)?, body))
+    }
+
+    /// `/metrics` as text.
+    pub async fn metrics(&self, base: &str, timeout: Duration) -> Result<String, String> {
+        let resp = self
+            .http
+            .get(format!("{base}/metrics"))
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| short_error(&e))?;
+        resp.text().await.map_err(|e| e.to_string())
+    }
+}
+
+fn short_error(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "timeout".into()
+    } else if e.is_connect() {
+        "connection refused or unreachable".into()
+    } else {
+        let mut s = e.to_string();
+        let mut src = std::error::Error::source(e);
+        while let Some(x) = src {
+            s = format!("{s}: {x}");
+            src = x.source();
+        }
+        s
+    }
+}
+
+fn error_code(body: &Value) -> String {
+    body.pointer("/error/code").and_then(Value::as_str).map_or_else(|| body.to_string(), str::to_owned)
+}
+
+/// Parses a discovery answer.
+pub fn parse_view(body: &Value) -> Result<ServiceView, String> {
+    let index = body.get("index").and_then(Value::as_u64).ok_or("answer without index")?;
+    let list = body.get("instances").and_then(Value::as_array).ok_or("answer without instances")?;
+    let mut instances = Vec::with_capacity(list.len());
+    for i in list {
+        let s = |k: &str| {
+            i.get(k).and_then(Value::as_str).map(str::to_owned).ok_or(format!("instance without {k}"))
+        };
+        instances.push(ObservedInstance {
+            id: s("instance_id")?,
+            owner_dc: s("owner_dc")?,
+            seq: i.get("seq").and_then(Value::as_u64).ok_or("instance without seq")?,
+            status: s("status")?,
+            health: s("health")?,
+            stale: i.get("stale").and_then(Value::as_bool).unwrap_or(false),
+        });
+    }
+    Ok(ServiceView { index, instances })
+}
+
+/// Parses `/v1/status`.
+pub fn parse_status(body: &Value) -> Result<StatusView, String> {
+    let mark = |v: &Value| -> Option<Mark> {
+        Some(Mark {
+            epoch: v.get("epoch")?.as_u64()?,
+            seq: v.get("last_seq").or_else(|| v.get("seq"))?.as_u64()?,
+        })
+    };
+    let log = body.get("log").and_then(mark).ok_or("status without log epoch/last_seq")?;
+    let mut applied = std::collections::BTreeMap::new();
+    if let Some(map) = body.get("applied").and_then(Value::as_object) {
+        for (origin, m) in map {
+            if let Some(m) = mark(m) {
+                applied.insert(origin.clone(), m);
+            }
+        }
+    }
+    Ok(StatusView { log, applied })
+}

@@ -1,0 +1,868 @@
+//! The two DCs a drill runs against, and the faults it can inflict on them.
+//!
+//! - **Sandbox** (default): two real `tandem server` child processes on loopback, each with
+//!   its own TOML config, data dir and log file in the drill dir, their replication links
+//!   each running through a user-space [`Relay`] (dc-a's peer address is relay_ab, which
+//!   forwards to dc-b's listen address; dc-b's peer address is relay_ba, forwarding to
+//!   dc-a's).
+//! - **Netns** (`--netns`, Linux, root): each DC runs in its own network namespace via
+//!   `ip netns exec`; the namespaces are joined by a veth pair for replication (partitions
+//!   take it down) and each has a veth to the root namespace for the drill's HTTP clients.
+//!   Relay-only faults (one-way cuts, packet faults) are not available there.
+//! - **Targets** (`--target-a`, `--target-b`): a user's own deployment. Nothing is started;
+//!   each fault is handed to the user's `--fault-hook` command, or only marked.
+//!
+//! Every child process is killed when the [`Cluster`] is dropped (also on panic), and the
+//! namespaces are deleted; every wait has a timeout.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use tokio::process::{Child, Command};
+
+use crate::api::Api;
+use crate::plan::{Action, Capabilities, Cut, PacketFaults};
+use crate::relay::{Direction, Faults, LinkFaults, Probability, Relay};
+
+/// The DC names of the sandbox.
+pub const SANDBOX_DCS: [&str; 2] = ["dc-a", "dc-b"];
+
+/// How long a node may take to answer after (re)start.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest a fault hook may run.
+const HOOK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where the drill runs.
+#[derive(Clone, Debug)]
+pub enum Environment {
+    Sandbox,
+    Netns,
+    Targets { a: String, b: String, hook: Option<String> },
+}
+
+/// Timings of the nodes a drill starts.
+#[derive(Clone, Debug)]
+pub struct NodeTuning {
+    pub heartbeat_interval_ms: u64,
+    pub suspect_after_ms: u64,
+    pub unhealthy_after_ms: u64,
+    pub expire_after_ms: u64,
+    pub check_interval_ms: u64,
+    pub self_preservation_window_ms: u64,
+    pub ping_interval_ms: u64,
+    pub stale_after_ms: u64,
+    pub backoff_initial_ms: u64,
+    pub backoff_max_ms: u64,
+    pub purge_grace_ms: u64,
+    pub batch_events_max: usize,
+    pub window_batches_max: usize,
+}
+
+impl Default for NodeTuning {
+    fn default() -> Self {
+        NodeTuning {
+            heartbeat_interval_ms: 200,
+            suspect_after_ms: 600,
+            unhealthy_after_ms: 1_200,
+            expire_after_ms: 2_400,
+            check_interval_ms: 100,
+            self_preservation_window_ms: 2_000,
+            ping_interval_ms: 200,
+            stale_after_ms: 1_500,
+            backoff_initial_ms: 50,
+            backoff_max_ms: 1_000,
+            purge_grace_ms: 600_000,
+            batch_events_max: 64,
+            window_batches_max: 4,
+        }
+    }
+}
+
+/// Why the environment could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The environment is not available here (no permission for namespaces...): the drill
+    /// is skipped, never passed.
+    #[error("{0}")]
+    Skipped(String),
+    #[error(transparent)]
+    Failed(#[from] anyhow::Error),
+}
+
+/// One DC of the drill.
+pub struct Dc {
+    pub name: String,
+    /// Base URL of its HTTP API.
+    pub base: String,
+    config: Option<PathBuf>,
+    data_dir: Option<PathBuf>,
+    log: Option<PathBuf>,
+    /// `ip netns exec <ns>` prefix in netns mode.
+    netns: Option<String>,
+    child: Option<Child>,
+    paused: bool,
+}
+
+impl Dc {
+    pub fn log_path(&self) -> Option<&Path> {
+        self.log.as_deref()
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+}
+
+/// The two DCs and the fault machinery between them.
+pub struct Cluster {
+    pub env: Environment,
+    pub dcs: [Dc; 2],
+    /// relay_ab carries dc-a's dial to dc-b, relay_ba dc-b's dial to dc-a.
+    relays: Option<[Relay; 2]>,
+    netns: Option<Netns>,
+    bin: PathBuf,
+    api: Api,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+fn free_port(udp: bool) -> anyhow::Result<u16> {
+    let port = if udp {
+        std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port()
+    } else {
+        std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()
+    };
+    Ok(port)
+}
+
+fn toml_str(p: &Path) -> String {
+    let s = p.display().to_string();
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn node_config(
+    dc: &str,
+    data_dir: &Path,
+    http: SocketAddr,
+    listen: SocketAddr,
+    peer: &str,
+    peer_addr: SocketAddr,
+    certs: &Path,
+    t: &NodeTuning,
+) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Written by `tandem chaos` for one drill.");
+    let _ = writeln!(s, "dc = \"{dc}\"\ndata_dir = {}\nhttp_addr = \"{http}\"\n", toml_str(data_dir));
+    let _ = writeln!(
+        s,
+        "[health]\nheartbeat_interval_ms = {}\nsuspect_after_ms = {}\nunhealthy_after_ms = {}\nexpire_after_ms = {}\ncheck_interval_ms = {}\n",
+        t.heartbeat_interval_ms, t.suspect_after_ms, t.unhealthy_after_ms, t.expire_after_ms, t.check_interval_ms
+    );
+    let _ = writeln!(s, "[protection]\nself_preservation_window_ms = {}\n", t.self_preservation_window_ms);
+    let _ = writeln!(
+        s,
+        "[replication]\nlisten = \"{listen}\"\npeers = [{{ dc = \"{peer}\", addr = \"{peer_addr}\" }}]\nca_cert = {}\ncert = {}\nkey = {}",
+        toml_str(&certs.join("ca.pem")),
+        toml_str(&certs.join(format!("{dc}.pem"))),
+        toml_str(&certs.join(format!("{dc}.key")))
+    );
+    let _ = writeln!(
+        s,
+        "batch_events_max = {}\nwindow_batches_max = {}\nbackoff_initial_ms = {}\nbackoff_max_ms = {}\nstale_after_ms = {}\npurge_grace_ms = {}\nping_interval_ms = {}\n",
+        t.batch_events_max,
+        t.window_batches_max,
+        t.backoff_initial_ms,
+        t.backoff_max_ms,
+        t.stale_after_ms,
+        t.purge_grace_ms,
+        t.ping_interval_ms
+    );
+    let _ = writeln!(s, "[log]\nlevel = \"info,quinn=warn,rustls=warn\"");
+    s
+}
+
+async fn make_certs(bin: &Path, dir: &Path) -> anyhow::Result<()> {
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        Command::new(bin)
+            .args(["certs", "--out"])
+            .arg(dir)
+            .args(["--dc", SANDBOX_DCS[0], "--dc", SANDBOX_DCS[1], "--force"])
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .context("`tandem certs` timed out")?
+    .with_context(|| format!("cannot run {}", bin.display()))?;
+    if !out.status.success() {
+        bail!("`tandem certs` failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+impl Cluster {
+    /// Sets up the environment and starts the DCs (waiting until both answer).
+    pub async fn start(
+        env: Environment,
+        bin: &Path,
+        dir: &Path,
+        tuning: &NodeTuning,
+        relay_seed: u64,
+    ) -> Result<Cluster, SetupError> {
+        match env.clone() {
+            Environment::Sandbox => Ok(Self::start_sandbox(bin, dir, tuning, relay_seed).await?),
+            Environment::Netns => Self::start_netns(bin, dir, tuning).await,
+            Environment::Targets { a, b, hook } => Ok(Self::start_targets(bin, a, b, hook).await?),
+        }
+    }
+
+    pub fn capabilities(&self) -> Capabilities {
+        match &self.env {
+            Environment::Sandbox => Capabilities { one_way: true, packets: true },
+            Environment::Netns => Capabilities { one_way: false, packets: false },
+            Environment::Targets { hook, .. } => {
+                Capabilities { one_way: hook.is_some(), packets: hook.is_some() }
+            }
+        }
+    }
+
+    /// Can this environment kill, pause and restart processes?
+    pub fn controls_processes(&self) -> bool {
+        match &self.env {
+            Environment::Sandbox | Environment::Netns => true,
+            Environment::Targets { hook, .. } => hook.is_some(),
+        }
+    }
+
+    async fn start_sandbox(
+        bin: &Path,
+        dir: &Path,
+        tuning: &NodeTuning,
+        relay_seed: u64,
+    ) -> anyhow::Result<Cluster> {
+        let certs = dir.join("certs");
+        make_certs(bin, &certs).await?;
+        let listen = [
+            SocketAddr::from(([127, 0, 0, 1], free_port(true)?)),
+            SocketAddr::from(([127, 0, 0, 1], free_port(true)?)),
+        ];
+        let http = [
+            SocketAddr::from(([127, 0, 0, 1], free_port(false)?)),
+            SocketAddr::from(([127, 0, 0, 1], free_port(false)?)),
+        ];
+        let any: SocketAddr = "127.0.0.1:0".parse().expect("constant address");
+        let relay_ab = Relay::start(any, listen[1], Faults::NONE, relay_seed).await.context("relay a->b")?;
+        let relay_ba = Relay::start(any, listen[0], Faults::NONE, relay_seed.wrapping_add(1))
+            .await
+            .context("relay b->a")?;
+        let peers = [relay_ab.local_addr(), relay_ba.local_addr()];
+        let mut dcs = Vec::new();
+        for side in 0..2 {
+            let name = SANDBOX_DCS[side];
+            let data_dir = dir.join(name).join("data");
+            std::fs::create_dir_all(&data_dir)?;
+            let cfg = node_config(
+                name,
+                &data_dir,
+                http[side],
+                listen[side],
+                SANDBOX_DCS[1 - side],
+                peers[side],
+                &certs,
+                tuning,
+            );
+            let config = dir.join(format!("{name}.toml"));
+            std::fs::write(&config, cfg)?;
+            dcs.push(Dc {
+                name: name.to_owned(),
+                base: format!("http://{}", http[side]),
+                config: Some(config),
+                data_dir: Some(data_dir),
+                log: Some(dir.join(format!("{name}.log"))),
+                netns: None,
+                child: None,
+                paused: false,
+            });
+        }
+        let [a, b]: [Dc; 2] = dcs.try_into().map_err(|_| anyhow::anyhow!("two DCs"))?;
+        let mut c = Cluster {
+            env: Environment::Sandbox,
+            dcs: [a, b],
+            relays: Some([relay_ab, relay_ba]),
+            netns: None,
+            bin: bin.to_owned(),
+            api: Api::new(),
+        };
+        c.spawn(0)?;
+        c.spawn(1)?;
+        c.wait_ready(0).await?;
+        c.wait_ready(1).await?;
+        Ok(c)
+    }
+
+    async fn start_netns(bin: &Path, dir: &Path, tuning: &NodeTuning) -> Result<Cluster, SetupError> {
+        if !is_root() {
+            return Err(SetupError::Skipped(
+                "network namespaces need root (this process is not uid 0)".into(),
+            ));
+        }
+        let id = (u64::from(std::process::id()) * 16 + NEXT_ID.fetch_add(1, Ordering::Relaxed)) % 100_000;
+        let ns = Netns::create(id)?;
+        let certs = dir.join("certs");
+        make_certs(bin, &certs).await?;
+        let mut dcs = Vec::new();
+        for side in 0..2 {
+            let name = SANDBOX_DCS[side];
+            let data_dir = dir.join(name).join("data");
+            std::fs::create_dir_all(&data_dir).map_err(anyhow::Error::from)?;
+            let http: SocketAddr =
+                format!("{}:8500", ns.ctl_addr(side)).parse().map_err(anyhow::Error::from)?;
+            let listen: SocketAddr =
+                format!("{}:7500", ns.repl_addr(side)).parse().map_err(anyhow::Error::from)?;
+            let peer: SocketAddr =
+                format!("{}:7500", ns.repl_addr(1 - side)).parse().map_err(anyhow::Error::from)?;
+            let cfg = node_config(name, &data_dir, http, listen, SANDBOX_DCS[1 - side], peer, &certs, tuning);
+            let config = dir.join(format!("{name}.toml"));
+            std::fs::write(&config, cfg).map_err(anyhow::Error::from)?;
+            dcs.push(Dc {
+                name: name.to_owned(),
+                base: format!("http://{http}"),
+                config: Some(config),
+                data_dir: Some(data_dir),
+                log: Some(dir.join(format!("{name}.log"))),
+                netns: Some(ns.names[side].clone()),
+                child: None,
+                paused: false,
+            });
+        }
+        let [a, b]: [Dc; 2] = dcs.try_into().map_err(|_| anyhow::anyhow!("two DCs"))?;
+        let mut c = Cluster {
+            env: Environment::Netns,
+            dcs: [a, b],
+            relays: None,
+            netns: Some(ns),
+            bin: bin.to_owned(),
+            api: Api::new(),
+        };
+        c.spawn(0)?;
+        c.spawn(1)?;
+        c.wait_ready(0).await?;
+        c.wait_ready(1).await?;
+        Ok(c)
+    }
+
+    async fn start_targets(
+        bin: &Path,
+        a: String,
+        b: String,
+        hook: Option<String>,
+    ) -> anyhow::Result<Cluster> {
+        let api = Api::new();
+        let mut dcs = Vec::new();
+        for base in [a, b] {
+            let base = base.trim_end_matches('/').to_owned();
+            let (_, raw) = api
+                .status(&base, Duration::from_secs(5))
+                .await
+                .map_err(|e| anyhow::anyhow!("{base}/v1/status: {e}"))?;
+            let name = raw.get("dc").and_then(|v| v.as_str()).context("status without dc")?.to_owned();
+            dcs.push(Dc {
+                name,
+                base,
+                config: None,
+                data_dir: None,
+                log: None,
+                netns: None,
+                child: None,
+                paused: false,
+            });
+        }
+        let [a, b]: [Dc; 2] = dcs.try_into().map_err(|_| anyhow::anyhow!("two DCs"))?;
+        if a.name == b.name {
+            bail!("both targets say they are DC {}", a.name);
+        }
+        Ok(Cluster {
+            env: Environment::Targets { a: a.base.clone(), b: b.base.clone(), hook },
+            dcs: [a, b],
+            relays: None,
+            netns: None,
+            bin: bin.to_owned(),
+            api,
+        })
+    }
+
+    fn spawn(&mut self, side: usize) -> anyhow::Result<()> {
+        let dc = &mut self.dcs[side];
+        let (Some(config), Some(log)) = (&dc.config, &dc.log) else {
+            bail!("{} is not run by the drill", dc.name)
+        };
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+        let err = out.try_clone()?;
+        let mut cmd = match &dc.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&self.bin);
+                c
+            }
+            None => Command::new(&self.bin),
+        };
+        cmd.arg("server").arg("--config").arg(config);
+        cmd.stdin(Stdio::null()).stdout(Stdio::from(out)).stderr(Stdio::from(err)).kill_on_drop(true);
+        let child = cmd.spawn().with_context(|| format!("cannot start {}", self.bin.display()))?;
+        dc.child = Some(child);
+        dc.paused = false;
+        Ok(())
+    }
+
+    /// Waits until the DC answers `/v1/status` (bounded).
+    pub async fn wait_ready(&mut self, side: usize) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(child) = self.dcs[side].child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    bail!(
+                        "{} exited during start ({status}); log tail:\n{}",
+                        self.dcs[side].name,
+                        self.log_tail(side)
+                    );
+                }
+            }
+            if self.api.status(&self.dcs[side].base, Duration::from_millis(500)).await.is_ok() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!(
+                    "{} did not answer within {READY_TIMEOUT:?}; log tail:\n{}",
+                    self.dcs[side].name,
+                    self.log_tail(side)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn log_tail(&self, side: usize) -> String {
+        let Some(p) = &self.dcs[side].log else { return String::new() };
+        let text = std::fs::read_to_string(p).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+
+    /// Performs one action. Returns a note when the action was only marked (not injected).
+    pub async fn apply(&mut self, action: Action) -> anyhow::Result<Option<String>> {
+        if let Environment::Targets { hook, .. } = &self.env {
+            let Some(hook) = hook.clone() else {
+                return Ok(Some("no --fault-hook: marked only, nothing injected".into()));
+            };
+            return self.run_hook(&hook, action).await.map(|()| None);
+        }
+        match action {
+            Action::Cut(cut) => self.cut(cut)?,
+            Action::Heal => self.heal()?,
+            Action::Packets(p) => self.packets(Some(p))?,
+            Action::ClearPackets => self.packets(None)?,
+            Action::Kill { side, wipe } => {
+                self.kill(side).await?;
+                if wipe {
+                    if let Some(d) = &self.dcs[side].data_dir {
+                        std::fs::remove_dir_all(d).with_context(|| format!("wiping {}", d.display()))?;
+                        std::fs::create_dir_all(d)?;
+                    }
+                }
+            }
+            Action::Restart { side } => {
+                self.spawn(side)?;
+                self.wait_ready(side).await?;
+            }
+            Action::Pause { side } => self.signal(side, "-STOP", true).await?,
+            Action::Resume { side } => self.signal(side, "-CONT", false).await?,
+        }
+        Ok(None)
+    }
+
+    fn cut(&self, cut: Cut) -> anyhow::Result<()> {
+        if let Some([ab, ba]) = &self.relays {
+            // relay_ab: forward = a->b (a's dial), backward = b->a; relay_ba the reverse.
+            match cut {
+                Cut::Both => {
+                    ab.handle().partition(Direction::Both);
+                    ba.handle().partition(Direction::Both);
+                }
+                Cut::AToB => {
+                    ab.handle().partition(Direction::Forward);
+                    ba.handle().partition(Direction::Backward);
+                }
+                Cut::BToA => {
+                    ab.handle().partition(Direction::Backward);
+                    ba.handle().partition(Direction::Forward);
+                }
+            }
+            return Ok(());
+        }
+        if let Some(ns) = &self.netns {
+            if cut != Cut::Both {
+                bail!("one-way cuts need the relay; not available with --netns");
+            }
+            return ns.link(false);
+        }
+        bail!("no link to cut")
+    }
+
+    fn heal(&self) -> anyhow::Result<()> {
+        if let Some([ab, ba]) = &self.relays {
+            ab.handle().heal();
+            ba.handle().heal();
+            return Ok(());
+        }
+        if let Some(ns) = &self.netns {
+            return ns.link(true);
+        }
+        bail!("no link to heal")
+    }
+
+    fn packets(&self, p: Option<PacketFaults>) -> anyhow::Result<()> {
+        let Some(relays) = &self.relays else { bail!("packet faults need the relay") };
+        let faults = match p {
+            None => Faults::NONE,
+            Some(p) => Faults::symmetric(LinkFaults {
+                partitioned: false,
+                loss: Probability::percent(p.loss_pct),
+                delay_ms: p.delay_ms,
+                jitter_ms: p.jitter_ms,
+                duplicate: Probability::percent(p.duplicate_pct),
+                reorder: Probability::percent(p.reorder_pct),
+                reorder_hold_ms: p.reorder_hold_ms,
+            }),
+        };
+        for r in relays {
+            // Keep a partition in force if there is one.
+            let partitioned = r.handle().faults();
+            let mut f = faults;
+            f.forward.partitioned = partitioned.forward.partitioned;
+            f.backward.partitioned = partitioned.backward.partitioned;
+            r.handle().set_faults(f);
+        }
+        Ok(())
+    }
+
+    /// SIGKILL, then reap (bounded).
+    pub async fn kill(&mut self, side: usize) -> anyhow::Result<()> {
+        let dc = &mut self.dcs[side];
+        if let Some(mut child) = dc.child.take() {
+            let _ = child.start_kill();
+            tokio::time::timeout(Duration::from_secs(10), child.wait())
+                .await
+                .with_context(|| format!("{} did not die within 10s of SIGKILL", dc.name))??;
+        }
+        dc.paused = false;
+        Ok(())
+    }
+
+    async fn signal(&mut self, side: usize, sig: &str, paused: bool) -> anyhow::Result<()> {
+        let dc = &mut self.dcs[side];
+        let pid = dc.pid().with_context(|| format!("{} is not running", dc.name))?;
+        let st = tokio::time::timeout(
+            Duration::from_secs(5),
+            Command::new("kill").arg(sig).arg(pid.to_string()).status(),
+        )
+        .await
+        .context("kill timed out")??;
+        if !st.success() {
+            bail!("kill {sig} {pid} failed");
+        }
+        dc.paused = paused;
+        Ok(())
+    }
+
+    async fn run_hook(&self, hook: &str, action: Action) -> anyhow::Result<()> {
+        let (a, b) = (&self.dcs[0].name, &self.dcs[1].name);
+        let args: Vec<String> = match action {
+            Action::Cut(Cut::Both) => vec!["partition".into(), "both".into()],
+            Action::Cut(Cut::AToB) => vec!["partition".into(), format!("{a}->{b}")],
+            Action::Cut(Cut::BToA) => vec!["partition".into(), format!("{b}->{a}")],
+            Action::Heal => vec!["heal".into()],
+            Action::Packets(p) => vec![
+                "packets".into(),
+                p.loss_pct.to_string(),
+                p.delay_ms.to_string(),
+                p.jitter_ms.to_string(),
+                p.duplicate_pct.to_string(),
+                p.reorder_pct.to_string(),
+            ],
+            Action::ClearPackets => vec!["clear-packets".into()],
+            Action::Kill { side, wipe: false } => vec!["kill".into(), self.dcs[side].name.clone()],
+            Action::Kill { side, wipe: true } => vec!["kill-wipe".into(), self.dcs[side].name.clone()],
+            Action::Restart { side } => vec!["restart".into(), self.dcs[side].name.clone()],
+            Action::Pause { side } => vec!["pause".into(), self.dcs[side].name.clone()],
+            Action::Resume { side } => vec!["resume".into(), self.dcs[side].name.clone()],
+        };
+        let line = format!("{hook} {}", args.join(" "));
+        // The arguments go in as positional parameters, never through the shell's parser.
+        let st = tokio::time::timeout(
+            HOOK_TIMEOUT,
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!("{hook} \"$@\""))
+                .arg("tandem-chaos-hook")
+                .args(&args)
+                .stdin(Stdio::null())
+                .kill_on_drop(true)
+                .status(),
+        )
+        .await
+        .with_context(|| format!("fault hook `{line}` ran longer than {HOOK_TIMEOUT:?}"))??;
+        if !st.success() {
+            bail!("fault hook `{line}` failed ({st})");
+        }
+        if let Action::Restart { side } = action {
+            // The user's restart: wait until the DC answers again.
+            let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+            while self.api.status(&self.dcs[side].base, Duration::from_millis(500)).await.is_err() {
+                if tokio::time::Instant::now() > deadline {
+                    bail!(
+                        "{} did not answer within {READY_TIMEOUT:?} after the hook restarted it",
+                        self.dcs[side].name
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Relay counters: (a->b forwarded, dropped), (b->a forwarded, dropped), summed over
+    /// both relays' directions.
+    pub fn relay_totals(&self) -> Option<(u64, u64, u64, u64)> {
+        let [ab, ba] = self.relays.as_ref()?;
+        let (x, y) = (ab.handle().stats(), ba.handle().stats());
+        let a_to_b = (x.forward.forwarded + y.backward.forwarded, x.forward.dropped() + y.backward.dropped());
+        let b_to_a = (x.backward.forwarded + y.forward.forwarded, x.backward.dropped() + y.forward.dropped());
+        Some((a_to_b.0, a_to_b.1, b_to_a.0, b_to_a.1))
+    }
+
+    /// Stops the DCs (SIGTERM, then SIGKILL after a bounded wait) and removes namespaces.
+    pub async fn shutdown(mut self) {
+        for side in 0..2 {
+            if self.dcs[side].paused {
+                let _ = self.signal(side, "-CONT", false).await;
+            }
+            if let Some(pid) = self.dcs[side].pid() {
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    Command::new("kill").arg("-TERM").arg(pid.to_string()).status(),
+                )
+                .await;
+            }
+            if let Some(mut child) = self.dcs[side].child.take() {
+                if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+                    let _ = child.start_kill();
+                    let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                }
+            }
+        }
+        if let Some(relays) = self.relays.take() {
+            for r in relays {
+                r.shutdown().await;
+            }
+        }
+        // Namespaces go with `self` (Drop).
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for dc in &mut self.dcs {
+            if let Some(child) = dc.child.as_mut() {
+                // SIGKILL works on stopped processes too.
+                let _ = child.start_kill();
+            }
+        }
+        if let Some(ns) = self.netns.take() {
+            // Processes in the namespaces must be gone before the veths go away; give the
+            // kernel a moment to reap them.
+            std::thread::sleep(Duration::from_millis(100));
+            drop(ns);
+        }
+    }
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|euid| euid == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Two network namespaces joined by a veth pair, each with a veth to the root namespace.
+/// Deleted on drop.
+struct Netns {
+    names: [String; 2],
+    /// The replication veth ends, inside each namespace.
+    repl_if: [String; 2],
+    octet: u64,
+    /// Root-side ends of the control veths.
+    ctl_root_if: [String; 2],
+}
+
+fn ip(args: &[&str]) -> anyhow::Result<()> {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run `ip`")?;
+    if !out.status.success() {
+        bail!("`ip {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+impl Netns {
+    fn create(id: u64) -> Result<Netns, SetupError> {
+        let names = [format!("tchaos{id}a"), format!("tchaos{id}b")];
+        if let Err(e) = ip(&["netns", "add", &names[0]]) {
+            return Err(SetupError::Skipped(format!("cannot create a network namespace: {e:#}")));
+        }
+        let ns = Netns {
+            names: names.clone(),
+            repl_if: [format!("tcr{id}a"), format!("tcr{id}b")],
+            octet: 20 + id % 200,
+            ctl_root_if: [format!("tch{id}a"), format!("tch{id}b")],
+        };
+        // From here on, `ns` cleans up whatever was created if a step fails.
+        let k = ns.octet;
+        let steps: Vec<Vec<String>> = {
+            let mut v: Vec<Vec<String>> = vec![
+                vec!["netns".into(), "add".into(), names[1].clone()],
+                vec![
+                    "link".into(),
+                    "add".into(),
+                    ns.repl_if[0].clone(),
+                    "type".into(),
+                    "veth".into(),
+                    "peer".into(),
+                    "name".into(),
+                    ns.repl_if[1].clone(),
+                ],
+            ];
+            for side in 0..2 {
+                let ctl_ns_if = format!("tcc{id}{}", ["a", "b"][side]);
+                v.push(vec![
+                    "link".into(),
+                    "set".into(),
+                    ns.repl_if[side].clone(),
+                    "netns".into(),
+                    names[side].clone(),
+                ]);
+                v.push(vec![
+                    "link".into(),
+                    "add".into(),
+                    ns.ctl_root_if[side].clone(),
+                    "type".into(),
+                    "veth".into(),
+                    "peer".into(),
+                    "name".into(),
+                    ctl_ns_if.clone(),
+                ]);
+                v.push(vec![
+                    "link".into(),
+                    "set".into(),
+                    ctl_ns_if.clone(),
+                    "netns".into(),
+                    names[side].clone(),
+                ]);
+                v.push(vec![
+                    "-n".into(),
+                    names[side].clone(),
+                    "addr".into(),
+                    "add".into(),
+                    format!("10.231.{k}.{}/24", side + 1),
+                    "dev".into(),
+                    ns.repl_if[side].clone(),
+                ]);
+                v.push(vec![
+                    "-n".into(),
+                    names[side].clone(),
+                    "addr".into(),
+                    "add".into(),
+                    format!("10.{}.{k}.2/24", 232 + side),
+                    "dev".into(),
+                    ctl_ns_if.clone(),
+                ]);
+                v.push(vec![
+                    "addr".into(),
+                    "add".into(),
+                    format!("10.{}.{k}.1/24", 232 + side),
+                    "dev".into(),
+                    ns.ctl_root_if[side].clone(),
+                ]);
+                v.push(vec![
+                    "-n".into(),
+                    names[side].clone(),
+                    "link".into(),
+                    "set".into(),
+                    "lo".into(),
+                    "up".into(),
+                ]);
+                v.push(vec![
+                    "-n".into(),
+                    names[side].clone(),
+                    "link".into(),
+                    "set".into(),
+                    ns.repl_if[side].clone(),
+                    "up".into(),
+                ]);
+                v.push(vec![
+                    "-n".into(),
+                    names[side].clone(),
+                    "link".into(),
+                    "set".into(),
+                    ctl_ns_if,
+                    "up".into(),
+                ]);
+                v.push(vec!["link".into(), "set".into(), ns.ctl_root_if[side].clone(), "up".into()]);
+            }
+            v
+        };
+        for s in steps {
+            let args: Vec<&str> = s.iter().map(String::as_str).collect();
+            ip(&args).map_err(SetupError::Failed)?;
+        }
+        Ok(ns)
+    }
+
+    fn repl_addr(&self, side: usize) -> String {
+        format!("10.231.{}.{}", self.octet, side + 1)
+    }
+
+    fn ctl_addr(&self, side: usize) -> String {
+        format!("10.{}.{}.2", 232 + side, self.octet)
+    }
+
+    /// Takes the replication link down (both ends) or up.
+    fn link(&self, up: bool) -> anyhow::Result<()> {
+        let state = if up { "up" } else { "down" };
+        for side in 0..2 {
+            ip(&["-n", &self.names[side], "link", "set", &self.repl_if[side], state])?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for side in 0..2 {
+            let _ = ip(&["link", "del", &self.ctl_root_if[side]]);
+            let _ = ip(&["netns", "del", &self.names[side]]);
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! The drills and their fault plans, generated up front from the seed (pure: no I/O, no
+//! clock). A plan is a list of timed [`Action`]s inside a span: a warm-up without faults,
+//! fault cycles, and a cool-down without faults before the workload stops.
+
+use std::fmt;
+use std::str::FromStr;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::workload::sub_seed;
+
+/// The drills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DrillKind {
+    PartitionHeal,
+    OneWayPartition,
+    FlappingLink,
+    CrashRestart,
+    Pause,
+    PacketChaos,
+    LongPartition,
+}
+
+impl DrillKind {
+    pub const ALL: [DrillKind; 7] = [
+        DrillKind::PartitionHeal,
+        DrillKind::OneWayPartition,
+        DrillKind::FlappingLink,
+        DrillKind::CrashRestart,
+        DrillKind::Pause,
+        DrillKind::PacketChaos,
+        DrillKind::LongPartition,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DrillKind::PartitionHeal => "partition-heal",
+            DrillKind::OneWayPartition => "one-way-partition",
+            DrillKind::FlappingLink => "flapping-link",
+            DrillKind::CrashRestart => "crash-restart",
+            DrillKind::Pause => "pause",
+            DrillKind::PacketChaos => "packet-chaos",
+            DrillKind::LongPartition => "long-partition",
+        }
+    }
+
+    pub fn about(self) -> &'static str {
+        match self {
+            DrillKind::PartitionHeal => "cut the link both ways under churn, heal, converge",
+            DrillKind::OneWayPartition => "drop the packets of one direction only (each way in turn)",
+            DrillKind::FlappingLink => "cut and heal the link in short seeded bursts",
+            DrillKind::CrashRestart => "kill -9 a DC (sometimes both) mid-traffic and restart it on the same data dir",
+            DrillKind::Pause => "SIGSTOP a DC for longer than the staleness and lease times, then SIGCONT",
+            DrillKind::PacketChaos => "loss, delay with jitter, duplication and reordering on the link",
+            DrillKind::LongPartition => {
+                "partition long enough to purge; the second DC loses its disk meanwhile, so healing takes the snapshot path"
+            }
+        }
+    }
+
+    /// The span of the short (CI) version, in ms.
+    pub fn short_span_ms(self) -> u64 {
+        match self {
+            DrillKind::PartitionHeal => 14_000,
+            DrillKind::OneWayPartition => 18_000,
+            DrillKind::FlappingLink => 16_000,
+            DrillKind::CrashRestart => 20_000,
+            DrillKind::Pause => 16_000,
+            DrillKind::PacketChaos => 16_000,
+            DrillKind::LongPartition => 22_000,
+        }
+    }
+
+    /// Purge grace for the drill's nodes: short in long-partition so that purging happens.
+    pub fn purge_grace_ms(self) -> u64 {
+        match self {
+            DrillKind::LongPartition => 1_000,
+            _ => 600_000,
+        }
+    }
+
+    /// Needs one-way cuts or packet faults (only the user-space relay provides them).
+    pub fn needs_relay(self) -> bool {
+        matches!(self, DrillKind::OneWayPartition | DrillKind::PacketChaos)
+    }
+
+    pub fn needs_processes(self) -> bool {
+        matches!(self, DrillKind::CrashRestart | DrillKind::Pause | DrillKind::LongPartition)
+    }
+}
+
+impl fmt::Display for DrillKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DrillKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        DrillKind::ALL.into_iter().find(|d| d.name() == s).ok_or_else(|| {
+            format!("unknown drill {s:?}; drills: {}", DrillKind::ALL.map(|d| d.name()).join(", "))
+        })
+    }
+}
+
+/// Which packets a cut drops. Sides: 0 = first DC ("a"), 1 = second ("b").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    Both,
+    /// Packets from a to b are dropped; b to a pass.
+    AToB,
+    /// Packets from b to a are dropped.
+    BToA,
+}
+
+impl Cut {
+    pub fn label(self, a: &str, b: &str) -> String {
+        match self {
+            Cut::Both => format!("{a} <-/-> {b}"),
+            Cut::AToB => format!("{a} -/-> {b}"),
+            Cut::BToA => format!("{b} -/-> {a}"),
+        }
+    }
+}
+
+/// Packet faults on every direction of the link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PacketFaults {
+    pub loss_pct: u8,
+    pub delay_ms: u32,
+    pub jitter_ms: u32,
+    pub duplicate_pct: u8,
+    pub reorder_pct: u8,
+    pub reorder_hold_ms: u32,
+}
+
+impl fmt::Display for PacketFaults {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "loss {}%, delay {}ms +/- {}ms, dup {}%, reorder {}% (hold {}ms)",
+            self.loss_pct,
+            self.delay_ms,
+            self.jitter_ms,
+            self.duplicate_pct,
+            self.reorder_pct,
+            self.reorder_hold_ms
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Cut(Cut),
+    Heal,
+    Packets(PacketFaults),
+    ClearPackets,
+    /// SIGKILL; with `wipe`, the data dir is deleted before the restart (disk loss).
+    Kill {
+        side: usize,
+        wipe: bool,
+    },
+    Restart {
+        side: usize,
+    },
+    Pause {
+        side: usize,
+    },
+    Resume {
+        side: usize,
+    },
+}
+
+impl Action {
+    /// Starts a fault (as opposed to ending one).
+    pub fn starts_fault(self) -> bool {
+        matches!(self, Action::Cut(_) | Action::Packets(_) | Action::Kill { .. } | Action::Pause { .. })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Planned {
+    pub at_ms: u64,
+    pub action: Action,
+}
+
+/// A drill's plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub kind: DrillKind,
+    /// The workload runs in [0, span_ms); every fault ends before it stops.
+    pub span_ms: u64,
+    pub actions: Vec<Planned>,
+}
+
+/// What the environment can do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    pub one_way: bool,
+    pub packets: bool,
+}
+
+/// The plan of `kind` for `seed`. `span_ms` of `None` is the short version.
+pub fn plan(kind: DrillKind, seed: u64, span_ms: Option<u64>, caps: Capabilities) -> Plan {
+    let short = span_ms.is_none();
+    let span = span_ms.unwrap_or(kind.short_span_ms()).max(10_000);
+    let warm = if short { 3_000 } else { (span / 10).clamp(3_000, 15_000) };
+    let cool = if short { 3_000 } else { (span / 10).clamp(3_000, 15_000) };
+    let (start, end) = (warm, span - cool);
+    let mut rng = StdRng::seed_from_u64(sub_seed(seed, 100 + kind as u64));
+    let mut a: Vec<Planned> = Vec::new();
+    let mut at = |t: u64, action: Action| a.push(Planned { at_ms: t, action });
+    let mut t = start;
+    match kind {
+        DrillKind::PartitionHeal => {
+            while t + 3_000 <= end {
+                let d = rng.gen_range(5_000..8_000).min(end - t);
+                at(t, Action::Cut(Cut::Both));
+                at(t + d, Action::Heal);
+                t += d + rng.gen_range(3_000..6_000);
+            }
+        }
+        DrillKind::OneWayPartition => {
+            let mut dir = if rng.gen_bool(0.5) { Cut::AToB } else { Cut::BToA };
+            while t + 2_000 <= end {
+                let d = rng.gen_range(3_500..5_500).min(end - t);
+                at(t, Action::Cut(if caps.one_way { dir } else { Cut::Both }));
+                at(t + d, Action::Heal);
+                dir = if dir == Cut::AToB { Cut::BToA } else { Cut::AToB };
+                t += d + rng.gen_range(2_000..3_500);
+            }
+        }
+        DrillKind::FlappingLink => {
+            while t + 600 <= end {
+                let d = rng.gen_range(300..1_500).min(end - t);
+                let cut = match (caps.one_way, rng.gen_range(0..3)) {
+                    (true, 1) => Cut::AToB,
+                    (true, 2) => Cut::BToA,
+                    _ => Cut::Both,
+                };
+                at(t, Action::Cut(cut));
+                at(t + d, Action::Heal);
+                t += d + rng.gen_range(300..1_500);
+            }
+        }
+        DrillKind::CrashRestart => {
+            let mut side = rng.gen_range(0..2usize);
+            let mut cycle = 0;
+            while t + 3_000 <= end {
+                let down = rng.gen_range(500..2_500);
+                // Every third cycle kills both DCs at once.
+                if cycle % 3 == 2 {
+                    at(t, Action::Kill { side: 0, wipe: false });
+                    at(t + 1, Action::Kill { side: 1, wipe: false });
+                    at(t + down, Action::Restart { side: 0 });
+                    at(t + down + 1, Action::Restart { side: 1 });
+                } else {
+                    at(t, Action::Kill { side, wipe: false });
+                    at(t + down, Action::Restart { side });
+                    side = 1 - side;
+                }
+                cycle += 1;
+                t += down + rng.gen_range(2_500..4_000);
+            }
+        }
+        DrillKind::Pause => {
+            let mut side = rng.gen_range(0..2usize);
+            while t + 3_000 <= end {
+                let d = rng.gen_range(1_800..4_000).min(end - t);
+                at(t, Action::Pause { side });
+                at(t + d, Action::Resume { side });
+                side = 1 - side;
+                t += d + rng.gen_range(2_000..3_500);
+            }
+        }
+        DrillKind::PacketChaos => {
+            if caps.packets {
+                while t + 1_000 <= end {
+                    at(
+                        t,
+                        Action::Packets(PacketFaults {
+                            loss_pct: rng.gen_range(5..16),
+                            delay_ms: rng.gen_range(5..30),
+                            jitter_ms: rng.gen_range(0..40),
+                            duplicate_pct: rng.gen_range(2..9),
+                            reorder_pct: rng.gen_range(5..16),
+                            reorder_hold_ms: rng.gen_range(20..60),
+                        }),
+                    );
+                    t += rng.gen_range(3_000..6_000);
+                }
+                at(end, Action::ClearPackets);
+            }
+        }
+        DrillKind::LongPartition => {
+            let len = end - start;
+            at(start, Action::Cut(Cut::Both));
+            let wipe_at = start + len * 6 / 10;
+            at(wipe_at, Action::Kill { side: 1, wipe: true });
+            at(wipe_at + 1_000, Action::Restart { side: 1 });
+            at(end, Action::Heal);
+        }
+    }
+    a.sort_by_key(|p| p.at_ms);
+    Plan { kind, span_ms: span, actions: a }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL_CAPS: Capabilities = Capabilities { one_way: true, packets: true };
+
+    #[test]
+    fn plans_are_seeded_and_end_their_faults_before_the_span_ends() {
+        for kind in DrillKind::ALL {
+            for span in [None, Some(60_000), Some(600_000)] {
+                let p = plan(kind, 9, span, ALL_CAPS);
+                assert_eq!(p, plan(kind, 9, span, ALL_CAPS));
+                assert!(!p.actions.is_empty(), "{kind} has faults");
+                let (mut cut, mut killed, mut paused, mut packets) = (false, [false; 2], [false; 2], false);
+                for x in &p.actions {
+                    assert!(x.at_ms < p.span_ms);
+                    match x.action {
+                        Action::Cut(_) => cut = true,
+                        Action::Heal => cut = false,
+                        Action::Packets(_) => packets = true,
+                        Action::ClearPackets => packets = false,
+                        Action::Kill { side, .. } => killed[side] = true,
+                        Action::Restart { side } => killed[side] = false,
+                        Action::Pause { side } => paused[side] = true,
+                        Action::Resume { side } => paused[side] = false,
+                    }
+                }
+                assert!(
+                    !cut && !packets && killed == [false; 2] && paused == [false; 2],
+                    "{kind}: every fault ends"
+                );
+            }
+        }
+    }
+}
