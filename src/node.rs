@@ -373,7 +373,15 @@ impl NodeShared {
                 dc.clone(),
                 json!({
                     "outbound": {
-                        "state": if p.out_connected { "up" } else { "down" },
+                        // "stalled": connected, but the oldest batch waits for its ack
+                        // longer than the stale threshold's tenth (at least 2 s).
+                        "state": match (p.out_connected, p.out_oldest_unacked_wall_ms) {
+                            (false, _) => "down",
+                            (true, 0) => "up",
+                            (true, t) if now_wall.saturating_sub(t) > (stale_after / 10).max(2_000) => "stalled",
+                            (true, _) => "up",
+                        },
+                        "inflight_batches": p.out_inflight_batches,
                         "acked_seq": p.out_acked_seq,
                         "last_ack_ms_ago": (p.out_last_ack_wall_ms > 0).then(|| now_wall.saturating_sub(p.out_last_ack_wall_ms)),
                         "connects": p.out_connects,

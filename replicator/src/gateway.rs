@@ -94,6 +94,10 @@ pub struct PeerLink {
     pub out_connects: u64,
     pub out_failures: u64,
     pub out_last_error: String,
+    /// Batches sent and not yet acknowledged on the current stream.
+    pub out_inflight_batches: u64,
+    /// Wall-clock ms when the oldest unacknowledged batch was sent (0: none in flight).
+    pub out_oldest_unacked_wall_ms: u64,
     pub snapshots_sent: u64,
     /// Inbound: the peer's events to us.
     pub in_connected: bool,
@@ -192,7 +196,16 @@ impl Gateway {
         store: S,
     ) -> Result<Gateway, GatewayError> {
         let server_cfg = tls.server_config(ALPN)?;
-        let endpoint = quinn::Endpoint::server(server_cfg, cfg.listen)
+        let socket = std::net::UdpSocket::bind(cfg.listen)
+            .map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
+        let secret = tls.current().stateless_reset_secret();
+        let reset_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret);
+        let endpoint_cfg = quinn::EndpointConfig::new(Arc::new(reset_key));
+        let runtime = quinn::default_runtime().ok_or_else(|| GatewayError::Bind {
+            addr: cfg.listen,
+            source: std::io::Error::other("no async runtime for quinn"),
+        })?;
+        let endpoint = quinn::Endpoint::new(endpoint_cfg, Some(server_cfg), socket, runtime)
             .map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
         let stats = Arc::new(GatewayStats::default());
         for p in &cfg.peers {
@@ -414,6 +427,15 @@ async fn send_session<S: ReplicaStore>(
             write_frame(&mut send, f).await.map_err(|e| e.message)?;
             stats.frames_sent.fetch_add(1, Ordering::Relaxed);
         }
+        let inflight = sender.inflight_batches() as u64;
+        stats.with_peer(&peer.dc, |p| {
+            if inflight == 0 {
+                p.out_oldest_unacked_wall_ms = 0;
+            } else if p.out_inflight_batches == 0 || p.out_oldest_unacked_wall_ms == 0 {
+                p.out_oldest_unacked_wall_ms = wall_ms();
+            }
+            p.out_inflight_batches = inflight;
+        });
         for ev in events {
             if let SenderEvent::SnapshotSent(m) = ev {
                 info!(peer = %peer.dc, seq = m.seq, "sent snapshot to peer");
@@ -442,9 +464,13 @@ async fn send_session<S: ReplicaStore>(
                         for ev in evs {
                             match ev {
                                 SenderEvent::PeerAcked(m) => {
+                                    let left = sender.inflight_batches() as u64;
                                     stats.with_peer(&peer.dc, |p| {
                                         p.out_acked_seq = m.seq;
                                         p.out_last_ack_wall_ms = wall_ms();
+                                        p.out_inflight_batches = left;
+                                        // The oldest unacked batch is now a younger one.
+                                        p.out_oldest_unacked_wall_ms = if left == 0 { 0 } else { wall_ms() };
                                     });
                                     store.peer_acked(peer.dc.clone(), m).await.map_err(|e| e.to_string())?;
                                 }
