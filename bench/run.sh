@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs tandem's benchmarks in one go (about 4.5 minutes with both peers, 3 without) and writes the
+# Runs tandem's benchmarks in one go (about 3.5 minutes with both peers, 2.5 without) and writes the
 # tables to bench/results/latest.md. Extra arguments go to tandem-bench, for example:
 #   bench/run.sh --secs 3            # shorter steps
 #   bench/run.sh --leases 100000     # M2's lease count

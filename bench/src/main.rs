@@ -18,6 +18,7 @@ mod nodes;
 mod peers;
 mod repl;
 mod sys;
+mod watch;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -33,7 +34,7 @@ use crate::sys::{CpuSplit, LOAD_THREAD, PROFILE, SERVER_THREAD};
 #[derive(Parser)]
 #[command(
     name = "tandem-bench",
-    about = "tandem benchmarks: register, heartbeat, discover, replicate, floors, peers"
+    about = "tandem benchmarks: register, heartbeat, discover, watch, detect, replicate, floors, peers"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -60,6 +61,10 @@ enum Cmd {
     Compare,
     /// Memory: RSS of a separate tandem node process before and after loading instances.
     Memory,
+    /// Watch fan-out (M4): blocking queries on one service with background churn.
+    Watch,
+    /// Failure detection (M5): a provider with a short TTL stops; watchers see it go.
+    Detect,
     /// Internal: runs one node in this process for `memory` (prints its address, stops on
     /// stdin EOF).
     #[command(hide = true)]
@@ -95,6 +100,12 @@ pub struct Opts {
     /// How long `replicate`'s catch-up step cuts the link (M7 asks for 60).
     #[arg(long, global = true, default_value_t = 15.0)]
     partition_secs: f64,
+    /// Watchers of `watch` (blocking queries on one service), at most 10,000.
+    #[arg(long, global = true, default_value_t = 2_000)]
+    watchers: usize,
+    /// Milliseconds between two changes of the watched service in `watch`.
+    #[arg(long, global = true, default_value_t = 500)]
+    churn_ms: u64,
     /// Also write the tables as markdown to this file.
     #[arg(long, global = true)]
     markdown: Option<PathBuf>,
@@ -138,6 +149,10 @@ pub struct Figures {
     pub register_per_fsync_direct: Option<f64>,
     /// (partition s, ingest /s, drain /s, reconnect s) of replicate's catch-up step.
     pub catch_up: Option<(f64, f64, f64, f64)>,
+    /// `watch`: (watchers, change to last delivery p99 ms, max ms, changes).
+    pub watch: Option<(usize, f64, f64, usize)>,
+    /// `detect`: (TTL ms, max ms to leave the default answer, max ms to leave dc=all, missed, seen).
+    pub detect: Option<(u64, f64, f64, u64, u64)>,
 }
 
 impl Ctx {
@@ -234,7 +249,7 @@ fn main() -> anyhow::Result<()> {
     };
     ctx.report.header(format!("machine: {}", sys::machine_line()));
     ctx.report.header(format!(
-        "commit {} | profile {PROFILE} (cargo dev profile: opt-level 0 for tandem and its Rust dependencies, librocksdb-sys opt-level 1)",
+        "commit {} | profile {PROFILE} (cargo dev profile: opt-level 0 for tandem; opt-level 2 for the hot dependencies tokio, hyper, axum, serde_json, quinn, rustls, ring, reqwest and others (root Cargo.toml); librocksdb-sys opt-level 1)",
         sys::git_commit()
     ));
     ctx.report.header(format!(
@@ -264,6 +279,12 @@ fn main() -> anyhow::Result<()> {
         }
         if matches!(cmd, Cmd::All | Cmd::Memory) {
             nodes::memory(&mut ctx).await?;
+        }
+        if matches!(cmd, Cmd::All | Cmd::Detect) {
+            watch::detect(&mut ctx).await?;
+        }
+        if matches!(cmd, Cmd::All | Cmd::Watch) {
+            watch::watch(&mut ctx).await?;
         }
         if matches!(cmd, Cmd::All | Cmd::Replicate) {
             repl::run(&mut ctx).await?;

@@ -62,7 +62,7 @@ pub async fn seed(
     Ok(run)
 }
 
-async fn check(resp: Result<reqwest::Response, reqwest::Error>) -> OpResult {
+pub async fn check(resp: Result<reqwest::Response, reqwest::Error>) -> OpResult {
     let resp = resp.map_err(|e| e.to_string())?;
     let status = resp.status();
     let body = resp.bytes().await.map_err(|e| e.to_string())?;
@@ -443,7 +443,7 @@ async fn seed_services(ctx: &Ctx, node: &Node, services: u64, per: u64) -> anyho
     Ok(run)
 }
 
-/// `serve-probe`: one node in this process, for `memory`. Prints `http=ADDR`, then serves
+/// `serve-probe`: one node in this process, for `memory`, `watch` and `detect`. Prints `http=ADDR`, then serves
 /// until stdin closes (the parent's guard), at most 10 minutes.
 pub fn serve_probe(base: std::path::PathBuf) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
@@ -464,7 +464,13 @@ pub fn serve_probe(base: std::path::PathBuf) -> anyhow::Result<()> {
 }
 
 /// A child process killed on drop.
-struct Child(std::process::Child);
+pub struct Child(std::process::Child);
+
+impl Child {
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
 
 impl Drop for Child {
     /// Closes the child's stdin (it then stops its node and removes its data dir), waits up
@@ -483,10 +489,9 @@ impl Drop for Child {
     }
 }
 
-/// `memory`: RSS of a separate tandem node process, empty and with `leases` ephemeral plus
-/// `services x per_service` persistent instances (the same instance count the peers hold
-/// in `compare`), loaded over HTTP.
-pub async fn memory(ctx: &mut Ctx) -> anyhow::Result<()> {
+/// Starts `serve-probe` (one tandem node in a separate process of this binary, pinned to
+/// the server's core like the in-process nodes) and returns it with its HTTP address.
+pub async fn spawn_probe(ctx: &Ctx) -> anyhow::Result<(Child, String)> {
     use std::io::BufRead as _;
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(if ctx.pin { "taskset".into() } else { exe.clone() });
@@ -511,6 +516,14 @@ pub async fn memory(ctx: &mut Ctx) -> anyhow::Result<()> {
         .strip_prefix("http=")
         .ok_or_else(|| anyhow::anyhow!("serve-probe said {line:?}"))?
         .to_owned();
+    Ok((child, addr))
+}
+
+/// `memory`: RSS of a separate tandem node process, empty and with `leases` ephemeral plus
+/// `services x per_service` persistent instances (the same instance count the peers hold
+/// in `compare`), loaded over HTTP.
+pub async fn memory(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let (child, addr) = spawn_probe(ctx).await?;
     let pid = child.0.id();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = rss_bytes(pid).unwrap_or(0);
@@ -563,7 +576,7 @@ pub async fn memory(ctx: &mut Ctx) -> anyhow::Result<()> {
     ]);
     ctx.report.note(
         "growth includes the in-memory view, leases, RocksDB memtables (the log, instance and index writes of \
-         every registration) and allocator slack; debug build"
+         every registration) and allocator slack; dev-profile build"
             .into(),
     );
     ctx.floors.tandem_rss = Some((before, after, total));

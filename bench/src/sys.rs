@@ -8,8 +8,9 @@ use std::process::Command;
 use std::time::Duration;
 
 /// The cargo profile this binary was built with. tandem's benches run in the dev profile
-/// (see docs/benchmarks.md): the only difference that matters is `debug_assertions` and
-/// opt-level 0 for tandem, tokio, quinn, rustls, axum and hyper (librocksdb-sys: opt-level 1).
+/// (see docs/benchmarks.md): `debug_assertions` and opt-level 0 for tandem itself; the hot
+/// dependencies (tokio, hyper, axum, serde_json, quinn, rustls, ring, ...) are built at
+/// opt-level 2 inside that profile and librocksdb-sys at opt-level 1 (root Cargo.toml).
 pub const PROFILE: &str = if cfg!(debug_assertions) { "debug" } else { "release" };
 
 /// Prefix of the load generator's thread names; every other thread of the process except

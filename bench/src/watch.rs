@@ -1,0 +1,386 @@
+//! Blocking-query benchmarks: `watch` (M4, fan-out of one service's changes to many
+//! watchers) and `detect` (M5, from a provider's last heartbeat to watchers seeing it go).
+//!
+//! Both run the node as a separate process (`serve-probe`, pinned to the server's core):
+//! 10,000 watchers need 10,000 client sockets and 10,000 server sockets, more than one
+//! process may open here, and a separate process gives the server's CPU time directly.
+//! Watchers use the real API, `GET /v1/services/{ns}/{svc}?index=N&wait=...`, one
+//! HTTP/1.1 connection each, on the load runtime (one core). Every loop is bounded by a
+//! deadline; every watcher task is aborted when its step ends.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+use crate::load::{ms, rate, Lat};
+use crate::nodes::{check, spawn_probe};
+use crate::sys::process_cpu;
+use crate::{cpu_now, Ctx};
+
+/// Most watchers a step opens (file descriptors: one socket per watcher in each process).
+pub const WATCHERS_MAX: usize = 10_000;
+
+fn client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .pool_max_idle_per_host(usize::MAX)
+        .timeout(Duration::from_secs(120))
+        .build()?)
+}
+
+fn index_of(resp: &reqwest::Response) -> Option<u64> {
+    resp.headers().get("x-tandem-index")?.to_str().ok()?.parse().ok()
+}
+
+async fn register(http: &reqwest::Client, addr: &str, body: Value) -> anyhow::Result<()> {
+    check(http.post(format!("http://{addr}/v1/register")).json(&body).send().await)
+        .await
+        .map_err(|e| anyhow::anyhow!("register: {e}"))
+}
+
+/// What one watcher saw: (service index, when the whole answer had been read).
+type Seen = Arc<Mutex<Vec<(u64, Instant)>>>;
+
+/// One watcher of `watch`: a first plain query, then blocking queries back to back, each
+/// from the index of the previous answer. Runs until aborted.
+async fn watcher(
+    http: reqwest::Client,
+    url: Arc<String>,
+    seen: Seen,
+    ready: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+) {
+    let mut idx: Option<u64> = None;
+    loop {
+        let req = match idx {
+            None => http.get(url.as_str()),
+            Some(i) => http.get(format!("{url}?index={i}&wait=60s")),
+        };
+        let got = match req.send().await {
+            Ok(resp) if resp.status().is_success() => {
+                let g = index_of(&resp);
+                match resp.bytes().await {
+                    Ok(_) => g,
+                    Err(_) => None,
+                }
+            }
+            _ => None,
+        };
+        match got {
+            Some(g) => {
+                let t = Instant::now();
+                if idx.is_none() {
+                    ready.fetch_add(1, Ordering::Relaxed);
+                }
+                if idx.is_none_or(|i| g > i) {
+                    seen.lock().push((g, t));
+                }
+                idx = Some(g);
+            }
+            None => {
+                errors.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// `watch` (M4): `--watchers` blocking queries on one service, a change to that service
+/// every `--churn-ms` for two steps, and for each change the time from sending its write
+/// to the last watcher having read an answer at or past it.
+pub async fn watch(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let n = ctx.opts.watchers.clamp(1, WATCHERS_MAX);
+    let every = Duration::from_millis(ctx.opts.churn_ms.clamp(10, 10_000));
+    let dur = ctx.step() * 2;
+    let (probe, addr) = spawn_probe(ctx).await?;
+    let http = client()?;
+    // The service: four persistent instances; the churn re-registers them with new weights.
+    let churn_body = |k: u64| {
+        json!({"service": "watched", "instance_id": format!("churn-{}", k % 4), "address": "10.20.30.40",
+               "port": 8080, "zone": "zone-a", "version": "1.4.2", "persistent": true, "weight": k % 50 + 2})
+    };
+    for k in 0..4 {
+        register(&http, &addr, churn_body(k)).await?;
+    }
+    let url = Arc::new(format!("http://{addr}/v1/services/default/watched"));
+    let ready = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let logs: Vec<Seen> = (0..n).map(|_| Seen::default()).collect();
+    // Ramp up in batches so that connection setup does not overflow the accept backlog.
+    let ramp_start = Instant::now();
+    let mut tasks = Vec::with_capacity(n);
+    for (i, seen) in logs.iter().enumerate() {
+        let (http, url, seen, ready, errors) =
+            (http.clone(), url.clone(), seen.clone(), ready.clone(), errors.clone());
+        tasks.push(ctx.load.spawn(watcher(http, url, seen, ready, errors)));
+        if i % 250 == 249 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let ramp_deadline = Instant::now() + Duration::from_secs(60);
+    while (ready.load(Ordering::Relaxed) as usize) < n && Instant::now() < ramp_deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ramp = ramp_start.elapsed();
+    let ready_n = ready.load(Ordering::Relaxed) as usize;
+    // Let every watcher send its blocking query.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let errors_before = errors.load(Ordering::Relaxed);
+    let cpu0 = (process_cpu(probe.id()).unwrap_or_default(), cpu_now());
+    let measured_from = Instant::now();
+    // Churn, on the load runtime: send the write, then read the service's index after it
+    // (only this loop changes the service, so that index is the change's).
+    let (h, a) = (http.clone(), addr.clone());
+    let churn = ctx
+        .on_load(async move {
+            let mut changes: Vec<(u64, Instant)> = Vec::new();
+            let mut failures = 0u64;
+            let start = Instant::now();
+            let mut k = 4u64;
+            while start.elapsed() < dur {
+                let t = Instant::now();
+                let ok = register(&h, &a, churn_body(k)).await.is_ok();
+                let idx = match h.get(format!("http://{a}/v1/services/default/watched")).send().await {
+                    Ok(r) if ok => index_of(&r),
+                    _ => None,
+                };
+                match idx {
+                    Some(i) if changes.last().is_none_or(|(p, _)| i > *p) => changes.push((i, t)),
+                    _ => failures += 1,
+                }
+                k += 1;
+                tokio::time::sleep_until(tokio::time::Instant::from_std(start + every * (k - 4) as u32))
+                    .await;
+            }
+            (changes, failures)
+        })
+        .await?;
+    let (changes, churn_failures) = churn;
+    // Give the last change up to 10 s to reach everyone, then stop the watchers.
+    let last_idx = changes.last().map_or(0, |c| c.0);
+    let grace = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < grace && !logs.iter().all(|l| l.lock().last().is_some_and(|(i, _)| *i >= last_idx))
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let server_cpu = process_cpu(probe.id()).unwrap_or_default().saturating_sub(cpu0.0);
+    let cpu = cpu_now().since(cpu0.1);
+    let elapsed = measured_from.elapsed().max(Duration::from_millis(1));
+    for t in &tasks {
+        t.abort();
+    }
+    drop(probe);
+    let watch_errors = errors.load(Ordering::Relaxed) - errors_before;
+    // For each change: when each watcher first held an answer at or past its index.
+    let mut last = Lat::default();
+    let mut each = Lat::default();
+    let mut missed = 0u64;
+    for (ci, ct) in &changes {
+        let mut latest: Option<Duration> = None;
+        let mut complete = true;
+        for l in &logs {
+            let l = l.lock();
+            let pos = l.partition_point(|(i, _)| i < ci);
+            match l.get(pos) {
+                Some((_, t)) => {
+                    let d = t.saturating_duration_since(*ct);
+                    each.push(d);
+                    latest = Some(latest.map_or(d, |x| x.max(d)));
+                }
+                None => {
+                    missed += 1;
+                    complete = false;
+                }
+            }
+        }
+        if let (true, Some(d)) = (complete, latest) {
+            last.push(d);
+        }
+    }
+    let (last, each) = (last.finish(), each.finish());
+    ctx.report.table(
+        "watch: blocking queries on one service, GET /v1/services/{ns}/{svc}?index=N&wait=60s, with churn",
+        &[
+            "watchers",
+            "changes (one every)",
+            "change to last delivery ms p50 / p99 / max",
+            "change to each delivery ms p50 / p99 / p999 / max",
+            "deliveries (missed)",
+            "server CPU-s per change",
+            "CPU cores server / load",
+            "errors",
+        ],
+    );
+    ctx.report.row(vec![
+        format!("{} ({} ready)", rate(n as f64), rate(ready_n as f64)),
+        format!("{} ({} ms)", changes.len(), every.as_millis()),
+        format!("{} / {} / {}", ms(last.q_ms(0.5)), ms(last.q_ms(0.99)), ms(last.max_ms())),
+        each.summary(),
+        format!("{} ({missed})", rate(each.count() as f64)),
+        format!("{:.3}", server_cpu.as_secs_f64() / changes.len().max(1) as f64),
+        format!(
+            "{:.2} / {:.2}",
+            server_cpu.as_secs_f64() / elapsed.as_secs_f64(),
+            cpu.load.as_secs_f64() / elapsed.as_secs_f64()
+        ),
+        format!("{watch_errors} watcher, {churn_failures} churn"),
+    ]);
+    ctx.report.note(format!(
+        "latency runs from sending the change's write (a durable POST /v1/register: its fsync is included) to \
+         the moment a watcher had read the whole answer at or past the change's index; a watcher that was \
+         still busy with an earlier answer gets a later one, which counts; watchers ramped up in {:.1} s; the \
+         node is a separate process on CPU 0, the watchers and their HTTP client share CPU 1",
+        ramp.as_secs_f64()
+    ));
+    if last.count() > 0 {
+        ctx.floors.watch = Some((n, last.q_ms(0.99), last.max_ms(), last.count()));
+    }
+    Ok(())
+}
+
+/// The provider TTL of `detect`.
+pub const DETECT_TTL_MS: u64 = 3_000;
+
+/// One watcher of `detect`: waits until `victim` is gone from the answer at `url` and
+/// returns when it saw that. `Err` when the victim was not there to begin with.
+async fn detect_watcher(
+    http: reqwest::Client,
+    url: String,
+    victim: String,
+    ready: Arc<AtomicU64>,
+) -> Result<Instant, String> {
+    let present = |v: &Value| {
+        v["instances"].as_array().is_some_and(|a| a.iter().any(|i| i["instance_id"] == victim.as_str()))
+    };
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let resp = http.get(&url).send().await.map_err(|e| e.to_string())?;
+    let mut idx = index_of(&resp).ok_or("no index")?;
+    let v: Value = resp.json().await.map_err(|e| e.to_string())?;
+    if !present(&v) {
+        return Err("victim not in the first answer".into());
+    }
+    ready.fetch_add(1, Ordering::Relaxed);
+    loop {
+        let resp =
+            http.get(format!("{url}{sep}index={idx}&wait=10s")).send().await.map_err(|e| e.to_string())?;
+        idx = index_of(&resp).ok_or("no index")?;
+        let v: Value = resp.json().await.map_err(|e| e.to_string())?;
+        if !present(&v) {
+            return Ok(Instant::now());
+        }
+    }
+}
+
+/// `detect` (M5): a provider registers with `ttl_ms` 3000, heartbeats every 500 ms, then
+/// stops; watchers of the default answer (health policy) and of `dc=all` (every record,
+/// whatever its health) measure the time from the last heartbeat to its disappearance.
+pub async fn detect(ctx: &mut Ctx) -> anyhow::Result<()> {
+    const ROUNDS: u64 = 3;
+    const WATCHERS: usize = 50;
+    let ttl = DETECT_TTL_MS;
+    let (probe, addr) = spawn_probe(ctx).await?;
+    let http = client()?;
+    // Four persistent instances keep the service's healthy share above the protect
+    // threshold, so an unhealthy provider is left out of the default answer.
+    for k in 0..4 {
+        register(
+            &http,
+            &addr,
+            json!({"service": "detect", "instance_id": format!("stable-{k}"), "address": "10.20.30.40",
+                   "port": 8080, "zone": "zone-a", "version": "1.4.2", "persistent": true}),
+        )
+        .await?;
+    }
+    let base = format!("http://{addr}/v1/services/default/detect");
+    let kinds = [base.clone(), format!("{base}?dc=all")];
+    let mut lats = [Lat::default(), Lat::default()];
+    let mut missed = [0u64; 2];
+    for round in 0..ROUNDS {
+        let victim = format!("victim-{round}");
+        register(
+            &http,
+            &addr,
+            json!({"service": "detect", "instance_id": victim, "address": "10.20.30.41", "port": 8080,
+                   "zone": "zone-a", "version": "1.4.2", "ttl_ms": ttl}),
+        )
+        .await?;
+        let ready = Arc::new(AtomicU64::new(0));
+        let mut tasks: Vec<(usize, tokio::task::JoinHandle<Result<Instant, String>>)> = Vec::new();
+        for (kind, url) in kinds.iter().enumerate() {
+            for _ in 0..WATCHERS {
+                let w = detect_watcher(http.clone(), url.clone(), victim.clone(), ready.clone());
+                tasks.push((kind, ctx.load.spawn(w)));
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while (ready.load(Ordering::Relaxed) as usize) < tasks.len() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Heartbeats every ttl/6 (twice per suspect period), four of them; the last one's send
+        // time starts the clock (the server renews the lease after that: conservative).
+        let hb = format!("http://{addr}/v1/heartbeat/default/detect/{victim}");
+        let mut last_hb = Instant::now();
+        for _ in 0..4 {
+            tokio::time::sleep(Duration::from_millis(ttl / 6)).await;
+            last_hb = Instant::now();
+            check(http.put(&hb).send().await).await.map_err(|e| anyhow::anyhow!("heartbeat: {e}"))?;
+        }
+        let until = last_hb + Duration::from_millis(ttl + 5_000);
+        for (kind, task) in tasks {
+            let left = until.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, task).await {
+                Ok(Ok(Ok(t))) => lats[kind].push(t.saturating_duration_since(last_hb)),
+                Ok(Ok(Err(_)) | Err(_)) => missed[kind] += 1,
+                Err(_) => missed[kind] += 1,
+            }
+        }
+    }
+    drop(probe);
+    let [policy, all] = lats.map(Lat::finish);
+    let bound = (ttl + 1_000) as f64;
+    ctx.report.table(
+        &format!(
+            "detect: a provider with ttl_ms {ttl} heartbeats every {} ms, then stops; blocking-query watchers",
+            ttl / 6
+        ),
+        &[
+            "answer watched",
+            "watchers x rounds",
+            "last heartbeat -> gone from the answer ms p50 / p99 / max",
+            "TTL + 1 s ms",
+            "missed",
+        ],
+    );
+    for (label, lat, miss) in [
+        ("default (health policy: an unhealthy instance is left out)", &policy, missed[0]),
+        ("dc=all (every record: gone when the lease expires)", &all, missed[1]),
+    ] {
+        ctx.report.row(vec![
+            label.into(),
+            format!("{WATCHERS} x {ROUNDS}"),
+            format!("{} / {} / {}", ms(lat.q_ms(0.5)), ms(lat.q_ms(0.99)), ms(lat.max_ms())),
+            format!("{bound:.0}"),
+            miss.to_string(),
+        ]);
+    }
+    ctx.report.note(format!(
+        "lease times from ttl_ms {ttl}: suspect after {} ms, unhealthy after {} ms, expired after {ttl} ms of \
+         silence; the node checks leases every 200 ms (health.check_interval_ms); the clock starts when the \
+         last heartbeat is sent; 4 persistent instances keep the healthy share above the protect threshold; \
+         one lease, so self-preservation (>= 10 leases) never pauses expiry",
+        ttl / 4,
+        ttl / 2
+    ));
+    if all.count() > 0 {
+        ctx.floors.detect = Some((
+            ttl,
+            policy.max_ms(),
+            all.max_ms(),
+            missed[0] + missed[1],
+            (all.count() + policy.count()) as u64,
+        ));
+    }
+    Ok(())
+}
