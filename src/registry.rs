@@ -490,6 +490,8 @@ pub struct Registry {
     preservation: Mutex<SelfPreservation>,
     preservation_active: std::sync::atomic::AtomicBool,
     failover: Mutex<HashMap<ServiceId, FailoverState>>,
+    /// Last known staleness of each remote origin, to wake watchers when it flips.
+    staleness: Mutex<BTreeMap<String, bool>>,
     pub counters: Arc<Counters>,
     started: Instant,
     stale: RwLock<StaleFn>,
@@ -518,6 +520,7 @@ impl Registry {
             preservation: Mutex::new(SelfPreservation::new(now, &health)),
             preservation_active: Default::default(),
             failover: Mutex::new(HashMap::new()),
+            staleness: Mutex::new(BTreeMap::new()),
             counters,
             started: Instant::now(),
             stale: RwLock::new(Arc::new(|_| false)),
@@ -878,6 +881,36 @@ impl Registry {
             }
         }
         self.refresh_failover(now);
+        self.refresh_staleness();
+    }
+
+    /// A remote origin turning stale (or fresh again) changes the `stale` flags and maybe
+    /// the policy's answer without any event: bump the services holding its instances so
+    /// that blocking queries return.
+    fn refresh_staleness(&self) {
+        let stale_fn = self.stale.read().clone();
+        let by_origin: BTreeMap<String, Vec<ServiceId>> = {
+            let v = self.view.view.read();
+            let mut m: BTreeMap<String, Vec<ServiceId>> = BTreeMap::new();
+            for (sid, svc) in &v.services {
+                for owner in svc.owners.iter().filter(|o| **o != self.dc) {
+                    if svc.instances.keys().any(|k| &k.owner_dc == owner) {
+                        m.entry(owner.clone()).or_default().push(sid.clone());
+                    }
+                }
+            }
+            m
+        };
+        for (origin, sids) in by_origin {
+            let now_stale = stale_fn(&origin);
+            let was = self.staleness.lock().insert(origin.clone(), now_stale);
+            if was.is_some_and(|w| w != now_stale) {
+                tracing::info!(origin = %origin, stale = now_stale, "remote origin staleness changed");
+                for sid in &sids {
+                    self.view.bump(sid);
+                }
+            }
+        }
     }
 
     fn refresh_failover(&self, now: u64) {

@@ -346,3 +346,23 @@ async fn an_origin_that_lost_its_history_is_replaced_everywhere_by_its_new_epoch
     assert_eq!(st_b["applied"]["dc-a"]["epoch"], st_a["log"]["epoch"]);
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_is_woken_when_a_remote_origin_turns_stale() {
+    let p = pair().await;
+    let (a, b) = (p.client_a(), p.client_b());
+    b.register(&reg_body("st", "b1", true)).await.unwrap();
+    eventually(Duration::from_secs(10), "replicated", || async { all_ids(&a, "st").await.len() == 1 }).await;
+    let d = a.discover("default", "st", "dc=dc-b").await.unwrap();
+    assert_eq!(d["instances"][0]["stale"], false);
+    let idx = d["index"].as_u64().unwrap();
+    p.partition();
+    // No event crosses the partition, yet the watcher must learn that the copy went stale.
+    let t = std::time::Instant::now();
+    let w = a.watch("default", "st", idx, Duration::from_secs(20)).await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(10), "woken by the staleness flip, not the wait");
+    assert!(w["index"].as_u64().unwrap() > idx);
+    let d = a.discover("default", "st", "dc=dc-b").await.unwrap();
+    assert_eq!(d["instances"][0]["stale"], true, "{d}");
+    p.stop().await;
+}
