@@ -72,6 +72,26 @@ struct Service {
     owners: Vec<String>,
 }
 
+impl Service {
+    fn new(index: u64) -> Self {
+        Service {
+            index,
+            instances: BTreeMap::new(),
+            notify: watch::channel(index).0,
+            removed: Default::default(),
+            owners: Vec::new(),
+        }
+    }
+
+    fn put(&mut self, seq: u64, record: InstanceRecord) {
+        if !self.owners.contains(&record.key.owner_dc) {
+            self.owners.push(record.key.owner_dc.clone());
+        }
+        self.removed.retain(|k| k != &record.key);
+        self.instances.insert(record.key.clone(), Held { seq, record });
+    }
+}
+
 /// How many removed instances a service remembers for `explain`.
 const REMOVED_REMEMBERED_MAX: usize = 32;
 
@@ -214,17 +234,7 @@ impl ViewCell {
         let idx = v.index;
         for (seq, record) in instances {
             let sid = (record.key.namespace.clone(), record.key.service.clone());
-            let svc = v.services.entry(sid).or_insert_with(|| Service {
-                index: idx,
-                instances: BTreeMap::new(),
-                notify: watch::channel(idx).0,
-                removed: Default::default(),
-                owners: Vec::new(),
-            });
-            if !svc.owners.contains(&record.key.owner_dc) {
-                svc.owners.push(record.key.owner_dc.clone());
-            }
-            svc.instances.insert(record.key.clone(), Held { seq, record });
+            v.services.entry(sid).or_insert_with(|| Service::new(idx)).put(seq, record);
         }
     }
 
@@ -247,18 +257,8 @@ impl ViewCell {
                         self.counters.events_remote.fetch_add(1, Ordering::Relaxed);
                     }
                     let sid = (record.key.namespace.clone(), record.key.service.clone());
-                    let svc = v.services.entry(sid.clone()).or_insert_with(|| Service {
-                        index: idx,
-                        instances: BTreeMap::new(),
-                        notify: watch::channel(idx).0,
-                        removed: Default::default(),
-                        owners: Vec::new(),
-                    });
-                    if !svc.owners.contains(&record.key.owner_dc) {
-                        svc.owners.push(record.key.owner_dc.clone());
-                    }
-                    svc.removed.retain(|k| k != &record.key);
-                    svc.instances.insert(record.key.clone(), Held { seq: *seq, record: record.clone() });
+                    let svc = v.services.entry(sid.clone()).or_insert_with(|| Service::new(idx));
+                    svc.put(*seq, record.clone());
                     svc.index = idx;
                     touched.push(sid);
                 }
