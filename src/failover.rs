@@ -260,8 +260,9 @@ pub fn evaluate(
                         s.local_ok_since_ms = None;
                         (s, Decision { active: false, reason: "local side recovered; failed back".into() })
                     } else {
+                        // Time-free text: an answer is a function of its index (see http.rs).
                         let reason = format!(
-                            "local side recovered {held} ms ago; failback after {} ms",
+                            "local side recovered; failback once it stays healthy for {} ms",
                             p.failback_hold_ms
                         );
                         (s, Decision { active: true, reason })

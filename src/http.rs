@@ -16,6 +16,8 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use axum::body::Bytes;
+
 use crate::error::ApiError;
 use crate::node::NodeShared;
 use crate::registry::{DcFilter, RegisterRequest, StatusName};
@@ -159,12 +161,54 @@ async fn discover(
     } else if q.wait.is_some() {
         return Err(ApiError::invalid_field("wait", "needs index"));
     }
-    let answer = node.registry.discover(&ns, &svc, &filter, explain)?;
+    let (index, body) = if explain {
+        let answer = node.registry.discover(&ns, &svc, &filter, true)?;
+        (answer.index, Bytes::from(serde_json::to_vec(&answer).unwrap_or_default()))
+    } else {
+        answer_bytes(&node, &ns, &svc, &filter)?
+    };
     let mut headers = HeaderMap::new();
-    if let Ok(v) = HeaderValue::from_str(&answer.index.to_string()) {
+    if let Ok(v) = HeaderValue::from_str(&index.to_string()) {
         headers.insert("x-tandem-index", v);
     }
-    Ok((headers, Json(answer)).into_response())
+    headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Ok((headers, body).into_response())
+}
+
+/// Most discovery answers kept encoded (see [`answer_bytes`]).
+const ANSWER_CACHE_ENTRIES_MAX: usize = 16_384;
+
+/// The encoded answer for (service, filter) at the service's current index.
+///
+/// An answer (without `explain`) is a function of the service's index: every change that
+/// shows in it — an event, a failover switch, a remote origin turning stale or fresh —
+/// moves the index. So when thousands of watchers wake for one change, the answer is
+/// computed and encoded once and the same bytes go to all of them.
+fn answer_bytes(node: &NodeShared, ns: &str, svc: &str, filter: &DcFilter) -> Result<(u64, Bytes), ApiError> {
+    let key = (ns.to_owned(), svc.to_owned(), filter_key(filter));
+    let current = node.registry.service_index(ns, svc);
+    if let Some((idx, bytes)) = node.answers.lock().get(&key) {
+        if *idx == current {
+            node.registry.counters.discover_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Ok((*idx, bytes.clone()));
+        }
+    }
+    let answer = node.registry.discover(ns, svc, filter, false)?;
+    let bytes = Bytes::from(serde_json::to_vec(&answer).unwrap_or_default());
+    let mut cache = node.answers.lock();
+    if cache.len() >= ANSWER_CACHE_ENTRIES_MAX {
+        cache.clear();
+    }
+    cache.insert(key, (answer.index, bytes.clone()));
+    Ok((answer.index, bytes))
+}
+
+fn filter_key(f: &DcFilter) -> String {
+    match f {
+        DcFilter::Policy => String::new(),
+        DcFilter::All => "*all".into(),
+        DcFilter::Only(dc) => dc.clone(),
+    }
 }
 
 #[derive(Deserialize)]

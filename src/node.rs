@@ -39,12 +39,17 @@ pub struct LiveMarks {
     pub remote: BTreeMap<String, Mark>,
 }
 
+/// Encoded discovery answers: (namespace, service, filter) -> (index, JSON bytes).
+pub type AnswerCache = std::collections::HashMap<(String, String, String), (u64, axum::body::Bytes)>;
+
 /// What the HTTP handlers and the background tasks share.
 pub struct NodeShared {
     pub registry: Arc<Registry>,
     pub committer: CommitterHandle,
     pub live: Arc<parking_lot::RwLock<LiveMarks>>,
     pub gateway_stats: Option<Arc<GatewayStats>>,
+    /// Encoded discovery answers by (namespace, service, filter), with their index.
+    pub answers: Mutex<AnswerCache>,
     gateway: Mutex<Option<Gateway>>,
     gateway_clock: tokio::time::Instant,
     config_path: Option<PathBuf>,
@@ -201,6 +206,7 @@ impl Node {
             committer: committer.clone(),
             live,
             gateway_stats,
+            answers: Mutex::new(Default::default()),
             gateway: Mutex::new(gw),
             gateway_clock,
             config_path,
