@@ -333,8 +333,7 @@ async fn dev(dir: PathBuf, http_port: u16, repl_port: u16, stale_after_ms: u64) 
     println!("  curl -s http://{hb}/v1/status");
     println!("Ctrl-C stops both DCs.");
     wait_for_stop(&[&na, &nb]).await;
-    na.shutdown().await;
-    nb.shutdown().await;
+    tokio::join!(na.shutdown(), nb.shutdown());
     Ok(())
 }
 
