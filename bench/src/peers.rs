@@ -760,9 +760,8 @@ fn targets(ctx: &mut Ctx, etcd: Option<&PeerFigures>, rnacos: Option<&PeerFigure
         None => ctx.report.row(vec!["M8 memory".into(), "-".into(), nm("memory not run")]),
     }
     ctx.report.note(
-        "every tandem figure here comes from the dev profile (opt-level 0 for tandem's own code, opt-level 2 for \
-         its hot dependencies); etcd and r-nacos are optimized release builds: CPU-normalized ratios understate \
-         tandem"
+        "every tandem figure here comes from the dev profile (opt-level 2 for tandem's crates and its hot \
+         dependencies, with debug assertions and debug info); etcd and r-nacos are release builds"
             .into(),
     );
 }

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 /// The cargo profile this binary was built with. tandem's benches run in the dev profile
-/// (see docs/benchmarks.md): `debug_assertions` and opt-level 0 for tandem itself; the hot
+/// (see docs/benchmarks.md) with `debug_assertions`; tandem's crates and the hot
 /// dependencies (tokio, hyper, axum, serde_json, quinn, rustls, ring, ...) are built at
 /// opt-level 2 inside that profile and librocksdb-sys at opt-level 1 (root Cargo.toml).
 pub const PROFILE: &str = if cfg!(debug_assertions) { "debug" } else { "release" };
