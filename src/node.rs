@@ -188,8 +188,6 @@ impl Node {
         if let (Some(stats), Some(r)) = (gateway_stats.clone(), cfg.replication.clone()) {
             let peers: Vec<String> = r.peers.iter().map(|p| p.dc.clone()).collect();
             let stale_after = r.stale_after_ms;
-            let clock = gw.as_ref().map(|g| g.mono_ms()).unwrap_or(0);
-            let _ = clock;
             let started = gateway_clock;
             registry.set_stale_fn(Arc::new(move |origin: &str| {
                 if !peers.iter().any(|p| p == origin) {

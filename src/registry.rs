@@ -916,12 +916,8 @@ impl Registry {
     fn refresh_failover(&self, now: u64) {
         let sids: Vec<ServiceId> = self.failover.lock().keys().cloned().collect();
         for sid in sids {
-            let before = self.failover.lock().get(&sid).map(|s| s.active);
+            // evaluate_failover bumps the service's index itself when the decision flips.
             let _ = self.evaluate_failover(&sid, now);
-            let after = self.failover.lock().get(&sid).map(|s| s.active);
-            if before != after {
-                self.view.bump(&sid);
-            }
         }
     }
 

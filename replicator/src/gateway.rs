@@ -383,7 +383,7 @@ async fn send_session<S: ReplicaStore>(
     let peer_dc = peer.dc.clone();
     let tuning = cfg.stream.clone();
     let (mut sender, hello) = store
-        .with_log(Box::new(move |log: &dyn EventLog| Sender::new(&LogRef(log), &peer_dc, tuning, 0)))
+        .with_log(Box::new(move |log: &dyn EventLog| Sender::new(log, &peer_dc, tuning, 0)))
         .await
         .map_err(|e| e.to_string())?;
     write_frame(&mut send, &hello).await.map_err(|e| e.message)?;
@@ -405,7 +405,7 @@ async fn send_session<S: ReplicaStore>(
                 let mut err = None;
                 // Bounded: at most one window's worth plus a ping per round.
                 for _ in 0..64 {
-                    match sender.poll_transmit(&LogRef(log), now) {
+                    match sender.poll_transmit(log, now) {
                         Ok(Some((f, ev))) => {
                             frames.push(f);
                             events.extend(ev);
@@ -453,7 +453,7 @@ async fn send_session<S: ReplicaStore>(
                 stats.frames_received.fetch_add(1, Ordering::Relaxed);
                 let (s, res) = store
                     .with_log(Box::new(move |log: &dyn EventLog| {
-                        let r = sender.handle_frame(&LogRef(log), f);
+                        let r = sender.handle_frame(log, f);
                         (sender, r)
                     }))
                     .await
@@ -698,55 +698,4 @@ async fn receive_session<S: ReplicaStore>(
     // Still holding the turn, so a newer session's "up" is never overwritten.
     stats.with_peer(peer_dc, |p| p.in_connected = false);
     res
-}
-
-/// Adapts `&dyn EventLog` to the generic protocol functions.
-struct LogRef<'a>(&'a dyn EventLog);
-
-impl EventLog for LogRef<'_> {
-    fn local_dc(&self) -> &str {
-        self.0.local_dc()
-    }
-    fn own_mark(&self) -> Mark {
-        self.0.own_mark()
-    }
-    fn mark_of(&self, origin: &str) -> Option<Mark> {
-        self.0.mark_of(origin)
-    }
-    fn marks(&self) -> BTreeMap<String, Mark> {
-        self.0.marks()
-    }
-    fn purge_floor(&self) -> u64 {
-        self.0.purge_floor()
-    }
-    fn append_local(&mut self, _events: &[ChangeEvent]) -> Result<(), LogError> {
-        Err(LogError::Storage("read-only view".into()))
-    }
-    fn read_own(&self, after_seq: u64, max: usize) -> Result<Vec<ChangeEvent>, LogError> {
-        self.0.read_own(after_seq, max)
-    }
-    fn apply_remote(&mut self, _c: &str, _e: &[ChangeEvent]) -> Result<ApplyReport, LogError> {
-        Err(LogError::Storage("read-only view".into()))
-    }
-    fn install_snapshot(&mut self, _c: &str, _s: &Snapshot) -> Result<ApplyReport, LogError> {
-        Err(LogError::Storage("read-only view".into()))
-    }
-    fn snapshot_own(&self) -> Result<Snapshot, LogError> {
-        self.0.snapshot_own()
-    }
-    fn purge_own(&mut self, _upto_seq: u64) -> Result<(), LogError> {
-        Err(LogError::Storage("read-only view".into()))
-    }
-    fn purge_remote_tombstones(&mut self, _o: &str, _u: u64) -> Result<(), LogError> {
-        Err(LogError::Storage("read-only view".into()))
-    }
-    fn held(&self, key: &tandem_schemas::InstanceKey) -> crate::merge::Held {
-        self.0.held(key)
-    }
-    fn instances(&self) -> Result<Vec<(u64, tandem_schemas::InstanceRecord)>, LogError> {
-        self.0.instances()
-    }
-    fn tombstones(&self) -> Result<Vec<tandem_schemas::Tombstone>, LogError> {
-        self.0.tombstones()
-    }
 }

@@ -100,7 +100,12 @@ pub struct Sender {
 
 impl Sender {
     /// Starts a stream to `peer_dc`; returns the sender and the Hello to send first.
-    pub fn new<L: EventLog>(log: &L, peer_dc: &str, tuning: StreamTuning, now_ms: u64) -> (Self, Frame) {
+    pub fn new<L: EventLog + ?Sized>(
+        log: &L,
+        peer_dc: &str,
+        tuning: StreamTuning,
+        now_ms: u64,
+    ) -> (Self, Frame) {
         let own = log.own_mark();
         let s = Sender {
             local_dc: log.local_dc().to_owned(),
@@ -133,7 +138,7 @@ impl Sender {
     }
 
     /// Handles a frame from the receiver.
-    pub fn handle_frame<L: EventLog>(
+    pub fn handle_frame<L: EventLog + ?Sized>(
         &mut self,
         log: &L,
         frame: Frame,
@@ -214,7 +219,7 @@ impl Sender {
 
     /// The next frame to send, if any: a snapshot, a batch within the window, or a ping
     /// when idle. Call until it returns `Ok(None)`.
-    pub fn poll_transmit<L: EventLog>(
+    pub fn poll_transmit<L: EventLog + ?Sized>(
         &mut self,
         log: &L,
         now_ms: u64,
@@ -261,7 +266,10 @@ impl Sender {
         Ok(None)
     }
 
-    fn snapshot_frame<L: EventLog>(&mut self, log: &L) -> Result<(Frame, Vec<SenderEvent>), StreamError> {
+    fn snapshot_frame<L: EventLog + ?Sized>(
+        &mut self,
+        log: &L,
+    ) -> Result<(Frame, Vec<SenderEvent>), StreamError> {
         // A snapshot must not overtake batches in flight of the old cursor; wait for them.
         let snapshot: Snapshot =
             log.snapshot_own().map_err(|e| StreamError::new(RefuseCode::Internal, e.to_string()))?;
