@@ -42,12 +42,13 @@ pub async fn seed(
     node: &Node,
     count: u64,
     persistent: bool,
-    name: fn(u64) -> (String, String),
+    name: impl Fn(u64) -> (String, String) + Send + Sync + 'static,
 ) -> anyhow::Result<Run> {
     let registry = node.shared.registry.clone();
+    let name = Arc::new(name);
     let run = ctx
         .on_load(closed_loop(256, Duration::from_secs(600), count, cpu_now, move |i| {
-            let registry = registry.clone();
+            let (registry, name) = (registry.clone(), name.clone());
             async move {
                 let (svc, id) = name(i);
                 registry
@@ -422,25 +423,7 @@ pub async fn discover(ctx: &mut Ctx) -> anyhow::Result<()> {
 }
 
 async fn seed_services(ctx: &Ctx, node: &Node, services: u64, per: u64) -> anyhow::Result<Run> {
-    let registry = node.shared.registry.clone();
-    let count = services * per;
-    let name = svc_name(per);
-    let name = Arc::new(name);
-    let run = ctx
-        .on_load(closed_loop(256, Duration::from_secs(600), count, cpu_now, move |i| {
-            let (registry, name) = (registry.clone(), name.clone());
-            async move {
-                let (svc, id) = name(i);
-                registry
-                    .register(register_request(svc, id, true))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            }
-        }))
-        .await?;
-    anyhow::ensure!(run.ok == count, "seeding registered {} of {count}: {:?}", run.ok, run.first_error);
-    Ok(run)
+    seed(ctx, node, services * per, true, svc_name(per)).await
 }
 
 /// `serve-probe`: one node in this process, for `memory`, `watch` and `detect`. Prints `http=ADDR`, then serves
