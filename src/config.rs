@@ -32,6 +32,8 @@ pub struct Config {
     pub failover: PolicyConfig,
     #[serde(default)]
     pub log: LogSection,
+    #[serde(default)]
+    pub store: StoreSection,
 }
 
 fn default_http_addr() -> SocketAddr {
@@ -165,6 +167,46 @@ pub struct LogSection {
     pub level: Option<String>,
 }
 
+/// The event log's write path.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreSection {
+    /// Longest time a group commit waits for more concurrent writes before its fsync
+    /// (0 = never wait). Only rounds that already hold two or more writes wait, and only
+    /// until they are as large as the previous round ended up.
+    pub group_commit_linger_us: u64,
+    /// Sleep between two looks for new writes while waiting.
+    pub group_commit_gap_us: u64,
+    /// A wait never holds out for more writes than this.
+    pub group_commit_target: usize,
+    /// RocksDB memtable size per column family, MiB (bounds the memory the log's
+    /// unflushed writes take).
+    pub write_buffer_mib: usize,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        use crate::store as c;
+        StoreSection {
+            group_commit_linger_us: c::LINGER_MAX_US_DEFAULT,
+            group_commit_gap_us: c::LINGER_GAP_US_DEFAULT,
+            group_commit_target: c::LINGER_TARGET_DEFAULT,
+            write_buffer_mib: crate::store::WRITE_BUFFER_MIB_DEFAULT,
+        }
+    }
+}
+
+impl StoreSection {
+    pub fn committer_limits(&self) -> crate::store::CommitterLimits {
+        crate::store::CommitterLimits {
+            linger_max: std::time::Duration::from_micros(self.group_commit_linger_us),
+            linger_gap: std::time::Duration::from_micros(self.group_commit_gap_us),
+            linger_target: self.group_commit_target,
+            ..Default::default()
+        }
+    }
+}
+
 /// A configuration problem, with the key at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -197,6 +239,7 @@ impl Config {
             replication: None,
             failover: Default::default(),
             log: Default::default(),
+            store: Default::default(),
         }
     }
 
@@ -218,6 +261,19 @@ impl Config {
         }
         if self.health.check_interval_ms == 0 || self.health.check_interval_ms > 10_000 {
             return Err(inv("[health] check_interval_ms must be 1..=10000".into()));
+        }
+        let st = &self.store;
+        if st.group_commit_linger_us > 10_000 {
+            return Err(inv("[store] group_commit_linger_us must be 0..=10000".into()));
+        }
+        if st.group_commit_gap_us == 0 || st.group_commit_gap_us > st.group_commit_linger_us.max(1) {
+            return Err(inv("[store] group_commit_gap_us must be 1..=group_commit_linger_us".into()));
+        }
+        if !(2..=1024).contains(&st.group_commit_target) {
+            return Err(inv("[store] group_commit_target must be 2..=1024".into()));
+        }
+        if !(1..=1024).contains(&st.write_buffer_mib) {
+            return Err(inv("[store] write_buffer_mib must be 1..=1024".into()));
         }
         if let Some(r) = &self.replication {
             for peer in &r.peers {

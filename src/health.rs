@@ -289,6 +289,170 @@ impl LeaseTimes {
     }
 }
 
+/// Every lease of a node, with a due-time queue so that a lease check looks only at the
+/// leases whose next deadline has come, not at all of them.
+///
+/// A heartbeat only updates its lease (O(1) amortized): it never touches the queue unless
+/// it moved the lease's deadline earlier. Each queued entry carries a generation; an entry
+/// whose generation is not its lease's current one is stale (the lease was rescheduled or
+/// removed) and is dropped when it comes up. A lease is looked at about once per deadline
+/// (for a healthy lease: once per suspect time), so a check's work is proportional to the
+/// leases that are due, whatever the total.
+///
+/// Checking a lease early is harmless ([`Lease::tick`] returns `None`), so a deadline that
+/// a heartbeat postponed costs one extra look, never a missed transition: the queue holds,
+/// for every lease, an entry at or before its next deadline.
+pub struct LeaseTable<K: Eq + std::hash::Hash + Clone> {
+    map: std::collections::HashMap<std::sync::Arc<K>, Slot, foldhash::fast::RandomState>,
+    due: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u64, std::sync::Arc<K>)>>,
+    /// Leases past their expiry while expiry was paused, with their generation.
+    parked: Vec<(std::sync::Arc<K>, u64)>,
+    generation: u64,
+}
+
+struct Slot {
+    lease: Lease,
+    /// Generation of the queue entry that stands for this lease.
+    generation: u64,
+    /// Time of that entry.
+    due_ms: u64,
+}
+
+impl<K: Eq + std::hash::Hash + Ord + Clone> Default for LeaseTable<K> {
+    fn default() -> Self {
+        LeaseTable { map: Default::default(), due: Default::default(), parked: Vec::new(), generation: 0 }
+    }
+}
+
+impl<K: Eq + std::hash::Hash + Ord + Clone> LeaseTable<K> {
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn contains(&self, key: &K) -> bool {
+        self.map.contains_key(key)
+    }
+
+    pub fn get(&self, key: &K) -> Option<&Lease> {
+        self.map.get(key).map(|s| &s.lease)
+    }
+
+    /// Adds or replaces the lease of `key`.
+    pub fn insert(&mut self, key: K, lease: Lease) {
+        let key = std::sync::Arc::new(key);
+        let (generation, due_ms) = self.schedule(&key, &lease);
+        self.map.insert(key, Slot { lease, generation, due_ms });
+    }
+
+    pub fn remove(&mut self, key: &K) -> Option<Lease> {
+        self.map.remove(key).map(|s| s.lease)
+    }
+
+    /// Renews the lease of `key` if there is one: `None` when there is none, else what
+    /// [`Lease::heartbeat`] returned.
+    pub fn heartbeat(&mut self, key: &K, now_ms: u64) -> Option<Option<Transition>> {
+        let slot = self.map.get_mut(key)?;
+        let t = slot.lease.heartbeat(now_ms);
+        if slot.lease.next_deadline_ms().is_some_and(|d| d < slot.due_ms) {
+            self.reschedule(key);
+        }
+        Some(t)
+    }
+
+    /// The lease check at `now_ms`: ticks every lease whose deadline has come and returns
+    /// the transitions, in deadline order. A lease past its expiry while expiry is paused
+    /// is parked, and queued again at the first check with expiry resumed.
+    pub fn check(&mut self, now_ms: u64, expiry_paused: bool) -> Vec<(K, Transition)> {
+        let mut out = Vec::new();
+        if !expiry_paused {
+            for (key, generation) in std::mem::take(&mut self.parked) {
+                if let Some(slot) = self.map.get_mut(&key).filter(|s| s.generation == generation) {
+                    self.generation += 1;
+                    slot.generation = self.generation;
+                    slot.due_ms = now_ms;
+                    self.due.push(std::cmp::Reverse((now_ms, self.generation, key)));
+                }
+            }
+        }
+        while let Some(std::cmp::Reverse((due_ms, _, _))) = self.due.peek() {
+            if *due_ms > now_ms {
+                break;
+            }
+            let Some(std::cmp::Reverse((_, generation, key))) = self.due.pop() else { break };
+            let Some(slot) = self.map.get_mut(&key) else { continue };
+            if slot.generation != generation {
+                continue;
+            }
+            if let Some(t) = slot.lease.tick(now_ms, expiry_paused) {
+                out.push(((*key).clone(), t));
+            }
+            // Every entry pushed here lies after `now_ms`, so this loop ends.
+            self.generation += 1;
+            slot.generation = self.generation;
+            slot.due_ms = u64::MAX;
+            match slot.lease.next_deadline_ms() {
+                None => {}
+                Some(next_ms) if next_ms > now_ms => {
+                    slot.due_ms = next_ms;
+                    self.due.push(std::cmp::Reverse((next_ms, self.generation, key)));
+                }
+                Some(_) => {
+                    // Past its expiry with expiry paused: nothing changes until expiry
+                    // resumes (then it is parked back in the queue), except a damping
+                    // release, which keeps its own entry.
+                    if let Some(release_ms) = slot.lease.release_deadline_ms().filter(|r| *r > now_ms) {
+                        slot.due_ms = release_ms;
+                        self.due.push(std::cmp::Reverse((release_ms, self.generation, key.clone())));
+                    }
+                    self.parked.push((key, self.generation));
+                }
+            }
+        }
+        out
+    }
+
+    /// Queued entries, stale ones included (for tests and metrics).
+    pub fn queued(&self) -> usize {
+        self.due.len()
+    }
+
+    fn schedule(&mut self, key: &std::sync::Arc<K>, lease: &Lease) -> (u64, u64) {
+        self.generation += 1;
+        let Some(d) = lease.next_deadline_ms() else { return (self.generation, u64::MAX) };
+        self.due.push(std::cmp::Reverse((d, self.generation, key.clone())));
+        self.compact();
+        (self.generation, d)
+    }
+
+    fn reschedule(&mut self, key: &K) {
+        let Some((arc, _)) = self.map.get_key_value(key) else { return };
+        let arc = arc.clone();
+        self.generation += 1;
+        let generation = self.generation;
+        if let Some(slot) = self.map.get_mut(key) {
+            if let Some(d) = slot.lease.next_deadline_ms() {
+                slot.generation = generation;
+                slot.due_ms = d;
+                self.due.push(std::cmp::Reverse((d, generation, arc)));
+            }
+        }
+        self.compact();
+    }
+
+    /// Drops stale entries when they outnumber the live ones, so that churn (leases
+    /// removed and added again) cannot grow the queue without bound.
+    fn compact(&mut self) {
+        if self.due.len() > 64 && self.due.len() > 2 * self.map.len() {
+            let map = &self.map;
+            self.due.retain(|std::cmp::Reverse((_, g, k))| map.get(k).is_some_and(|s| s.generation == *g));
+        }
+    }
+}
+
 /// What a call on a [`Lease`] changed; each one becomes one change event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transition {
@@ -440,11 +604,15 @@ impl Lease {
             Health::Unhealthy => self.times.expire_after_ms,
         };
         let silence_deadline_ms = self.last_renew_ms.saturating_add(threshold_ms);
-        let release_deadline_ms = match (self.damped, self.last_flip_ms) {
-            (true, Some(flip_ms)) => flip_ms.saturating_add(self.flap_window_ms),
-            _ => u64::MAX,
-        };
-        Some(silence_deadline_ms.min(release_deadline_ms))
+        Some(silence_deadline_ms.min(self.release_deadline_ms().unwrap_or(u64::MAX)))
+    }
+
+    /// When damping may be released (`None` while not damped).
+    pub fn release_deadline_ms(&self) -> Option<u64> {
+        match (self.damped, self.last_flip_ms) {
+            (true, Some(flip_ms)) if !self.expired => Some(flip_ms.saturating_add(self.flap_window_ms)),
+            _ => None,
+        }
     }
 
     fn silence_ms(&self, now_ms: u64) -> u64 {
@@ -1167,7 +1335,70 @@ mod tests {
         )
     }
 
+    #[derive(Clone, Copy, Debug)]
+    enum TableOp {
+        Insert(u8),
+        Remove(u8),
+        Beat(u8),
+        Check { paused: bool },
+    }
+
+    fn table_ops() -> impl Strategy<Value = Vec<(u64, TableOp)>> {
+        let delta_ms = prop_oneof![6 => 0u64..2_000, 3 => 2_000u64..8_000, 1 => 8_000u64..40_000];
+        let op = prop_oneof![
+            2 => (0u8..12).prop_map(TableOp::Insert),
+            1 => (0u8..12).prop_map(TableOp::Remove),
+            5 => (0u8..12).prop_map(TableOp::Beat),
+            3 => Just(TableOp::Check { paused: false }),
+            1 => Just(TableOp::Check { paused: true }),
+        ];
+        proptest::collection::vec((delta_ms, op), 0..400)
+    }
+
     proptest! {
+        /// The due-time queue of [`LeaseTable`] finds exactly the transitions a scan of every
+        /// lease at every check finds, in any history of inserts, removals, heartbeats and
+        /// (paused) checks.
+        #[test]
+        fn lease_table_matches_a_full_scan((cfg, times) in configs(), ops in table_ops()) {
+            let mut table: LeaseTable<u8> = LeaseTable::default();
+            let mut scan: std::collections::BTreeMap<u8, Lease> = Default::default();
+            let mut now_ms = 0;
+            for (delta_ms, op) in ops {
+                now_ms += delta_ms;
+                match op {
+                    TableOp::Insert(k) => {
+                        table.insert(k, Lease::new(now_ms, times, &cfg));
+                        scan.insert(k, Lease::new(now_ms, times, &cfg));
+                    }
+                    TableOp::Remove(k) => {
+                        prop_assert_eq!(table.remove(&k).is_some(), scan.remove(&k).is_some());
+                    }
+                    TableOp::Beat(k) => {
+                        let want = scan.get_mut(&k).map(|l| l.heartbeat(now_ms));
+                        prop_assert_eq!(table.heartbeat(&k, now_ms), want);
+                    }
+                    TableOp::Check { paused } => {
+                        let mut got = table.check(now_ms, paused);
+                        got.sort_by_key(|(k, _)| *k);
+                        let want: Vec<(u8, Transition)> = scan
+                            .iter_mut()
+                            .filter_map(|(k, l)| l.tick(now_ms, paused).map(|t| (*k, t)))
+                            .collect();
+                        prop_assert_eq!(got, want, "at {} ms", now_ms);
+                        // Expired leases leave both (the registry removes them).
+                        scan.retain(|_, l| !l.expired());
+                        let expired: Vec<u8> = (0..12).filter(|k| table.get(k).is_some_and(Lease::expired)).collect();
+                        for k in expired {
+                            table.remove(&k);
+                        }
+                    }
+                }
+                prop_assert_eq!(table.len(), scan.len());
+                prop_assert!(table.queued() <= 2 * table.len() + 64 + 1);
+            }
+        }
+
         #[test]
         fn lease_transitions_are_single_slow_to_revive_and_bounded(
             (cfg, times) in configs(),

@@ -112,7 +112,7 @@ impl Node {
         cfg.validate()?;
         std::fs::create_dir_all(&cfg.data_dir)
             .with_context(|| format!("cannot create data_dir {}", cfg.data_dir.display()))?;
-        let mut log = RocksLog::open(&cfg.data_dir, &cfg.dc)
+        let mut log = RocksLog::open_with_write_buffer(&cfg.data_dir, &cfg.dc, cfg.store.write_buffer_mib)
             .with_context(|| format!("cannot open the event log in {}", cfg.data_dir.display()))?;
         // A restart is a durable write of the watch index, so the index moves past anything
         // an earlier run showed (see registry::ViewIndex).
@@ -129,7 +129,7 @@ impl Node {
         }));
         let cb_view = view.clone();
         let cb_live = live.clone();
-        let committer = Committer::spawn(
+        let committer = Committer::spawn_with_limits(
             log,
             Box::new(move |n: &CommitNotice| {
                 {
@@ -147,6 +147,7 @@ impl Node {
                 }
                 cb_view.apply(n.index, n.changes());
             }),
+            cfg.store.committer_limits(),
         )
         .context("cannot start the committer thread")?;
         let cfg = Arc::new(cfg);

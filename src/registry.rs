@@ -28,7 +28,7 @@ use uuid::Uuid;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::failover::{self, Decision, FailoverState, LocalCounts, Policy};
-use crate::health::{HealthConfig, Lease, LeaseTimes, SelfPreservation, Transition};
+use crate::health::{HealthConfig, Lease, LeaseTable, LeaseTimes, SelfPreservation, Transition};
 use crate::store::CommitterHandle;
 
 /// Bits of the watch index that count in-memory-only changes (failover switches) between
@@ -486,7 +486,7 @@ pub struct Registry {
     /// Latest minted record of every live local instance, including writes in flight.
     /// Read and written only inside event builders, which the committer runs one at a time.
     minted: Arc<Mutex<HashMap<InstanceKey, InstanceRecord>>>,
-    leases: Mutex<HashMap<InstanceKey, Lease>>,
+    leases: Mutex<LeaseTable<InstanceKey>>,
     preservation: Mutex<SelfPreservation>,
     preservation_active: std::sync::atomic::AtomicBool,
     failover: Mutex<HashMap<ServiceId, FailoverState>>,
@@ -516,7 +516,7 @@ impl Registry {
             committer,
             minted: Arc::new(Mutex::new(HashMap::new())),
             view,
-            leases: Mutex::new(HashMap::new()),
+            leases: Mutex::new(LeaseTable::default()),
             preservation: Mutex::new(SelfPreservation::new(now, &health)),
             preservation_active: Default::default(),
             failover: Mutex::new(HashMap::new()),
@@ -782,10 +782,15 @@ impl Registry {
         }
         let transition = {
             let mut leases = self.leases.lock();
-            let lease = leases
-                .entry(key.clone())
-                .or_insert_with(|| Lease::new(now, self.lease_times(&held.record), &self.health));
-            lease.heartbeat(now)
+            match leases.heartbeat(&key, now) {
+                Some(t) => t,
+                None => {
+                    let mut lease = Lease::new(now, self.lease_times(&held.record), &self.health);
+                    let t = lease.heartbeat(now);
+                    leases.insert(key.clone(), lease);
+                    t
+                }
+            }
         };
         if let Some(t) = transition {
             self.apply_transition(&key, t).await?;
@@ -857,10 +862,7 @@ impl Registry {
                 tracing::info!("self-preservation released: lease expiry resumed");
             }
         }
-        let transitions: Vec<(InstanceKey, Transition)> = {
-            let mut leases = self.leases.lock();
-            leases.iter_mut().filter_map(|(k, l)| l.tick(now, paused).map(|t| (k.clone(), t))).collect()
-        };
+        let transitions: Vec<(InstanceKey, Transition)> = { self.leases.lock().check(now, paused) };
         let mut patches = Vec::new();
         for (key, t) in transitions {
             if self.view.get(&key).is_none() {

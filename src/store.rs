@@ -32,6 +32,7 @@ mod rocks;
 
 pub use committer::{
     BuildEvents, CommitError, CommitNotice, CommitStats, Committed, Committer, CommitterHandle,
-    CommitterLimits, OnCommit, Reply, Request, WithLogFn, GROUP_SIZE_BUCKETS,
+    CommitterLimits, OnCommit, Reply, Request, WithLogFn, GROUP_SIZE_BUCKETS, LINGER_GAP_US_DEFAULT,
+    LINGER_MAX_US_DEFAULT, LINGER_TARGET_DEFAULT,
 };
-pub use rocks::{OpenError, RocksLog};
+pub use rocks::{OpenError, RocksLog, WRITE_BUFFER_MIB_DEFAULT};

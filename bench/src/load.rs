@@ -196,13 +196,17 @@ where
     }
 }
 
-/// Open loop: `op(i)` is started at `start + i / rate`, whether or not earlier ones have
-/// finished, for `dur`. Latency counts from the intended start (no coordinated omission).
-/// At most `inflight_max` requests are outstanding; beyond that a request is dropped and
-/// counted. Waits for the outstanding ones (at most `drain_max`) before returning.
+/// Open loop: `op(i)` is due at `start + i / rate`, whether or not earlier ones have
+/// finished, for `dur`, and is carried out by one of `workers` tasks (a fixed set of
+/// connections, as wrk2 does: a slow server does not make the client open more). A due
+/// request waits for a free worker; its latency counts from the time it was due, so that
+/// waiting counts (no coordinated omission). At most `inflight_max` requests are due and
+/// unfinished; beyond that a request is dropped and counted. Waits for the outstanding
+/// ones (at most `drain_max`) before returning.
 pub async fn open_loop<F, Fut>(
     rate_per_s: f64,
     dur: Duration,
+    workers: usize,
     inflight_max: u64,
     cpu: impl Fn() -> CpuSplit,
     op: F,
@@ -220,6 +224,27 @@ where
     let cpu0 = cpu();
     let start = tokio::time::Instant::now();
     let total = (rate_per_s * dur.as_secs_f64()).round() as u64;
+    let (tx, rx) = tokio::sync::mpsc::channel::<(u64, Instant)>(inflight_max.max(1) as usize);
+    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    let mut pool = Vec::with_capacity(workers);
+    for _ in 0..workers.max(1) {
+        let (op, shared, inflight, lats, ok, rx) =
+            (op.clone(), shared.clone(), inflight.clone(), lats.clone(), ok.clone(), rx.clone());
+        pool.push(tokio::spawn(async move {
+            loop {
+                let next = rx.lock().await.recv().await;
+                let Some((i, intended)) = next else { break };
+                match op(i).await {
+                    Ok(()) => {
+                        lats.lock().push(intended.elapsed());
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => shared.error(e),
+                }
+                inflight.fetch_sub(1, Ordering::Relaxed);
+            }
+        }));
+    }
     let mut dropped = 0;
     for i in 0..total {
         let at = start + Duration::from_secs_f64(i as f64 / rate_per_s);
@@ -231,25 +256,19 @@ where
             continue;
         }
         inflight.fetch_add(1, Ordering::Relaxed);
-        let (op, shared, inflight, lats, ok) =
-            (op.clone(), shared.clone(), inflight.clone(), lats.clone(), ok.clone());
-        let intended = at.into_std();
-        tokio::spawn(async move {
-            match op(i).await {
-                Ok(()) => {
-                    let d = intended.elapsed();
-                    lats.lock().push(d);
-                    ok.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) => shared.error(e),
-            }
+        if tx.try_send((i, at.into_std())).is_err() {
             inflight.fetch_sub(1, Ordering::Relaxed);
-        });
+            dropped += 1;
+        }
     }
+    drop(tx);
     let sent_until = start.elapsed();
     let drain_deadline = Instant::now() + drain_max;
     while inflight.load(Ordering::Relaxed) > 0 && Instant::now() < drain_deadline {
         tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for w in pool {
+        w.abort();
     }
     let elapsed = start.elapsed().max(sent_until);
     let cpu = cpu().since(cpu0);

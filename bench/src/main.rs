@@ -199,6 +199,11 @@ pub fn bench_config(dir: &std::path::Path, dc: &str) -> Config {
     c.health.unhealthy_after_ms = 240_000;
     c.health.expire_after_ms = 300_000;
     c.protection.self_preservation_window_ms = 600_000;
+    // For experiments: TANDEM_BENCH_LINGER_US overrides [store] group_commit_linger_us.
+    if let Some(us) = std::env::var("TANDEM_BENCH_LINGER_US").ok().and_then(|v| v.parse().ok()) {
+        c.store.group_commit_linger_us = us;
+        c.store.group_commit_gap_us = c.store.group_commit_gap_us.min(us.max(1));
+    }
     c
 }
 

@@ -188,13 +188,14 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
             errors(&run),
         ]);
     }
-    // Half of saturation, open loop: latency from the intended send time.
+    // Half of saturation, open loop over a fixed set of connections: latency from the
+    // intended send time.
     if best > 0.0 {
         let r = (best / 2.0).max(1.0);
         let s0 = node.shared.committer.stats();
         let (http, url) = (ctx.http.clone(), url.clone());
         let run = ctx
-            .on_load(open_loop(r, ctx.step(), 4096, cpu_now, move |i| {
+            .on_load(open_loop(r, ctx.step(), OPEN_LOOP_CONNECTIONS, 4096, cpu_now, move |i| {
                 let (http, url) = (http.clone(), url.clone());
                 async move {
                     let body = json!({
@@ -208,7 +209,7 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
             .await?;
         let (fsyncs, requests, _, hist) = stats_delta(&s0, &node.shared.committer.stats());
         ctx.report.row(vec![
-            format!("open loop at {}/s (half of best)", rate(r)),
+            format!("open loop at {}/s (half of best), {OPEN_LOOP_CONNECTIONS} connections", rate(r)),
             rate(run.per_sec()),
             run.lat.summary(),
             format!("{:.1} ({requests} / {fsyncs})", requests as f64 / fsyncs.max(1) as f64),
@@ -232,7 +233,9 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
     }
     ctx.report.note(
         "registrations per fsync = committer local_requests / local_fsyncs over the step (group commit: \
-         one synced WriteBatch carries every registration waiting when the previous write finished)"
+         one synced WriteBatch carries the registrations waiting when the previous write finished, plus those \
+         that arrive while the committer lingers: only when two or more writes wait, until the group is as large \
+         as the previous one ended up (at most 64), at most 2 ms)"
             .into(),
     );
     ctx.stop_node(node).await;
@@ -426,6 +429,9 @@ async fn seed_services(ctx: &Ctx, node: &Node, services: u64, per: u64) -> anyho
     seed(ctx, node, services * per, true, svc_name(per)).await
 }
 
+/// Connections of the open-loop register step (a fixed set, like wrk2).
+const OPEN_LOOP_CONNECTIONS: usize = 64;
+
 /// `serve-probe`: one node in this process, for `memory`, `watch` and `detect`. Prints `http=ADDR`, then serves
 /// until stdin closes (the parent's guard), at most 10 minutes.
 pub fn serve_probe(base: std::path::PathBuf) -> anyhow::Result<()> {
@@ -477,10 +483,18 @@ impl Drop for Child {
 pub async fn spawn_probe(ctx: &Ctx) -> anyhow::Result<(Child, String)> {
     use std::io::BufRead as _;
     let exe = std::env::current_exe()?;
-    let mut cmd = std::process::Command::new(if ctx.pin { "taskset".into() } else { exe.clone() });
+    // TANDEM_BENCH_PROBE_WRAP runs the probe under a profiler, e.g. "heaptrack -o /tmp/ht"
+    // or "perf record -g -o /tmp/perf.data" (split on spaces).
+    let mut argv: Vec<std::ffi::OsString> = Vec::new();
     if ctx.pin {
-        cmd.arg("-c").arg("0").arg(&exe);
+        argv.extend(["taskset", "-c", "0"].map(Into::into));
     }
+    if let Ok(wrap) = std::env::var("TANDEM_BENCH_PROBE_WRAP") {
+        argv.extend(wrap.split_whitespace().map(Into::into));
+    }
+    argv.push(exe.into_os_string());
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
     cmd.arg("serve-probe")
         .arg("--data-dir")
         .arg(&ctx.base_dir)
@@ -490,8 +504,16 @@ pub async fn spawn_probe(ctx: &Ctx) -> anyhow::Result<(Child, String)> {
     let mut child = Child(cmd.spawn()?);
     let stdout = child.0.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
     let line = tokio::task::spawn_blocking(move || {
+        // A profiler wrapping the probe may print lines of its own first.
+        let mut reader = std::io::BufReader::new(stdout);
         let mut line = String::new();
-        std::io::BufReader::new(stdout).read_line(&mut line).map(|_| line)
+        for _ in 0..16 {
+            line.clear();
+            if reader.read_line(&mut line)? == 0 || line.starts_with("http=") {
+                break;
+            }
+        }
+        std::io::Result::Ok(line)
     });
     let line = tokio::time::timeout(Duration::from_secs(30), line).await???;
     let addr = line

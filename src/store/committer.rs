@@ -89,6 +89,13 @@ pub enum CommitError {
     BuilderPanicked,
 }
 
+/// Default longest group-commit linger, in microseconds.
+pub const LINGER_MAX_US_DEFAULT: u64 = 2_000;
+/// Default sleep between two looks for new requests while lingering, in microseconds.
+pub const LINGER_GAP_US_DEFAULT: u64 = 50;
+/// Default largest round a linger waits for.
+pub const LINGER_TARGET_DEFAULT: usize = 64;
+
 /// Bounds of the committer's queue and groups.
 #[derive(Clone, Copy, Debug)]
 pub struct CommitterLimits {
@@ -98,6 +105,14 @@ pub struct CommitterLimits {
     pub group_requests_max: NonZeroUsize,
     /// A local group is written as soon as it holds this many events.
     pub group_events_max: NonZeroUsize,
+    /// Group-commit linger: when a round already holds at least two requests (writers
+    /// are concurrent), the thread keeps collecting for at most this long before it
+    /// writes, so that one fsync carries more requests. Zero turns lingering off.
+    pub linger_max: std::time::Duration,
+    /// How long each sleep of a linger lasts before the thread looks for new requests.
+    pub linger_gap: std::time::Duration,
+    /// A linger never waits for a round larger than this.
+    pub linger_target: usize,
 }
 
 impl Default for CommitterLimits {
@@ -106,6 +121,9 @@ impl Default for CommitterLimits {
             queue_requests_max: NonZeroUsize::new(4096).unwrap_or(NonZeroUsize::MIN),
             group_requests_max: NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN),
             group_events_max: NonZeroUsize::new(8192).unwrap_or(NonZeroUsize::MIN),
+            linger_max: std::time::Duration::from_micros(LINGER_MAX_US_DEFAULT),
+            linger_gap: std::time::Duration::from_micros(LINGER_GAP_US_DEFAULT),
+            linger_target: LINGER_TARGET_DEFAULT,
         }
     }
 }
@@ -174,6 +192,8 @@ pub struct Committer {
     stats: Arc<Mutex<CommitStats>>,
     limits: CommitterLimits,
     sync_writes_at_start: u64,
+    /// Requests in the previous round, lingering included (see `linger`).
+    last_round: usize,
 }
 
 /// A cloneable handle to the committer. When every handle is dropped the thread stops.
@@ -209,6 +229,7 @@ impl Committer {
         let stats = Arc::new(Mutex::new(CommitStats::default()));
         let committer = Committer {
             sync_writes_at_start: log.sync_writes(),
+            last_round: 0,
             log,
             rx,
             on_commit,
@@ -228,12 +249,9 @@ impl Committer {
                 break;
             };
             round.push(first);
-            while round.len() < self.limits.group_requests_max.get() {
-                match self.rx.try_recv() {
-                    Ok(req) => round.push(req),
-                    Err(_) => break,
-                }
-            }
+            self.take_waiting(&mut round);
+            self.linger(&mut round);
+            self.last_round = round.len();
             self.serve_round(&mut round, &mut shutdown_replies);
         }
         let Committer { log, mut rx, .. } = self;
@@ -243,6 +261,39 @@ impl Committer {
         drop(log);
         for reply in shutdown_replies {
             let _ = reply.send(());
+        }
+    }
+
+    /// Moves the requests already waiting into `round`, up to the round limit.
+    fn take_waiting(&mut self, round: &mut Vec<Request>) {
+        while round.len() < self.limits.group_requests_max.get() {
+            match self.rx.try_recv() {
+                Ok(req) => round.push(req),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Group-commit linger. Only when writers are evidently concurrent (the round already
+    /// holds two or more requests): the thread waits, in short sleeps, until the round is
+    /// as large as the previous round ended up (the number of writers that were active
+    /// then), capped by the target, or the linger budget is spent. A lone writer never
+    /// waits; a few writers wait only until all of them are in, so no empty time is
+    /// added; many writers fill the round up to the target. The thread sleeps (it does
+    /// not spin), which leaves the core to the request handlers producing the next writes.
+    fn linger(&mut self, round: &mut Vec<Request>) {
+        let l = self.limits;
+        let want = self.last_round.min(l.linger_target).min(l.group_requests_max.get());
+        if l.linger_max.is_zero() || round.len() < 2 {
+            return;
+        }
+        let deadline = std::time::Instant::now() + l.linger_max;
+        while round.len() < want && std::time::Instant::now() < deadline {
+            if round.iter().any(|r| !matches!(r, Request::LocalAppend { .. })) {
+                return;
+            }
+            std::thread::sleep(l.linger_gap);
+            self.take_waiting(round);
         }
     }
 

@@ -120,21 +120,39 @@ impl fmt::Debug for RocksLog {
     }
 }
 
+/// Default memtable size per column family, MiB (RocksDB's own default is 64).
+pub const WRITE_BUFFER_MIB_DEFAULT: usize = 8;
+
 impl RocksLog {
     /// Opens the log of `dc` in `dir`. A new or wiped dir starts a new history: a fresh
     /// random non-zero origin epoch, persisted before this returns. A dir that holds
     /// another DC's log is refused.
     pub fn open(dir: &Path, dc: &str) -> Result<RocksLog, OpenError> {
-        Self::open_inner(dir, dc, None)
+        Self::open_inner(dir, dc, None, WRITE_BUFFER_MIB_DEFAULT)
+    }
+
+    /// [`RocksLog::open`] with a memtable size per column family, in MiB: the most memory
+    /// unflushed writes hold per column family before RocksDB flushes them to a table file.
+    pub fn open_with_write_buffer(
+        dir: &Path,
+        dc: &str,
+        write_buffer_mib: usize,
+    ) -> Result<RocksLog, OpenError> {
+        Self::open_inner(dir, dc, None, write_buffer_mib)
     }
 
     /// Creates a new log with a chosen epoch (tests and tools). Refuses a dir that already
     /// holds a log.
     pub fn create_with_epoch(dir: &Path, dc: &str, epoch: NonZeroU64) -> Result<RocksLog, OpenError> {
-        Self::open_inner(dir, dc, Some(epoch))
+        Self::open_inner(dir, dc, Some(epoch), WRITE_BUFFER_MIB_DEFAULT)
     }
 
-    fn open_inner(dir: &Path, dc: &str, new_epoch: Option<NonZeroU64>) -> Result<RocksLog, OpenError> {
+    fn open_inner(
+        dir: &Path,
+        dc: &str,
+        new_epoch: Option<NonZeroU64>,
+        write_buffer_mib: usize,
+    ) -> Result<RocksLog, OpenError> {
         validate_dc("dc", dc)?;
         let mut opts = Options::default();
         opts.create_if_missing(true);
@@ -143,7 +161,11 @@ impl RocksLog {
         // only writes that were never acknowledged.
         opts.set_wal_recovery_mode(DBRecoveryMode::PointInTime);
         opts.set_keep_log_file_num(4);
-        let cfs = COLUMN_FAMILIES.map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+        let cfs = COLUMN_FAMILIES.map(|name| {
+            let mut cf = Options::default();
+            cf.set_write_buffer_size(write_buffer_mib.clamp(1, 1024) << 20);
+            ColumnFamilyDescriptor::new(name, cf)
+        });
         let db = Db::open_cf_descriptors(&opts, dir, cfs).map_err(storage)?;
         let mut log = RocksLog {
             db,
