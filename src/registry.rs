@@ -152,56 +152,100 @@ enum Minted {
     Gone,
 }
 
+/// The latest minted state of a local instance whose write is still in flight: its seq
+/// and its record (`None`: deregistered). Entries leave the overlay once their write has
+/// been answered, by then the view holds the same state; so the overlay holds only the
+/// instances with writes in flight, not a second copy of every record.
+#[derive(Clone, Debug)]
+struct Pending {
+    seq: u64,
+    record: Option<InstanceRecord>,
+}
+
+type Overlay = HashMap<InstanceKey, Pending, foldhash::fast::RandomState>;
+
 impl Patch {
-    /// The event this patch mints given the latest state, updating that state.
-    fn apply(self, key: &InstanceKey, minted: &mut HashMap<InstanceKey, InstanceRecord>) -> Minted {
-        match self {
+    /// The event this patch mints given the latest state of its key, which is the
+    /// overlay's in-flight state if there is one, else `base` (the view). On `Op`, the
+    /// overlay records the new state under `seq`.
+    fn apply(
+        self,
+        key: &InstanceKey,
+        overlay: &mut Overlay,
+        seq: u64,
+        base: impl FnOnce(&InstanceKey) -> Option<InstanceRecord>,
+    ) -> Minted {
+        let current = match overlay.get(key) {
+            Some(p) => p.record.clone(),
+            None => base(key),
+        };
+        let (minted, after) = match self {
             Patch::Register(r) => {
-                let op = if minted.contains_key(key) {
-                    Op::Update((*r).clone())
-                } else {
-                    Op::Register((*r).clone())
-                };
-                minted.insert(key.clone(), *r);
-                Minted::Op(op)
+                let op = if current.is_some() { Op::Update((*r).clone()) } else { Op::Register((*r).clone()) };
+                (Minted::Op(op), Some(*r))
             }
-            Patch::Deregister(reason) => match minted.remove(key) {
-                Some(_) => Minted::Op(Op::Deregister { key: key.clone(), reason }),
-                None => Minted::Gone,
+            Patch::Deregister(reason) => match current {
+                Some(_) => (Minted::Op(Op::Deregister { key: key.clone(), reason }), None),
+                None => return Minted::Gone,
             },
-            Patch::Status(status) => Self::modify(key, minted, |r| {
+            Patch::Status(status) => Self::modify(current, |r| {
                 let changed = r.status != status;
                 r.status = status;
                 changed
             }),
-            Patch::Health { health, damped } => Self::modify(key, minted, |r| {
+            Patch::Health { health, damped } => Self::modify(current, |r| {
                 let changed = r.health != health || r.damped != damped;
                 r.health = health;
                 r.damped = damped;
                 changed
             }),
-            Patch::Damped(damped) => Self::modify(key, minted, |r| {
+            Patch::Damped(damped) => Self::modify(current, |r| {
                 let changed = r.damped != damped;
                 r.damped = damped;
                 changed
             }),
+        };
+        if matches!(minted, Minted::Op(_)) {
+            overlay.insert(key.clone(), Pending { seq, record: after });
         }
+        minted
     }
 
     fn modify(
-        key: &InstanceKey,
-        minted: &mut HashMap<InstanceKey, InstanceRecord>,
+        current: Option<InstanceRecord>,
         f: impl FnOnce(&mut InstanceRecord) -> bool,
-    ) -> Minted {
-        match minted.get_mut(key) {
-            None => Minted::Gone,
-            Some(r) => {
-                if f(r) {
-                    Minted::Op(Op::Update(r.clone()))
+    ) -> (Minted, Option<InstanceRecord>) {
+        match current {
+            None => (Minted::Gone, None),
+            Some(mut r) => {
+                if f(&mut r) {
+                    (Minted::Op(Op::Update(r.clone())), Some(r))
                 } else {
-                    Minted::Unchanged
+                    (Minted::Unchanged, None)
                 }
             }
+        }
+    }
+}
+
+struct SettleOnDrop {
+    overlay: Arc<Mutex<Overlay>>,
+    mine: Arc<Mutex<Vec<(InstanceKey, u64)>>>,
+}
+
+impl Drop for SettleOnDrop {
+    fn drop(&mut self) {
+        let mine = std::mem::take(&mut *self.mine.lock());
+        settle(&mut self.overlay.lock(), &mine);
+    }
+}
+
+/// Drops the overlay entries that `settled` (key, seq) pairs left, unless a later write
+/// of the same key has been minted since.
+fn settle(overlay: &mut Overlay, settled: &[(InstanceKey, u64)]) {
+    for (key, seq) in settled {
+        if overlay.get(key).is_some_and(|p| p.seq == *seq) {
+            overlay.remove(key);
         }
     }
 }
@@ -483,9 +527,10 @@ pub struct Registry {
     health: HealthConfig,
     committer: CommitterHandle,
     view: Arc<ViewCell>,
-    /// Latest minted record of every live local instance, including writes in flight.
-    /// Read and written only inside event builders, which the committer runs one at a time.
-    minted: Arc<Mutex<HashMap<InstanceKey, InstanceRecord>>>,
+    /// Latest minted state of the local instances with writes in flight (see [`Pending`]):
+    /// event builders (one at a time, on the committer thread) read and extend it; callers
+    /// drop their entries once answered.
+    minted: Arc<Mutex<Overlay>>,
     leases: Mutex<LeaseTable<InstanceKey>>,
     preservation: Mutex<SelfPreservation>,
     preservation_active: std::sync::atomic::AtomicBool,
@@ -514,7 +559,7 @@ impl Registry {
             dc: cfg.dc.clone(),
             health: health.clone(),
             committer,
-            minted: Arc::new(Mutex::new(HashMap::new())),
+            minted: Arc::new(Mutex::new(Overlay::default())),
             view,
             leases: Mutex::new(LeaseTable::default()),
             preservation: Mutex::new(SelfPreservation::new(now, &health)),
@@ -532,12 +577,8 @@ impl Registry {
         {
             let v = reg.view.view.read();
             let mut leases = reg.leases.lock();
-            let mut minted = reg.minted.lock();
             for svc in v.services.values() {
                 for h in svc.instances.values() {
-                    if h.record.key.owner_dc == reg.dc {
-                        minted.insert(h.record.key.clone(), h.record.clone());
-                    }
                     if h.record.key.owner_dc == reg.dc && !h.record.persistent {
                         leases.insert(
                             h.record.key.clone(),
@@ -600,9 +641,16 @@ impl Registry {
     async fn commit(&self, patches: Vec<(InstanceKey, Patch)>) -> Result<Vec<Outcome>, ApiError> {
         let dc = self.dc.clone();
         let minted = self.minted.clone();
+        let view = self.view.clone();
         let outcome: Arc<Mutex<Vec<Option<u64>>>> = Arc::new(Mutex::new(Vec::new()));
         let out = outcome.clone();
-        let events = self
+        let mine: Arc<Mutex<Vec<(InstanceKey, u64)>>> = Arc::new(Mutex::new(Vec::new()));
+        let mine_in = mine.clone();
+        // Once answered, the view holds what was written (or, on failure, the durable state
+        // stands), so this call's in-flight entries leave the overlay; also when the caller
+        // goes away mid-write.
+        let _settle = SettleOnDrop { overlay: self.minted.clone(), mine: mine.clone() };
+        let written = self
             .committer
             .append_local(move |mark: Mark| {
                 let now = wall_ms();
@@ -610,8 +658,9 @@ impl Registry {
                 let mut seq = mark.seq;
                 let mut events = Vec::new();
                 let mut outcome = out.lock();
+                let mut mine = mine_in.lock();
                 for (key, patch) in patches {
-                    let op = match patch.apply(&key, &mut minted) {
+                    let op = match patch.apply(&key, &mut minted, seq + 1, |k| view.get(k).map(|h| h.record)) {
                         Minted::Op(op) => op,
                         Minted::Unchanged => {
                             outcome.push(Some(0));
@@ -624,6 +673,7 @@ impl Registry {
                     };
                     seq += 1;
                     outcome.push(Some(seq));
+                    mine.push((key, seq));
                     events.push(ChangeEvent {
                         event_id: Uuid::now_v7(),
                         origin_dc: dc.clone(),
@@ -635,8 +685,9 @@ impl Registry {
                 }
                 events
             })
-            .await
-            .map_err(|e| ApiError::unavailable(format!("the event log refused the write: {e}")))?;
+            .await;
+        let events =
+            written.map_err(|e| ApiError::unavailable(format!("the event log refused the write: {e}")))?;
         let outcome = std::mem::take(&mut *outcome.lock());
         Ok(outcome
             .into_iter()
@@ -1271,17 +1322,18 @@ mod tests {
         // A status change and a health change minted back to back (as two requests of one
         // commit group would be) must both survive: each builds on the other.
         let key = rec().key;
-        let mut minted = HashMap::new();
+        let mut minted = Overlay::default();
+        let none = |_: &InstanceKey| None;
         assert!(matches!(
-            Patch::Register(Box::new(rec())).apply(&key, &mut minted),
+            Patch::Register(Box::new(rec())).apply(&key, &mut minted, 1, none),
             Minted::Op(Op::Register(_))
         ));
-        let Minted::Op(Op::Update(a)) = Patch::Status(Status::Draining).apply(&key, &mut minted) else {
+        let Minted::Op(Op::Update(a)) = Patch::Status(Status::Draining).apply(&key, &mut minted, 2, none) else {
             panic!()
         };
         assert_eq!(a.status, Status::Draining);
         let Minted::Op(Op::Update(b)) =
-            Patch::Health { health: Health::Suspect, damped: false }.apply(&key, &mut minted)
+            Patch::Health { health: Health::Suspect, damped: false }.apply(&key, &mut minted, 3, none)
         else {
             panic!()
         };
@@ -1290,16 +1342,43 @@ mod tests {
             (Status::Draining, Health::Suspect),
             "status kept by the health update"
         );
-        assert!(matches!(Patch::Status(Status::Draining).apply(&key, &mut minted), Minted::Unchanged));
+        assert!(matches!(Patch::Status(Status::Draining).apply(&key, &mut minted, 4, none), Minted::Unchanged));
         assert!(matches!(
-            Patch::Deregister(DeregisterReason::Explicit).apply(&key, &mut minted),
+            Patch::Deregister(DeregisterReason::Explicit).apply(&key, &mut minted, 4, none),
             Minted::Op(_)
         ));
-        assert!(matches!(Patch::Status(Status::Up).apply(&key, &mut minted), Minted::Gone));
+        // A deregistration in flight hides what the (older) view still holds.
+        let stale = |_: &InstanceKey| Some(rec());
+        assert!(matches!(Patch::Status(Status::Up).apply(&key, &mut minted, 5, stale), Minted::Gone));
         assert!(matches!(
-            Patch::Deregister(DeregisterReason::Explicit).apply(&key, &mut minted),
+            Patch::Deregister(DeregisterReason::Explicit).apply(&key, &mut minted, 5, stale),
             Minted::Gone
         ));
+    }
+
+    #[test]
+    fn the_overlay_holds_only_writes_in_flight() {
+        let key = rec().key;
+        let mut minted = Overlay::default();
+        let none = |_: &InstanceKey| None;
+        assert!(matches!(Patch::Register(Box::new(rec())).apply(&key, &mut minted, 1, none), Minted::Op(_)));
+        assert!(matches!(Patch::Status(Status::Draining).apply(&key, &mut minted, 2, none), Minted::Op(_)));
+        // The first write is answered while the second is still in flight: the entry stays.
+        settle(&mut minted, &[(key.clone(), 1)]);
+        assert_eq!(minted.get(&key).map(|p| p.seq), Some(2));
+        settle(&mut minted, &[(key.clone(), 2)]);
+        assert!(minted.is_empty());
+        // Settled: the next patch builds on the view's record.
+        let mut in_view = rec();
+        in_view.status = Status::Draining;
+        in_view.weight = 7;
+        let from_view = |_: &InstanceKey| Some(in_view.clone());
+        let Minted::Op(Op::Update(r)) =
+            Patch::Health { health: Health::Suspect, damped: false }.apply(&key, &mut minted, 3, from_view)
+        else {
+            panic!()
+        };
+        assert_eq!((r.status, r.weight, r.health), (Status::Draining, 7, Health::Suspect));
     }
 
     #[test]
