@@ -136,6 +136,11 @@ impl Client {
         self.call(reqwest::Method::POST, "/v1/register", Some(body)).await
     }
 
+    /// POST /v1/heartbeats: `body` is `{"instances": [{namespace?, service, instance_id}, ...]}`.
+    pub async fn heartbeat_batch(&self, body: &Value) -> Result<Value, ClientError> {
+        self.call(reqwest::Method::POST, "/v1/heartbeats", Some(body)).await
+    }
+
     pub async fn heartbeat(&self, ns: &str, svc: &str, id: &str) -> Result<Value, ClientError> {
         self.call(reqwest::Method::PUT, &format!("/v1/heartbeat/{ns}/{svc}/{}", enc(id)), None).await
     }

@@ -471,9 +471,11 @@ pub enum Transition {
 #[derive(Clone, Debug)]
 pub struct Lease {
     times: LeaseTimes,
-    recovery_heartbeats: u32,
-    flap_window_ms: u64,
-    flap_transitions_max: u32,
+    // Copies of the config's flap and recovery settings, narrowed: a node holds one lease
+    // per ephemeral instance, so every byte here counts (docs/benchmarks.md, memory).
+    recovery_heartbeats: u8,
+    flap_transitions_max: u8,
+    flap_window_ms: u32,
 
     last_renew_ms: u64,
     /// Actual health, driven by silence and heartbeats.
@@ -485,11 +487,17 @@ pub struct Lease {
     /// Health as seen by everyone else; equals `actual` unless damped.
     published: Health,
     damped: bool,
+    /// Flap history, allocated at the first flip (most leases never flip).
+    flaps: Option<Box<Flaps>>,
+    expired: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Flaps {
     /// Times of undamped flips within the flap window; never more than
     /// `flap_transitions_max` entries between calls.
     flips_ms: VecDeque<u64>,
     last_flip_ms: Option<u64>,
-    expired: bool,
 }
 
 impl Lease {
@@ -499,20 +507,20 @@ impl Lease {
     /// those come from `times`).
     pub fn new(now_ms: u64, times: LeaseTimes, cfg: &HealthConfig) -> Lease {
         debug_assert!(times.validate().is_ok(), "invalid lease times {times:?}");
-        let flap_transitions_max = cfg.flap_transitions_max.clamp(1, FLAP_TRANSITIONS_MAX_LIMIT);
+        let narrow = |v: u32, limit: u32| u8::try_from(v.clamp(1, limit.min(255))).unwrap_or(u8::MAX);
         Lease {
             times,
-            recovery_heartbeats: cfg.recovery_heartbeats.max(1),
-            flap_window_ms: cfg.flap_window_ms.max(1),
-            flap_transitions_max,
+            recovery_heartbeats: narrow(cfg.recovery_heartbeats, RECOVERY_HEARTBEATS_LIMIT),
+            flap_transitions_max: narrow(cfg.flap_transitions_max, FLAP_TRANSITIONS_MAX_LIMIT),
+            // A window longer than 49 days is held as 49 days.
+            flap_window_ms: u32::try_from(cfg.flap_window_ms.max(1)).unwrap_or(u32::MAX),
             last_renew_ms: now_ms,
             actual: Health::Healthy,
             recovering: false,
             streak: 0,
             published: Health::Healthy,
             damped: false,
-            flips_ms: VecDeque::new(),
-            last_flip_ms: None,
+            flaps: None,
             expired: false,
         }
     }
@@ -533,13 +541,13 @@ impl Lease {
             (Health::Healthy, _) => self.streak = 0,
             (Health::Suspect, false) => self.become_healthy(),
             (Health::Unhealthy, _) => {
-                if self.streak >= self.recovery_heartbeats {
+                if self.streak >= u32::from(self.recovery_heartbeats) {
                     self.actual = Health::Suspect;
                     self.streak = 0;
                 }
             }
             (Health::Suspect, true) => {
-                if self.streak >= self.recovery_heartbeats {
+                if self.streak >= u32::from(self.recovery_heartbeats) {
                     self.become_healthy();
                 }
             }
@@ -609,10 +617,26 @@ impl Lease {
 
     /// When damping may be released (`None` while not damped).
     pub fn release_deadline_ms(&self) -> Option<u64> {
-        match (self.damped, self.last_flip_ms) {
-            (true, Some(flip_ms)) if !self.expired => Some(flip_ms.saturating_add(self.flap_window_ms)),
+        match (self.damped, self.last_flip_ms()) {
+            (true, Some(flip_ms)) if !self.expired => Some(flip_ms.saturating_add(self.flap_window_ms())),
             _ => None,
         }
+    }
+
+    fn flap_window_ms(&self) -> u64 {
+        u64::from(self.flap_window_ms)
+    }
+
+    fn last_flip_ms(&self) -> Option<u64> {
+        self.flaps.as_ref().and_then(|f| f.last_flip_ms)
+    }
+
+    fn flip_count(&self) -> usize {
+        self.flaps.as_ref().map_or(0, |f| f.flips_ms.len())
+    }
+
+    fn flaps_mut(&mut self) -> &mut Flaps {
+        self.flaps.get_or_insert_with(Default::default)
     }
 
     fn silence_ms(&self, now_ms: u64) -> u64 {
@@ -638,21 +662,21 @@ impl Lease {
 
     /// Whether a damped lease has been quiet for a whole window before this call.
     fn release_due(&self, now_ms: u64) -> bool {
-        let quiet_ms = self.last_flip_ms.map_or(u64::MAX, |flip_ms| now_ms.saturating_sub(flip_ms));
-        self.damped && quiet_ms >= self.flap_window_ms
+        let quiet_ms = self.last_flip_ms().map_or(u64::MAX, |flip_ms| now_ms.saturating_sub(flip_ms));
+        self.damped && quiet_ms >= self.flap_window_ms()
     }
 
     /// Turns the change of actual health in this call into at most one transition.
     fn publish(&mut self, now_ms: u64, before: Health, release_due: bool) -> Option<Transition> {
         if self.damped && !release_due {
             if self.actual != before {
-                self.last_flip_ms = Some(now_ms);
+                self.flaps_mut().last_flip_ms = Some(now_ms);
             }
             return None;
         }
         if self.damped {
             self.damped = false;
-            debug_assert!(self.flips_ms.is_empty());
+            debug_assert_eq!(self.flip_count(), 0);
             if self.published == Health::Unhealthy && self.actual == Health::Healthy {
                 // Published path must pass through Suspect.
                 self.actual = Health::Suspect;
@@ -675,8 +699,8 @@ impl Lease {
             return None;
         }
         self.record_flip(now_ms);
-        if self.flips_ms.len() > self.flap_transitions_max as usize {
-            self.flips_ms.clear();
+        if self.flip_count() > usize::from(self.flap_transitions_max) {
+            self.flaps_mut().flips_ms.clear();
             self.damped = true;
             return Some(Transition::Damped(true));
         }
@@ -685,15 +709,17 @@ impl Lease {
     }
 
     fn record_flip(&mut self, now_ms: u64) {
-        while let Some(&oldest_ms) = self.flips_ms.front() {
-            if now_ms.saturating_sub(oldest_ms) < self.flap_window_ms {
+        let (window_ms, max) = (self.flap_window_ms(), usize::from(self.flap_transitions_max));
+        let flaps = self.flaps_mut();
+        while let Some(&oldest_ms) = flaps.flips_ms.front() {
+            if now_ms.saturating_sub(oldest_ms) < window_ms {
                 break;
             }
-            self.flips_ms.pop_front();
+            flaps.flips_ms.pop_front();
         }
-        self.flips_ms.push_back(now_ms);
-        self.last_flip_ms = Some(now_ms);
-        debug_assert!(self.flips_ms.len() <= self.flap_transitions_max as usize + 1);
+        flaps.flips_ms.push_back(now_ms);
+        flaps.last_flip_ms = Some(now_ms);
+        debug_assert!(flaps.flips_ms.len() <= max + 1);
     }
 }
 

@@ -20,7 +20,7 @@ use axum::body::Bytes;
 
 use crate::error::ApiError;
 use crate::node::NodeShared;
-use crate::registry::{DcFilter, RegisterRequest, StatusName};
+use crate::registry::{DcFilter, HeartbeatItem, RegisterRequest, StatusName};
 
 /// Largest accepted request body.
 pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;
@@ -33,6 +33,7 @@ pub fn router(node: Arc<NodeShared>) -> Router {
     Router::new()
         .route("/v1/register", post(register))
         .route("/v1/heartbeat/{namespace}/{service}/{instance_id}", put(heartbeat))
+        .route("/v1/heartbeats", post(heartbeat_batch))
         .route("/v1/instances/{namespace}/{service}/{instance_id}", delete(deregister))
         .route("/v1/instances/{namespace}/{service}/{instance_id}/status", put(set_status))
         .route("/v1/services/{namespace}/{service}", get(discover))
@@ -73,6 +74,21 @@ async fn heartbeat(
 ) -> Result<Response, ApiError> {
     node.registry.heartbeat(&ns, &svc, &id).await?;
     Ok(Json(json!({"ok": true})).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeartbeatBatchBody {
+    instances: Vec<HeartbeatItem>,
+}
+
+async fn heartbeat_batch(
+    State(node): State<Arc<NodeShared>>,
+    body: Result<Json<HeartbeatBatchBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let b = json_body(body)?;
+    let answer = node.registry.heartbeat_batch(&b.instances).await?;
+    Ok(Json(answer).into_response())
 }
 
 async fn deregister(

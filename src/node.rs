@@ -453,7 +453,7 @@ impl NodeShared {
         let reg = &self.registry;
         let c = &reg.counters;
         let mut m = Metrics::default();
-        let dc = reg.dc.as_str();
+        let dc: &str = &reg.dc;
         m.counter(
             "tandem_heartbeats_total",
             "Heartbeats accepted",

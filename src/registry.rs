@@ -20,7 +20,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use tandem_replicator::log::StateChange;
 use tandem_schemas::{
-    ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Op, Status, LIMITS,
+    ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Name, Op, Status, LIMITS,
 };
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -55,52 +55,99 @@ impl ViewIndex {
     }
 }
 
-/// One instance as held in the view.
+/// One instance as held in the view. The record is shared: discovery and explain take
+/// a reference count, not a copy.
 #[derive(Clone, Debug)]
 pub struct Held {
     pub seq: u64,
-    pub record: InstanceRecord,
+    pub record: Arc<InstanceRecord>,
 }
 
 struct Service {
+    /// This service's names; every record held here shares them.
+    names: ServiceId,
     index: u64,
     instances: BTreeMap<InstanceKey, Held>,
     notify: watch::Sender<u64>,
     /// The most recently removed instances, newest last (bounded), for `explain`.
     removed: std::collections::VecDeque<InstanceKey>,
     /// Owner DCs that ever held an instance of this service (a handful).
-    owners: Vec<String>,
+    owners: Vec<Name>,
+    /// Zones and application versions seen in this service, shared by its records
+    /// (at most `INTERNED_MAX` each; further values are kept per record).
+    zones: Vec<Name>,
+    versions: Vec<Name>,
+}
+
+/// Most distinct zones (and versions) a service shares among its records.
+const INTERNED_MAX: usize = 16;
+
+/// The shared copy of `name` from `seen`, adding it while there is room.
+fn intern(seen: &mut Vec<Name>, name: &Name) -> Name {
+    if let Some(shared) = seen.iter().find(|n| **n == *name) {
+        return shared.clone();
+    }
+    if seen.len() < INTERNED_MAX {
+        seen.push(name.clone());
+    }
+    name.clone()
 }
 
 impl Service {
-    fn new(index: u64) -> Self {
+    fn new(index: u64, names: ServiceId) -> Self {
         Service {
+            names,
             index,
             instances: BTreeMap::new(),
             notify: watch::channel(index).0,
             removed: Default::default(),
             owners: Vec::new(),
+            zones: Vec::new(),
+            versions: Vec::new(),
         }
     }
 
-    fn put(&mut self, seq: u64, record: InstanceRecord) {
-        if !self.owners.contains(&record.key.owner_dc) {
-            self.owners.push(record.key.owner_dc.clone());
+    /// Holds `record`, with its names interned: the namespace, service and owner DC are
+    /// the ones every instance of the service shares, and a replaced instance keeps its id
+    /// allocation, so a record costs its own fields only.
+    fn put(&mut self, seq: u64, mut record: InstanceRecord) {
+        let key = &mut record.key;
+        key.namespace = self.names.0.clone();
+        key.service = self.names.1.clone();
+        match self.owners.iter().find(|o| **o == key.owner_dc) {
+            Some(owner) => key.owner_dc = owner.clone(),
+            None => self.owners.push(key.owner_dc.clone()),
         }
+        if let Some((held_key, _)) = self.instances.get_key_value(key) {
+            key.instance_id = held_key.instance_id.clone();
+        }
+        record.zone = intern(&mut self.zones, &record.zone);
+        record.app_version = intern(&mut self.versions, &record.app_version);
         self.removed.retain(|k| k != &record.key);
-        self.instances.insert(record.key.clone(), Held { seq, record });
+        self.instances.insert(record.key.clone(), Held { seq, record: Arc::new(record) });
     }
 }
 
 /// How many removed instances a service remembers for `explain`.
 const REMOVED_REMEMBERED_MAX: usize = 32;
 
-type ServiceId = (String, String);
+type ServiceId = (Name, Name);
+
+/// Looks a [`ServiceId`] up by borrowed names, without building one. Hashes exactly as
+/// the tuple does (field by field, each as a `str`).
+#[derive(Hash)]
+struct SvcRef<'a>(&'a str, &'a str);
+
+impl hashbrown::Equivalent<ServiceId> for SvcRef<'_> {
+    fn equivalent(&self, key: &ServiceId) -> bool {
+        *key.0 == *self.0 && *key.1 == *self.1
+    }
+}
 
 #[derive(Default)]
 struct View {
     index: u64,
-    services: HashMap<ServiceId, Service>,
+    services: hashbrown::HashMap<ServiceId, Service>,
 }
 
 /// Counters shown in /metrics and /v1/status.
@@ -181,7 +228,8 @@ impl Patch {
         };
         let (minted, after) = match self {
             Patch::Register(r) => {
-                let op = if current.is_some() { Op::Update((*r).clone()) } else { Op::Register((*r).clone()) };
+                let op =
+                    if current.is_some() { Op::Update((*r).clone()) } else { Op::Register((*r).clone()) };
                 (Minted::Op(op), Some(*r))
             }
             Patch::Deregister(reason) => match current {
@@ -258,17 +306,17 @@ pub struct ViewCell {
     view: RwLock<View>,
     global: watch::Sender<u64>,
     counters: Arc<Counters>,
-    local_dc: String,
+    local_dc: Name,
 }
 
 impl ViewCell {
     pub fn new(local_dc: &str, durable_writes: u64, counters: Arc<Counters>) -> Arc<Self> {
         let idx = ViewIndex::from_durable(durable_writes).0;
         Arc::new(ViewCell {
-            view: RwLock::new(View { index: idx, services: HashMap::new() }),
+            view: RwLock::new(View { index: idx, services: Default::default() }),
             global: watch::channel(idx).0,
             counters,
-            local_dc: local_dc.to_owned(),
+            local_dc: local_dc.into(),
         })
     }
 
@@ -278,7 +326,7 @@ impl ViewCell {
         let idx = v.index;
         for (seq, record) in instances {
             let sid = (record.key.namespace.clone(), record.key.service.clone());
-            v.services.entry(sid).or_insert_with(|| Service::new(idx)).put(seq, record);
+            v.services.entry(sid.clone()).or_insert_with(|| Service::new(idx, sid)).put(seq, record);
         }
     }
 
@@ -295,20 +343,20 @@ impl ViewCell {
         for ch in changes {
             match ch {
                 StateChange::Put { seq, record } => {
-                    if record.key.owner_dc == self.local_dc {
+                    if *record.key.owner_dc == *self.local_dc {
                         self.counters.events_local.fetch_add(1, Ordering::Relaxed);
                     } else {
                         self.counters.events_remote.fetch_add(1, Ordering::Relaxed);
                     }
                     let sid = (record.key.namespace.clone(), record.key.service.clone());
-                    let svc = v.services.entry(sid.clone()).or_insert_with(|| Service::new(idx));
+                    let svc = v.services.entry(sid.clone()).or_insert_with(|| Service::new(idx, sid.clone()));
                     svc.put(*seq, record.clone());
                     svc.index = idx;
                     touched.push(sid);
                 }
                 StateChange::Remove { key } => {
                     let sid = (key.namespace.clone(), key.service.clone());
-                    if let Some(svc) = v.services.get_mut(&sid) {
+                    if let Some(svc) = v.services.get_mut(&SvcRef(&key.namespace, &key.service)) {
                         if svc.instances.remove(key).is_some() {
                             svc.removed.retain(|k| k != key);
                             if svc.removed.len() >= REMOVED_REMEMBERED_MAX {
@@ -357,33 +405,70 @@ impl ViewCell {
 
     fn get(&self, key: &InstanceKey) -> Option<Held> {
         let v = self.view.read();
-        v.services.get(&(key.namespace.clone(), key.service.clone()))?.instances.get(key).cloned()
+        v.services.get(&SvcRef(&key.namespace, &key.service))?.instances.get(key).cloned()
+    }
+
+    /// The shared names of a service the view holds.
+    fn names(&self, ns: &str, svc: &str) -> Option<ServiceId> {
+        self.view.read().services.get(&SvcRef(ns, svc)).map(|s| s.names.clone())
     }
 
     /// Finds an instance by (namespace, service, id) whatever its owner.
     /// O(owners x log n): a heartbeat must not scan the service.
     fn find(&self, ns: &str, svc: &str, id: &str) -> Option<Held> {
         let v = self.view.read();
-        let s = v.services.get(&(ns.to_owned(), svc.to_owned()))?;
+        self.find_in(&v, ns, svc, id).cloned()
+    }
+
+    fn find_in<'v>(&self, v: &'v View, ns: &str, svc: &str, id: &str) -> Option<&'v Held> {
+        let s = v.services.get(&SvcRef(ns, svc))?;
         let mut key = InstanceKey {
             owner_dc: self.local_dc.clone(),
-            namespace: ns.to_owned(),
-            service: svc.to_owned(),
-            instance_id: id.to_owned(),
+            namespace: s.names.0.clone(),
+            service: s.names.1.clone(),
+            instance_id: id.into(),
         };
         if let Some(h) = s.instances.get(&key) {
-            return Some(h.clone());
+            return Some(h);
         }
         for owner in &s.owners {
             if owner != &self.local_dc {
                 key.owner_dc.clone_from(owner);
                 if let Some(h) = s.instances.get(&key) {
-                    return Some(h.clone());
+                    return Some(h);
                 }
             }
         }
         None
     }
+}
+
+/// Most entries one POST /v1/heartbeats may carry.
+pub const HEARTBEAT_BATCH_MAX: usize = 512;
+
+/// One entry of POST /v1/heartbeats.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub service: String,
+    pub instance_id: String,
+}
+
+impl HeartbeatItem {
+    pub fn namespace(&self) -> &str {
+        self.namespace.as_deref().unwrap_or("default")
+    }
+}
+
+/// The answer of POST /v1/heartbeats: how many leases were renewed, and the positions
+/// of the entries that are unknown here (re-register them) or owned by another DC.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct HeartbeatBatchAnswer {
+    pub renewed: usize,
+    pub unknown: Vec<usize>,
+    pub conflict: Vec<usize>,
 }
 
 /// A client's registration request (public contract: POST /v1/register).
@@ -463,13 +548,13 @@ pub enum DcFilter {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct InstanceView {
-    pub instance_id: String,
-    pub owner_dc: String,
-    pub address: String,
+    pub instance_id: Name,
+    pub owner_dc: Name,
+    pub address: Name,
     pub port: u16,
-    pub zone: String,
+    pub zone: Name,
     pub weight: u32,
-    pub version: String,
+    pub version: Name,
     pub tags: Vec<String>,
     pub metadata: BTreeMap<String, String>,
     pub health: &'static str,
@@ -522,7 +607,7 @@ pub struct DiscoverAnswer {
 
 /// The registry of one DC node.
 pub struct Registry {
-    pub dc: String,
+    pub dc: Name,
     cfg: RwLock<Arc<Config>>,
     health: HealthConfig,
     committer: CommitterHandle,
@@ -556,7 +641,7 @@ impl Registry {
         let health = cfg.health_config();
         let now = 0;
         let reg = Arc::new(Registry {
-            dc: cfg.dc.clone(),
+            dc: cfg.dc.as_str().into(),
             health: health.clone(),
             committer,
             minted: Arc::new(Mutex::new(Overlay::default())),
@@ -579,7 +664,7 @@ impl Registry {
             let mut leases = reg.leases.lock();
             for svc in v.services.values() {
                 for h in svc.instances.values() {
-                    if h.record.key.owner_dc == reg.dc && !h.record.persistent {
+                    if *h.record.key.owner_dc == *reg.dc && !h.record.persistent {
                         leases.insert(
                             h.record.key.clone(),
                             Lease::new(now, reg.lease_times(&h.record), &reg.health),
@@ -660,7 +745,9 @@ impl Registry {
                 let mut outcome = out.lock();
                 let mut mine = mine_in.lock();
                 for (key, patch) in patches {
-                    let op = match patch.apply(&key, &mut minted, seq + 1, |k| view.get(k).map(|h| h.record)) {
+                    let op = match patch.apply(&key, &mut minted, seq + 1, |k| {
+                        view.get(k).map(|h| Arc::unwrap_or_clone(h.record))
+                    }) {
                         Minted::Op(op) => op,
                         Minted::Unchanged => {
                             outcome.push(Some(0));
@@ -676,7 +763,7 @@ impl Registry {
                     mine.push((key, seq));
                     events.push(ChangeEvent {
                         event_id: Uuid::now_v7(),
-                        origin_dc: dc.clone(),
+                        origin_dc: dc.to_string(),
                         origin_epoch: mark.epoch,
                         seq,
                         commit_time_ms: now,
@@ -740,14 +827,19 @@ impl Registry {
                 format!("{}#{}:{}#{}", req.service, host, port, Uuid::new_v4())
             }
         };
+        // The service's shared names when it exists, so the lease shares them too.
+        let (ns_name, svc_name) = self
+            .view
+            .names(&namespace, &req.service)
+            .unwrap_or_else(|| (namespace.as_str().into(), req.service.as_str().into()));
         let key = InstanceKey {
             owner_dc: self.dc.clone(),
-            namespace: namespace.clone(),
-            service: req.service.clone(),
-            instance_id: instance_id.clone(),
+            namespace: ns_name,
+            service: svc_name,
+            instance_id: instance_id.as_str().into(),
         };
         if let Some(other) = self.view.find(&namespace, &req.service, &instance_id) {
-            if other.record.key.owner_dc != self.dc {
+            if *other.record.key.owner_dc != *self.dc {
                 return Err(ApiError::conflict(format!(
                     "instance {instance_id} is owned by DC {}; deregister it there first",
                     other.record.key.owner_dc
@@ -756,11 +848,11 @@ impl Registry {
         }
         let record = InstanceRecord {
             key: key.clone(),
-            address: req.address,
+            address: req.address.into(),
             port,
-            zone: req.zone.unwrap_or_default(),
+            zone: req.zone.unwrap_or_default().into(),
             weight: req.weight.unwrap_or(100),
-            app_version: req.version.unwrap_or_default(),
+            app_version: req.version.unwrap_or_default().into(),
             tags: req.tags.unwrap_or_default(),
             metadata: req.metadata.unwrap_or_default(),
             persistent,
@@ -791,7 +883,7 @@ impl Registry {
         };
         Ok(RegisterResponse {
             instance_id,
-            owner_dc: self.dc.clone(),
+            owner_dc: self.dc.to_string(),
             version: ev.seq,
             epoch: ev.origin_epoch,
             lease_ttl_ms: ttl_ms,
@@ -806,13 +898,91 @@ impl Registry {
             .view
             .find(ns, svc, id)
             .ok_or_else(|| ApiError::not_found(format!("no instance {id} of {ns}/{svc}")))?;
-        if held.record.key.owner_dc != self.dc {
+        if *held.record.key.owner_dc != *self.dc {
             return Err(ApiError::conflict(format!(
                 "instance {id} is owned by DC {}; only its owner may change it",
                 held.record.key.owner_dc
             )));
         }
         Ok((held.record.key.clone(), held))
+    }
+
+    /// POST /v1/heartbeats: renews many leases in one call (an agent or SDK that holds
+    /// many instances). Same rules as [`Registry::heartbeat`] for each entry; one view
+    /// lookup pass and one lease-table pass for the whole batch. Entries that are unknown
+    /// (the client re-registers them) or owned by another DC are reported by position;
+    /// a malformed entry refuses the whole batch.
+    pub async fn heartbeat_batch(&self, items: &[HeartbeatItem]) -> Result<HeartbeatBatchAnswer, ApiError> {
+        if items.len() > HEARTBEAT_BATCH_MAX {
+            return Err(ApiError::invalid_field(
+                "instances",
+                format!("at most {HEARTBEAT_BATCH_MAX} per request, got {}", items.len()),
+            ));
+        }
+        for (i, it) in items.iter().enumerate() {
+            let at =
+                |e: tandem_schemas::ValidationError| ApiError::invalid_field(&format!("instances[{i}]"), e);
+            tandem_schemas::validate_name("namespace", it.namespace()).map_err(at)?;
+            tandem_schemas::validate_name("service", &it.service).map_err(at)?;
+            tandem_schemas::validate_instance_id(&it.instance_id).map_err(at)?;
+        }
+        let mut answer = HeartbeatBatchAnswer::default();
+        // (key, lease times) of the ephemeral instances to renew.
+        let mut renew: Vec<(InstanceKey, LeaseTimes)> = Vec::with_capacity(items.len());
+        {
+            let v = self.view.view.read();
+            for (i, it) in items.iter().enumerate() {
+                match self.view.find_in(&v, it.namespace(), &it.service, &it.instance_id) {
+                    None => answer.unknown.push(i),
+                    Some(h) if h.record.key.owner_dc != self.dc => answer.conflict.push(i),
+                    Some(h) => {
+                        answer.renewed += 1;
+                        if !h.record.persistent {
+                            renew.push((h.record.key.clone(), self.lease_times(&h.record)));
+                        }
+                    }
+                }
+            }
+        }
+        let now = self.now_ms();
+        {
+            let mut p = self.preservation.lock();
+            for _ in 0..answer.renewed {
+                p.record_renewal(now);
+            }
+        }
+        self.counters.heartbeats.fetch_add(answer.renewed as u64, Ordering::Relaxed);
+        self.counters.heartbeats_unknown.fetch_add(answer.unknown.len() as u64, Ordering::Relaxed);
+        let mut transitions = Vec::new();
+        {
+            let mut leases = self.leases.lock();
+            for (key, times) in renew {
+                let t = match leases.heartbeat(&key, now) {
+                    Some(t) => t,
+                    None => {
+                        let mut lease = Lease::new(now, times, &self.health);
+                        let t = lease.heartbeat(now);
+                        leases.insert(key.clone(), lease);
+                        t
+                    }
+                };
+                if let Some(t) = t {
+                    transitions.push((key, t));
+                }
+            }
+        }
+        if !transitions.is_empty() {
+            let patches: Vec<_> = transitions
+                .into_iter()
+                .map(|(k, t)| {
+                    let p = self.transition_patch(&k, t);
+                    (k, p)
+                })
+                .collect();
+            self.counters.health_events.fetch_add(patches.len() as u64, Ordering::Relaxed);
+            self.commit(patches).await?;
+        }
+        Ok(answer)
     }
 
     /// PUT /v1/heartbeat: renews the lease in memory. Never writes to disk, except when
@@ -942,9 +1112,9 @@ impl Registry {
     /// that blocking queries return.
     fn refresh_staleness(&self) {
         let stale_fn = self.stale.read().clone();
-        let by_origin: BTreeMap<String, Vec<ServiceId>> = {
+        let by_origin: BTreeMap<Name, Vec<ServiceId>> = {
             let v = self.view.view.read();
-            let mut m: BTreeMap<String, Vec<ServiceId>> = BTreeMap::new();
+            let mut m: BTreeMap<Name, Vec<ServiceId>> = BTreeMap::new();
             for (sid, svc) in &v.services {
                 for owner in svc.owners.iter().filter(|o| **o != self.dc) {
                     if svc.instances.keys().any(|k| &k.owner_dc == owner) {
@@ -956,7 +1126,7 @@ impl Registry {
         };
         for (origin, sids) in by_origin {
             let now_stale = stale_fn(&origin);
-            let was = self.staleness.lock().insert(origin.clone(), now_stale);
+            let was = self.staleness.lock().insert(origin.to_string(), now_stale);
             if was.is_some_and(|w| w != now_stale) {
                 tracing::info!(origin = %origin, stale = now_stale, "remote origin staleness changed");
                 for sid in &sids {
@@ -976,7 +1146,7 @@ impl Registry {
 
     fn local_counts(&self, instances: &BTreeMap<InstanceKey, Held>) -> LocalCounts {
         let mut c = LocalCounts { healthy: 0, total: 0 };
-        for h in instances.values().filter(|h| h.record.key.owner_dc == self.dc) {
+        for h in instances.values().filter(|h| *h.record.key.owner_dc == *self.dc) {
             c.total += 1;
             if is_serving(&h.record) {
                 c.healthy += 1;
@@ -1010,7 +1180,7 @@ impl Registry {
     /// The service's current index (for blocking queries).
     pub fn service_index(&self, ns: &str, svc: &str) -> u64 {
         let v = self.view.view.read();
-        v.services.get(&(ns.to_owned(), svc.to_owned())).map_or(v.index, |s| s.index)
+        v.services.get(&SvcRef(ns, svc)).map_or(v.index, |s| s.index)
     }
 
     /// Waits until the service's index passes `index` or `wait` elapses.
@@ -1019,7 +1189,7 @@ impl Registry {
         loop {
             let (cur, mut rx) = {
                 let v = self.view.view.read();
-                match v.services.get(&(ns.to_owned(), svc.to_owned())) {
+                match v.services.get(&SvcRef(ns, svc)) {
                     Some(s) => (s.index, s.notify.subscribe()),
                     // Unknown services wait on the global index and look again.
                     None => (v.index, self.view.global.subscribe()),
@@ -1048,7 +1218,7 @@ impl Registry {
     ) -> Result<DiscoverAnswer, ApiError> {
         validate_query(ns, svc, filter)?;
         self.counters.discover_requests.fetch_add(1, Ordering::Relaxed);
-        let sid = (ns.to_owned(), svc.to_owned());
+        let sid: ServiceId = (ns.into(), svc.into());
         let now = self.now_ms();
         let (policy, counts, decision) = match filter {
             DcFilter::Policy => self.evaluate_failover(&sid, now),
@@ -1097,7 +1267,7 @@ impl Registry {
                 for h in instances.values() {
                     let owner = &h.record.key.owner_dc;
                     let wanted = match filter {
-                        DcFilter::Only(dc) => owner == dc,
+                        DcFilter::Only(dc) => **owner == **dc,
                         DcFilter::All | DcFilter::Policy => true,
                     };
                     let stale = owner != &self.dc && stale_fn(owner);
@@ -1105,8 +1275,8 @@ impl Registry {
                         out.push(view_of(h, stale, h.record.weight));
                     }
                     lines.push(ExplainLine {
-                        instance_id: h.record.key.instance_id.clone(),
-                        owner_dc: owner.clone(),
+                        instance_id: h.record.key.instance_id.to_string(),
+                        owner_dc: owner.to_string(),
                         included: wanted,
                         reason: if wanted {
                             "dc filter matches".into()
@@ -1121,14 +1291,14 @@ impl Registry {
                 let share =
                     if counts.total == 0 { 1.0 } else { f64::from(counts.healthy) / f64::from(counts.total) };
                 protected = counts.total > 0 && protect > 0.0 && share < protect;
-                for h in instances.values().filter(|h| h.record.key.owner_dc == self.dc) {
+                for h in instances.values().filter(|h| *h.record.key.owner_dc == *self.dc) {
                     let (included, reason) = local_verdict(&h.record, protected, protect);
                     if included {
                         out.push(view_of(h, false, h.record.weight));
                     }
                     lines.push(ExplainLine {
-                        instance_id: h.record.key.instance_id.clone(),
-                        owner_dc: self.dc.clone(),
+                        instance_id: h.record.key.instance_id.to_string(),
+                        owner_dc: self.dc.to_string(),
                         included,
                         reason,
                     });
@@ -1137,8 +1307,8 @@ impl Registry {
                 let mut remote_dcs: Vec<String> = if policy.remote_dcs.is_empty() {
                     let mut d: Vec<String> = instances
                         .values()
-                        .map(|h| h.record.key.owner_dc.clone())
-                        .filter(|d| d != &self.dc)
+                        .map(|h| h.record.key.owner_dc.to_string())
+                        .filter(|d| **d != *self.dc)
                         .collect();
                     d.sort();
                     d.dedup();
@@ -1146,13 +1316,13 @@ impl Registry {
                 } else {
                     policy.remote_dcs.clone()
                 };
-                remote_dcs.retain(|d| d != &self.dc);
+                remote_dcs.retain(|d| **d != *self.dc);
                 let global = policy.mode == failover::Mode::Global;
                 let mut tier_taken = false;
                 for dc in &remote_dcs {
                     let stale = stale_fn(dc);
                     let members: Vec<&Held> =
-                        instances.values().filter(|h| &h.record.key.owner_dc == dc).collect();
+                        instances.values().filter(|h| *h.record.key.owner_dc == **dc).collect();
                     let eligible = |h: &Held| is_serving(&h.record) || h.record.status == Status::Draining;
                     let usable =
                         (!stale || policy.offer_stale) && members.iter().any(|h| is_serving(&h.record));
@@ -1191,7 +1361,7 @@ impl Registry {
                             out.push(view_of(h, stale, w));
                         }
                         lines.push(ExplainLine {
-                            instance_id: h.record.key.instance_id.clone(),
+                            instance_id: h.record.key.instance_id.to_string(),
                             owner_dc: dc.clone(),
                             included,
                             reason,
@@ -1201,10 +1371,10 @@ impl Registry {
                 // Instances of DCs the policy does not list are explained too.
                 for h in instances.values() {
                     let owner = &h.record.key.owner_dc;
-                    if owner != &self.dc && !remote_dcs.contains(owner) {
+                    if owner != &self.dc && !remote_dcs.iter().any(|d| **d == **owner) {
                         lines.push(ExplainLine {
-                            instance_id: h.record.key.instance_id.clone(),
-                            owner_dc: owner.clone(),
+                            instance_id: h.record.key.instance_id.to_string(),
+                            owner_dc: owner.to_string(),
                             included: false,
                             reason: format!("remote DC {owner} is not in the policy's remote_dcs"),
                         });
@@ -1217,8 +1387,8 @@ impl Registry {
             if let Some(s) = v.services.get(&sid) {
                 for k in &s.removed {
                     lines.push(ExplainLine {
-                        instance_id: k.instance_id.clone(),
-                        owner_dc: k.owner_dc.clone(),
+                        instance_id: k.instance_id.to_string(),
+                        owner_dc: k.owner_dc.to_string(),
                         included: false,
                         reason:
                             "deregistered: a tombstone holds it out; an older registration never revives it"
@@ -1256,8 +1426,8 @@ impl Registry {
         let mut out: Vec<(String, usize)> = v
             .services
             .iter()
-            .filter(|((n, _), s)| n == ns && !s.instances.is_empty())
-            .map(|((_, s), svc)| (s.clone(), svc.instances.len()))
+            .filter(|((n, _), s)| **n == *ns && !s.instances.is_empty())
+            .map(|((_, s), svc)| (s.to_string(), svc.instances.len()))
             .collect();
         out.sort();
         Ok(out)
@@ -1269,7 +1439,7 @@ impl Registry {
         let mut m = BTreeMap::new();
         for s in v.services.values() {
             for h in s.instances.values() {
-                *m.entry(h.record.key.owner_dc.clone()).or_insert(0) += 1;
+                *m.entry(h.record.key.owner_dc.to_string()).or_insert(0) += 1;
             }
         }
         m
@@ -1328,7 +1498,8 @@ mod tests {
             Patch::Register(Box::new(rec())).apply(&key, &mut minted, 1, none),
             Minted::Op(Op::Register(_))
         ));
-        let Minted::Op(Op::Update(a)) = Patch::Status(Status::Draining).apply(&key, &mut minted, 2, none) else {
+        let Minted::Op(Op::Update(a)) = Patch::Status(Status::Draining).apply(&key, &mut minted, 2, none)
+        else {
             panic!()
         };
         assert_eq!(a.status, Status::Draining);
@@ -1342,7 +1513,10 @@ mod tests {
             (Status::Draining, Health::Suspect),
             "status kept by the health update"
         );
-        assert!(matches!(Patch::Status(Status::Draining).apply(&key, &mut minted, 4, none), Minted::Unchanged));
+        assert!(matches!(
+            Patch::Status(Status::Draining).apply(&key, &mut minted, 4, none),
+            Minted::Unchanged
+        ));
         assert!(matches!(
             Patch::Deregister(DeregisterReason::Explicit).apply(&key, &mut minted, 4, none),
             Minted::Op(_)

@@ -371,3 +371,54 @@ async fn explain_names_deregistered_instances_and_their_tombstones() {
     assert!(gone["reason"].as_str().unwrap().contains("tombstone"), "{gone}");
     node.shutdown().await;
 }
+
+#[tokio::test]
+async fn batched_heartbeats_renew_many_leases_and_name_the_unknown_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let c = client(&node);
+    // ttl 1200 ms: suspect after 300 ms of silence, expired after 1200 ms.
+    for id in ["i1", "i2"] {
+        c.register(
+            &json!({"service": "hb", "instance_id": id, "address": "10.0.0.1", "port": 1, "ttl_ms": 1200}),
+        )
+        .await
+        .unwrap();
+    }
+    c.register(&reg_body("hb", "p1", true)).await.unwrap();
+    let before = c.status().await.unwrap();
+    let body = json!({"instances": [
+        {"service": "hb", "instance_id": "i1"},
+        {"service": "hb", "instance_id": "nope"},
+        {"namespace": "default", "service": "hb", "instance_id": "i2"},
+        {"service": "hb", "instance_id": "p1"},
+    ]});
+    // Only batched heartbeats for 2.4 s, twice the lease: both leases stay healthy.
+    for _ in 0..24 {
+        let a = c.heartbeat_batch(&body).await.unwrap();
+        assert_eq!(a, json!({"renewed": 3, "unknown": [1], "conflict": []}));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let d = c.discover("default", "hb", "dc=all").await.unwrap();
+    let healths: Vec<&str> =
+        d["instances"].as_array().unwrap().iter().map(|i| i["health"].as_str().unwrap()).collect();
+    assert_eq!(healths, vec!["healthy"; 3], "{d}");
+    let after = c.status().await.unwrap();
+    assert_eq!(after["heartbeats"].as_u64().unwrap() - before["heartbeats"].as_u64().unwrap(), 24 * 3);
+    assert_eq!(after["disk_writes"], before["disk_writes"], "a heartbeat must never write to disk");
+
+    // Bounds and validation refuse the whole batch with the entry named.
+    let many: Vec<Value> =
+        (0..513).map(|i| json!({"service": "hb", "instance_id": format!("x{i}")})).collect();
+    let e = c.heartbeat_batch(&json!({ "instances": many })).await.unwrap_err();
+    assert_eq!(e.status(), Some(400), "{e}");
+    let e = c
+        .heartbeat_batch(&json!({"instances": [{"service": "hb", "instance_id": "i1"}, {"service": "Bad Name", "instance_id": "i1"}]}))
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(400));
+    assert!(e.to_string().contains("instances[1]"), "{e}");
+    let e = c.heartbeat_batch(&json!({"instances": [{"service": "hb", "id": "i1"}]})).await.unwrap_err();
+    assert_eq!(e.status(), Some(400));
+    node.shutdown().await;
+}

@@ -230,9 +230,10 @@ impl EventLog for MemLog {
                 origin: self.dc.clone(),
             }));
         }
-        let live: Vec<InstanceKey> = self.live.keys().filter(|k| k.owner_dc == channel_dc).cloned().collect();
+        let live: Vec<InstanceKey> =
+            self.live.keys().filter(|k| *k.owner_dc == *channel_dc).cloned().collect();
         let tombs: Vec<InstanceKey> =
-            self.tombs.keys().filter(|k| k.owner_dc == channel_dc).cloned().collect();
+            self.tombs.keys().filter(|k| *k.owner_dc == *channel_dc).cloned().collect();
         let plan = merge::plan_snapshot(channel_dc, self.mark_of(channel_dc), &live, &tombs, snap)?;
         let mut report = ApplyReport { mark: Some(plan.new_mark), ..Default::default() };
         for k in plan.remove {
@@ -265,13 +266,13 @@ impl EventLog for MemLog {
             instances: self
                 .live
                 .iter()
-                .filter(|(k, _)| k.owner_dc == self.dc)
+                .filter(|(k, _)| *k.owner_dc == *self.dc)
                 .map(|(_, (seq, r))| SnapshotInstance { seq: *seq, record: r.clone() })
                 .collect(),
             tombstones: self
                 .tombs
                 .iter()
-                .filter(|(k, _)| k.owner_dc == self.dc)
+                .filter(|(k, _)| *k.owner_dc == *self.dc)
                 .map(|(k, (seq, reason))| Tombstone { key: k.clone(), seq: *seq, reason: *reason })
                 .collect(),
         })
@@ -284,7 +285,7 @@ impl EventLog for MemLog {
         }
         self.log.retain(|s, _| *s > upto);
         let dc = self.dc.clone();
-        self.tombs.retain(|k, (s, _)| k.owner_dc != dc || *s > upto);
+        self.tombs.retain(|k, (s, _)| *k.owner_dc != *dc || *s > upto);
         self.floor = upto;
         Ok(())
     }
@@ -294,7 +295,7 @@ impl EventLog for MemLog {
             return Ok(());
         }
         let upto = upto_seq.min(self.mark_of(origin).map_or(0, |m| m.seq));
-        self.tombs.retain(|k, (s, _)| k.owner_dc != origin || *s > upto);
+        self.tombs.retain(|k, (s, _)| *k.owner_dc != *origin || *s > upto);
         Ok(())
     }
 

@@ -80,10 +80,10 @@ pub fn decide(channel_dc: &str, mark: Option<Mark>, held: Held, ev: &ChangeEvent
     }
     // Rule 1 again, on the key: an origin mints events only for instances it owns. The
     // decoder checks this too; the merge does not rely on every caller having decoded.
-    if ev.op.key().owner_dc != ev.origin_dc {
+    if *ev.op.key().owner_dc != *ev.origin_dc {
         return Verdict::Refused(Refusal::NotOwner {
             origin: ev.origin_dc.clone(),
-            owner: ev.op.key().owner_dc.clone(),
+            owner: ev.op.key().owner_dc.to_string(),
         });
     }
     // Rules 2 and 3: dedupe by high-water mark, then demand the next seq of the same epoch.
@@ -247,9 +247,9 @@ mod tests {
                 key: key(id),
                 address: "10.0.0.1".into(),
                 port: 80,
-                zone: String::new(),
+                zone: "".into(),
                 weight: 100,
-                app_version: String::new(),
+                app_version: "".into(),
                 tags: vec![],
                 metadata: Default::default(),
                 persistent: false,

@@ -105,7 +105,7 @@ impl History {
     /// What the origin's history says about `id` at `seq`: the last event of the key at or
     /// below it.
     fn at(&self, id: &str, seq: u64) -> Option<&ChangeEvent> {
-        self.range(1, seq).iter().rev().find(|e| e.op.key().instance_id == id)
+        self.range(1, seq).iter().rev().find(|e| *e.op.key().instance_id == *id)
     }
 }
 
@@ -373,7 +373,7 @@ impl<'h> Run<'h> {
                 let kept: Vec<Tombstone> = before
                     .tombstones
                     .iter()
-                    .filter(|t| t.key.owner_dc != h.dc || t.seq > effective)
+                    .filter(|t| *t.key.owner_dc != *h.dc || t.seq > effective)
                     .cloned()
                     .collect();
                 assert_eq!(after.tombstones, kept, "a tombstone purge removed the wrong tombstones");
@@ -463,8 +463,8 @@ fn reference(hs: &[History]) -> State {
         let own = h.origin_log(h.len(), 0);
         let mine = |s: &State| -> (Vec<(u64, InstanceRecord)>, Vec<Tombstone>) {
             (
-                s.instances.iter().filter(|(_, r)| r.key.owner_dc == h.dc).cloned().collect(),
-                s.tombstones.iter().filter(|t| t.key.owner_dc == h.dc).cloned().collect(),
+                s.instances.iter().filter(|(_, r)| *r.key.owner_dc == *h.dc).cloned().collect(),
+                s.tombstones.iter().filter(|t| *t.key.owner_dc == *h.dc).cloned().collect(),
             )
         };
         assert_eq!(mine(&State::of(&log)), mine(&State::of(&own)));
@@ -485,7 +485,7 @@ fn run_schedule(hs: &[History], reference: &State, steps: &[Step], batch: usize)
     assert_eq!(fin.marks, reference.marks);
     // ...and tombstones exactly, except those a purge allowed to go.
     let floor =
-        |t: &Tombstone| hs.iter().position(|h| h.dc == t.key.owner_dc).map_or(0, |o| run.purged_upto[o]);
+        |t: &Tombstone| hs.iter().position(|h| *h.dc == *t.key.owner_dc).map_or(0, |o| run.purged_upto[o]);
     for t in &fin.tombstones {
         assert!(reference.tombstones.contains(t), "tombstone {t:?} not in the reference");
     }

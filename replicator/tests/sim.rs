@@ -756,7 +756,10 @@ impl World {
                 }
                 ReceiverAction::Apply { batch_id, events } => {
                     for e in &events {
-                        assert!(e.origin_dc == oname && e.op.key().owner_dc == oname, "foreign event {e:?}");
+                        assert!(
+                            e.origin_dc == oname && *e.op.key().owner_dc == *oname,
+                            "foreign event {e:?}"
+                        );
                     }
                     let report = self.dcs[peer]
                         .log
@@ -768,8 +771,8 @@ impl World {
                     self.answer(stream, receiver, batch_id, &report, answer)?;
                 }
                 ReceiverAction::Install { batch_id, snapshot } => {
-                    assert!(snapshot.instances.iter().all(|i| i.record.key.owner_dc == oname));
-                    assert!(snapshot.tombstones.iter().all(|t| t.key.owner_dc == oname));
+                    assert!(snapshot.instances.iter().all(|i| *i.record.key.owner_dc == *oname));
+                    assert!(snapshot.tombstones.iter().all(|t| *t.key.owner_dc == *oname));
                     match mark {
                         Some(m) if m.epoch != snapshot.mark.epoch => self.stats.snapshots_new_epoch += 1,
                         Some(_) | None => self.stats.snapshots_behind_floor += 1,
@@ -942,7 +945,7 @@ impl World {
         let hist = self.oracle[dc].last_mut().unwrap();
         assert_eq!(hist.epoch, own.epoch);
         for e in batch {
-            let id = IDS.iter().copied().find(|id| *id == e.op.key().instance_id).unwrap();
+            let id = IDS.iter().copied().find(|id| **id == *e.op.key().instance_id).unwrap();
             hist.seqs.entry(id).or_default().push(e.seq);
             hist.events.push(e);
         }
@@ -1065,7 +1068,7 @@ impl World {
                 StateChange::Put { record, .. } => &record.key.owner_dc,
                 StateChange::Remove { key } => &key.owner_dc,
             };
-            assert_eq!(owner, origin, "a change of {origin}'s stream touched a key of {owner}");
+            assert_eq!(&**owner, origin, "a change of {origin}'s stream touched a key of {owner}");
         }
     }
 
@@ -1101,10 +1104,10 @@ impl World {
             ob.mark = mark;
             let Some(m) = mark else {
                 assert!(
-                    instances.iter().all(|(_, r)| r.key.owner_dc != xname),
+                    instances.iter().all(|(_, r)| *r.key.owner_dc != *xname),
                     "{d} holds {xname}'s keys without a mark"
                 );
-                assert!(tombstones.iter().all(|t| t.key.owner_dc != xname));
+                assert!(tombstones.iter().all(|t| *t.key.owner_dc != *xname));
                 continue;
             };
             let hist = self.oracle[x]
@@ -1164,9 +1167,9 @@ impl World {
             let own = origin.own_mark();
             let name = dc.name;
             let live: Vec<(u64, InstanceRecord)> =
-                origin.instances().unwrap().into_iter().filter(|(_, r)| r.key.owner_dc == name).collect();
+                origin.instances().unwrap().into_iter().filter(|(_, r)| *r.key.owner_dc == *name).collect();
             let tombs: Vec<_> =
-                origin.tombstones().unwrap().into_iter().filter(|t| t.key.owner_dc == name).collect();
+                origin.tombstones().unwrap().into_iter().filter(|t| *t.key.owner_dc == *name).collect();
             for d in (0..self.p.dcs).filter(|d| *d != x) {
                 let log = &self.dcs[d].log;
                 let mark = log.mark_of(name);
@@ -1174,7 +1177,7 @@ impl World {
                     return Err(format!("{d}'s mark of {name} is {mark:?}, the origin is at {own:?}"));
                 }
                 let held: Vec<(u64, InstanceRecord)> =
-                    log.instances().unwrap().into_iter().filter(|(_, r)| r.key.owner_dc == name).collect();
+                    log.instances().unwrap().into_iter().filter(|(_, r)| *r.key.owner_dc == *name).collect();
                 if held != live {
                     return Err(format!(
                         "{d} holds {} live instances of {name}, the origin {}",

@@ -34,13 +34,18 @@ pub const SNAPSHOT_FRAME_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// Most events one batch frame may carry.
 pub const BATCH_EVENTS_MAX: usize = 4096;
 
+/// A shared, immutable name. Cloning one is a reference-count increment, so the many
+/// copies of a key (view, leases, in-flight writes) and the names every instance of a
+/// service repeats (DC, namespace, service) share one allocation. Encoded as a string.
+pub type Name = std::sync::Arc<str>;
+
 /// Identity of an instance: who owns it and what it is. The owner DC never changes.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct InstanceKey {
-    pub owner_dc: String,
-    pub namespace: String,
-    pub service: String,
-    pub instance_id: String,
+    pub owner_dc: Name,
+    pub namespace: Name,
+    pub service: Name,
+    pub instance_id: Name,
 }
 
 /// Status the instance sets for itself (graceful up/down).
@@ -63,12 +68,14 @@ pub enum Health {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceRecord {
     pub key: InstanceKey,
-    pub address: String,
+    pub address: Name,
     pub port: u16,
-    pub zone: String,
+    /// Shared by the instances of a zone (see [`Name`]).
+    pub zone: Name,
     pub weight: u32,
-    /// Application version string of the instance (not the event version).
-    pub app_version: String,
+    /// Application version string of the instance (not the event version); shared by the
+    /// instances that run it.
+    pub app_version: Name,
     pub tags: Vec<String>,
     pub metadata: BTreeMap<String, String>,
     pub persistent: bool,

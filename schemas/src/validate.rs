@@ -192,7 +192,7 @@ pub fn validate_event(ev: &ChangeEvent) -> Result<(), ValidationError> {
         Op::Register(r) | Op::Update(r) => validate_record(r)?,
         Op::Deregister { key, .. } => validate_key(key)?,
     }
-    if ev.op.key().owner_dc != ev.origin_dc {
+    if *ev.op.key().owner_dc != *ev.origin_dc {
         return Err(err("owner_dc", "an event may only touch instances its origin DC owns"));
     }
     Ok(())
@@ -202,13 +202,13 @@ fn validate_snapshot(s: &Snapshot) -> Result<(), ValidationError> {
     validate_dc("origin_dc", &s.origin_dc)?;
     for i in &s.instances {
         validate_record(&i.record)?;
-        if i.record.key.owner_dc != s.origin_dc || i.seq == 0 || i.seq > s.mark.seq {
+        if *i.record.key.owner_dc != *s.origin_dc || i.seq == 0 || i.seq > s.mark.seq {
             return Err(err("snapshot", "instance not owned by the origin or seq out of range"));
         }
     }
     for t in &s.tombstones {
         validate_key(&t.key)?;
-        if t.key.owner_dc != s.origin_dc || t.seq == 0 || t.seq > s.mark.seq {
+        if *t.key.owner_dc != *s.origin_dc || t.seq == 0 || t.seq > s.mark.seq {
             return Err(err("snapshot", "tombstone not owned by the origin or seq out of range"));
         }
     }

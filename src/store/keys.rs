@@ -95,7 +95,12 @@ pub(crate) fn decode_key(bytes: &[u8]) -> Result<InstanceKey, LogError> {
         return Err(corrupt_key(format!("{} trailing bytes", rest.len())));
     }
     let [owner_dc, namespace, service, instance_id] = fields;
-    Ok(InstanceKey { owner_dc, namespace, service, instance_id })
+    Ok(InstanceKey {
+        owner_dc: owner_dc.into(),
+        namespace: namespace.into(),
+        service: service.into(),
+        instance_id: instance_id.into(),
+    })
 }
 
 fn corrupt_key(problem: String) -> LogError {
@@ -161,8 +166,8 @@ mod tests {
             let prefix = owner_prefix(&owner);
             let enc = encode_key(&k);
             let inside = enc.as_slice() >= prefix.as_slice() && enc < prefix_end(&prefix);
-            prop_assert_eq!(inside, k.owner_dc == owner);
-            prop_assert_eq!(enc.starts_with(&prefix), k.owner_dc == owner);
+            prop_assert_eq!(inside, *k.owner_dc == *owner);
+            prop_assert_eq!(enc.starts_with(&prefix), *k.owner_dc == *owner);
         }
 
         #[test]

@@ -120,8 +120,11 @@ impl fmt::Debug for RocksLog {
     }
 }
 
+/// Block cache shared by the log's column families.
+const BLOCK_CACHE_BYTES: usize = 8 << 20;
+
 /// Default memtable size per column family, MiB (RocksDB's own default is 64).
-pub const WRITE_BUFFER_MIB_DEFAULT: usize = 8;
+pub const WRITE_BUFFER_MIB_DEFAULT: usize = 2;
 
 impl RocksLog {
     /// Opens the log of `dc` in `dir`. A new or wiped dir starts a new history: a fresh
@@ -161,9 +164,16 @@ impl RocksLog {
         // only writes that were never acknowledged.
         opts.set_wal_recovery_mode(DBRecoveryMode::PointInTime);
         opts.set_keep_log_file_num(4);
+        // One small block cache for every column family: reads are rare (start, catch-up
+        // of a peer, tombstone lookups), and RocksDB's default 32 MiB per table factory
+        // would only hold memory.
+        let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
         let cfs = COLUMN_FAMILIES.map(|name| {
             let mut cf = Options::default();
             cf.set_write_buffer_size(write_buffer_mib.clamp(1, 1024) << 20);
+            let mut table = rocksdb::BlockBasedOptions::default();
+            table.set_block_cache(&cache);
+            cf.set_block_based_table_factory(&table);
             ColumnFamilyDescriptor::new(name, cf)
         });
         let db = Db::open_cf_descriptors(&opts, dir, cfs).map_err(storage)?;
@@ -697,7 +707,7 @@ impl EventLog for RocksLog {
             let enc = encode_key(&record.key);
             batch.delete_cf(tombs_cf, &enc);
             batch.put_cf(inst_cf, &enc, tandem_schemas::encode(&(*seq, record)));
-            if record.key.owner_dc == channel_dc {
+            if *record.key.owner_dc == *channel_dc {
                 live_now.insert(record.key.clone());
             } else {
                 others.insert(record.key.clone(), true);
@@ -706,7 +716,7 @@ impl EventLog for RocksLog {
         }
         for t in &snap.tombstones {
             let enc = encode_key(&t.key);
-            let was_live = if t.key.owner_dc == channel_dc {
+            let was_live = if *t.key.owner_dc == *channel_dc {
                 live_now.remove(&t.key)
             } else {
                 let held_live = match others.get(&t.key) {
