@@ -121,7 +121,12 @@ struct DiscoverQuery {
     wait: Option<String>,
     dc: Option<String>,
     explain: Option<String>,
+    stream: Option<String>,
 }
+
+/// A streaming watch writes a bare newline after this long without a change, so that
+/// both ends notice a dead connection.
+pub const STREAM_KEEPALIVE: Duration = Duration::from_secs(15);
 
 /// Parses `wait`: `250ms`, `10s`, `5m`, or a bare number of seconds.
 pub fn parse_wait(s: &str) -> Result<Duration, ApiError> {
@@ -166,6 +171,18 @@ async fn discover(
     let explain = parse_bool("explain", q.explain.as_deref())?;
     // Validate before blocking, so a bad request fails at once.
     crate::registry::validate_query(&ns, &svc, &filter)?;
+    if parse_bool("stream", q.stream.as_deref())? {
+        if explain || q.wait.is_some() {
+            return Err(ApiError::invalid_field("stream", "cannot be combined with explain or wait"));
+        }
+        let after = match q.index.as_deref() {
+            None => None,
+            Some(i) => {
+                Some(i.parse().map_err(|_| ApiError::invalid_field("index", "must be an unsigned integer"))?)
+            }
+        };
+        return Ok(stream_answers(node, ns, svc, filter, after));
+    }
     if let Some(idx) = q.index.as_deref() {
         let idx: u64 =
             idx.parse().map_err(|_| ApiError::invalid_field("index", "must be an unsigned integer"))?;
@@ -191,10 +208,62 @@ async fn discover(
     Ok((headers, body).into_response())
 }
 
+/// GET /v1/services/{ns}/{svc}?stream=true: a watch as one long response, newline-
+/// delimited JSON. The first line is the current answer (or, with `index=N`, the first
+/// answer past N); then one line per change of the answer, each the whole answer with its
+/// `index`, exactly as a blocking query would return it. Every watcher woken by a change
+/// gets the same encoded bytes (see [`answer_bytes`]), so a change costs one write per
+/// watcher and no new request. A watcher that falls behind skips to the latest answer.
+/// The stream ends when the node shuts down or the client goes away.
+fn stream_answers(
+    node: Arc<NodeShared>,
+    ns: String,
+    svc: String,
+    filter: DcFilter,
+    after: Option<u64>,
+) -> Response {
+    let closing = node.closing.clone();
+    let lines = futures::stream::unfold(
+        (node, ns, svc, filter, after, closing),
+        |(node, ns, svc, filter, last, mut closing)| async move {
+            if *closing.borrow() {
+                return None;
+            }
+            if let Some(l) = last {
+                tokio::select! {
+                    _ = node.registry.wait_for(&ns, &svc, l, STREAM_KEEPALIVE) => {}
+                    _ = closing.changed() => return None,
+                }
+            }
+            let (idx, bytes) = match answer_bytes(&node, &ns, &svc, &filter) {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::debug!(error = %e.message, "streaming watch ended");
+                    return None;
+                }
+            };
+            if last.is_some_and(|l| idx <= l) {
+                let keepalive = Bytes::from_static(b"\n");
+                return Some((
+                    Ok::<_, std::convert::Infallible>(keepalive),
+                    (node, ns, svc, filter, last, closing),
+                ));
+            }
+            node.registry.counters.watch_wakeups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Some((Ok(bytes), (node, ns, svc, filter, Some(idx), closing)))
+        },
+    );
+    let mut headers = HeaderMap::new();
+    headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    headers.insert(axum::http::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    (headers, axum::body::Body::from_stream(lines)).into_response()
+}
+
 /// Most discovery answers kept encoded (see [`answer_bytes`]).
 const ANSWER_CACHE_ENTRIES_MAX: usize = 16_384;
 
-/// The encoded answer for (service, filter) at the service's current index.
+/// The encoded answer for (service, filter) at the service's current index, newline-
+/// terminated.
 ///
 /// An answer (without `explain`) is a function of the service's index: every change that
 /// shows in it — an event, a failover switch, a remote origin turning stale or fresh —
@@ -210,7 +279,10 @@ fn answer_bytes(node: &NodeShared, ns: &str, svc: &str, filter: &DcFilter) -> Re
         }
     }
     let answer = node.registry.discover(ns, svc, filter, false)?;
-    let bytes = Bytes::from(serde_json::to_vec(&answer).unwrap_or_default());
+    // Ends with a newline: a streaming watch sends these bytes as one line as they are.
+    let mut encoded = serde_json::to_vec(&answer).unwrap_or_default();
+    encoded.push(b'\n');
+    let bytes = Bytes::from(encoded);
     let mut cache = node.answers.lock();
     if cache.len() >= ANSWER_CACHE_ENTRIES_MAX {
         cache.clear();

@@ -50,6 +50,8 @@ pub struct NodeShared {
     pub gateway_stats: Option<Arc<GatewayStats>>,
     /// Encoded discovery answers by (namespace, service, filter), with their index.
     pub answers: Mutex<AnswerCache>,
+    /// Turns true when the node shuts down (streaming watches end).
+    pub closing: watch::Receiver<bool>,
     gateway: Mutex<Option<Gateway>>,
     gateway_clock: tokio::time::Instant,
     config_path: Option<PathBuf>,
@@ -206,6 +208,7 @@ impl Node {
             live,
             gateway_stats,
             answers: Mutex::new(Default::default()),
+            closing: shut_rx.clone(),
             gateway: Mutex::new(gw),
             gateway_clock,
             config_path,

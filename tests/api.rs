@@ -422,3 +422,66 @@ async fn batched_heartbeats_renew_many_leases_and_name_the_unknown_ones() {
     assert_eq!(e.status(), Some(400));
     node.shutdown().await;
 }
+
+/// Reads one newline-terminated line from a streaming response, skipping keep-alive blank
+/// lines; `None` when the stream ended.
+async fn next_line(resp: &mut reqwest::Response, buf: &mut Vec<u8>) -> Option<Value> {
+    loop {
+        if let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            if line.len() == 1 {
+                continue;
+            }
+            return Some(serde_json::from_slice(&line).expect("each line is one JSON answer"));
+        }
+        match tokio::time::timeout(Duration::from_secs(10), resp.chunk()).await.expect("no line within 10 s")
+        {
+            Ok(Some(chunk)) => buf.extend_from_slice(&chunk),
+            Ok(None) | Err(_) => return None,
+        }
+    }
+}
+
+#[tokio::test]
+async fn streaming_watch_sends_the_answer_then_one_line_per_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let c = client(&node);
+    c.register(&reg_body("sw", "i1", true)).await.unwrap();
+    let url = format!("{}/v1/services/default/sw?stream=true", http(&node));
+    let mut resp = reqwest::get(&url).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+    let mut buf = Vec::new();
+    let first = next_line(&mut resp, &mut buf).await.unwrap();
+    assert_eq!(first["instances"].as_array().unwrap().len(), 1);
+    let i0 = first["index"].as_u64().unwrap();
+
+    // A watcher that starts from a known index gets nothing until the next change.
+    let mut late = reqwest::get(format!("{url}&index={i0}")).await.unwrap();
+    let mut late_buf = Vec::new();
+
+    c.register(&reg_body("sw", "i2", true)).await.unwrap();
+    let second = next_line(&mut resp, &mut buf).await.unwrap();
+    assert_eq!(second["instances"].as_array().unwrap().len(), 2, "{second}");
+    assert!(second["index"].as_u64().unwrap() > i0);
+    let late_first = next_line(&mut late, &mut late_buf).await.unwrap();
+    assert_eq!(late_first["index"], second["index"]);
+
+    c.deregister("default", "sw", "i1").await.unwrap();
+    let third = next_line(&mut resp, &mut buf).await.unwrap();
+    let ids: Vec<&str> =
+        third["instances"].as_array().unwrap().iter().map(|i| i["instance_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, vec!["i2"]);
+    assert!(third["index"].as_u64() > second["index"].as_u64());
+
+    // Bad combinations are refused before anything streams.
+    let bad = reqwest::get(format!("{url}&wait=1s")).await.unwrap();
+    assert_eq!(bad.status(), 400);
+    let bad = reqwest::get(format!("{url}&index=x")).await.unwrap();
+    assert_eq!(bad.status(), 400);
+
+    // Shutdown ends the stream.
+    node.shutdown().await;
+    assert!(next_line(&mut resp, &mut buf).await.is_none());
+}

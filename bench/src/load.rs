@@ -245,23 +245,35 @@ where
             }
         }));
     }
-    let mut dropped = 0;
-    for i in 0..total {
-        let at = start + Duration::from_secs_f64(i as f64 / rate_per_s);
-        if at > tokio::time::Instant::now() {
-            tokio::time::sleep_until(at).await;
+    // The schedule runs on an OS thread of its own: tokio's timer ticks in whole
+    // milliseconds, which would release requests in bursts and add up to 1 ms of the
+    // generator's own lateness to every latency; a thread sleep is precise to tens of us.
+    let start_std = start.into_std();
+    let dispatch_inflight = inflight.clone();
+    let dispatcher = std::thread::Builder::new().name("bench-open-loop".into()).spawn(move || {
+        let mut dropped = 0u64;
+        for i in 0..total {
+            let at = start_std + Duration::from_secs_f64(i as f64 / rate_per_s);
+            let now = Instant::now();
+            if at > now {
+                std::thread::sleep(at - now);
+            }
+            if dispatch_inflight.load(Ordering::Relaxed) >= inflight_max {
+                dropped += 1;
+                continue;
+            }
+            dispatch_inflight.fetch_add(1, Ordering::Relaxed);
+            if tx.try_send((i, at)).is_err() {
+                dispatch_inflight.fetch_sub(1, Ordering::Relaxed);
+                dropped += 1;
+            }
         }
-        if inflight.load(Ordering::Relaxed) >= inflight_max {
-            dropped += 1;
-            continue;
-        }
-        inflight.fetch_add(1, Ordering::Relaxed);
-        if tx.try_send((i, at.into_std())).is_err() {
-            inflight.fetch_sub(1, Ordering::Relaxed);
-            dropped += 1;
-        }
-    }
-    drop(tx);
+        dropped
+    });
+    let dropped = match dispatcher {
+        Ok(handle) => tokio::task::spawn_blocking(move || handle.join().unwrap_or(0)).await.unwrap_or(0),
+        Err(_) => total,
+    };
     let sent_until = start.elapsed();
     let drain_deadline = Instant::now() + drain_max;
     while inflight.load(Ordering::Relaxed) > 0 && Instant::now() < drain_deadline {

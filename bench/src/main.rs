@@ -152,8 +152,13 @@ pub struct Figures {
     pub register_per_fsync_direct: Option<f64>,
     /// (partition s, ingest /s, drain /s, reconnect s) of replicate's catch-up step.
     pub catch_up: Option<(f64, f64, f64, f64)>,
-    /// `watch`: (watchers, change to last delivery p99 ms, max ms, changes).
+    /// `watch`, tandem's streaming watch: (watchers, change to last delivery p99 ms, max
+    /// ms, changes).
     pub watch: Option<(usize, f64, f64, usize)>,
+    /// `watch`, tandem's streaming watch over HTTP/2, watchers multiplexed.
+    pub watch_h2: Option<(usize, f64, f64, usize)>,
+    /// `watch` against etcd: change to last delivery p99 ms.
+    pub etcd_watch_p99_ms: Option<f64>,
     /// `detect`: (TTL ms, max ms to leave the default answer, max ms to leave dc=all, missed, seen).
     pub detect: Option<(u64, f64, f64, u64, u64)>,
 }

@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 use crate::load::{ms, rate, Lat};
 use crate::nodes::{check, spawn_probe};
+use crate::peers::b64;
 use crate::sys::process_cpu;
 use crate::{cpu_now, Ctx};
 
@@ -87,34 +88,274 @@ async fn watcher(
     }
 }
 
-/// `watch` (M4): `--watchers` blocking queries on one service, a change to that service
-/// every `--churn-ms` for two steps, and for each change the time from sending its write
-/// to the last watcher having read an answer at or past it.
+/// One watcher of `watch` in streaming mode: one `?stream=true` response, read line by
+/// line; each line is a whole answer whose `index` is noted when its last byte arrived.
+async fn stream_watcher(
+    http: reqwest::Client,
+    url: Arc<String>,
+    seen: Seen,
+    ready: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+) {
+    loop {
+        let Ok(mut resp) = http.get(format!("{url}?stream=true")).send().await else {
+            errors.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let mut first = true;
+        let mut buf: Vec<u8> = Vec::new();
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            buf.extend_from_slice(&chunk);
+            while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                let t = Instant::now();
+                let line: Vec<u8> = buf.drain(..=pos).collect();
+                let Some(g) = top_level_index(&line) else { continue };
+                if first {
+                    ready.fetch_add(1, Ordering::Relaxed);
+                    first = false;
+                }
+                let mut l = seen.lock();
+                if l.last().is_none_or(|(i, _)| g > *i) {
+                    l.push((g, t));
+                }
+            }
+        }
+        errors.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The answer's `index` (its first field after the names) without parsing the whole line.
+fn top_level_index(line: &[u8]) -> Option<u64> {
+    const KEY: &[u8] = b"\"index\":";
+    let at = line.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    let digits: Vec<u8> = line[at..].iter().copied().take_while(u8::is_ascii_digit).collect();
+    std::str::from_utf8(&digits).ok()?.parse().ok()
+}
+
+/// One watcher of `watch` against etcd: a prefix watch through etcd's JSON gateway
+/// (`POST /v3/watch`, a streamed response of one JSON object per line). An event's
+/// revision is noted when its line has arrived.
+async fn etcd_watcher(
+    http: reqwest::Client,
+    base: Arc<String>,
+    seen: Seen,
+    ready: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+) {
+    let body = json!({"create_request": {"key": b64(ETCD_PREFIX.as_bytes()), "range_end": b64(ETCD_PREFIX_END.as_bytes())}});
+    loop {
+        let Ok(mut resp) = http.post(format!("{base}/v3/watch")).json(&body).send().await else {
+            errors.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let mut buf: Vec<u8> = Vec::new();
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            buf.extend_from_slice(&chunk);
+            while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                let t = Instant::now();
+                let line: Vec<u8> = buf.drain(..=pos).collect();
+                let Ok(v) = serde_json::from_slice::<Value>(&line) else { continue };
+                let r = &v["result"];
+                if r["created"].as_bool() == Some(true) {
+                    ready.fetch_add(1, Ordering::Relaxed);
+                }
+                let Some(events) = r["events"].as_array() else { continue };
+                let rev = events
+                    .iter()
+                    .filter_map(|e| e["kv"]["mod_revision"].as_str().and_then(|x| x.parse::<u64>().ok()))
+                    .max();
+                if let Some(g) = rev {
+                    let mut l = seen.lock();
+                    if l.last().is_none_or(|(i, _)| g > *i) {
+                        l.push((g, t));
+                    }
+                }
+            }
+        }
+        errors.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Watchers multiplexed on one HTTP/2 connection in the `StreamH2` row.
+const H2_WATCHERS_PER_CONNECTION: usize = 100;
+
+const ETCD_PREFIX: &str = "/services/watched/";
+const ETCD_PREFIX_END: &str = "/services/watched0";
+
+/// How the watchers of one `watch` row watch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// tandem: blocking queries, one request per answer.
+    Blocking,
+    /// tandem: `?stream=true`, one long response, one HTTP/1.1 connection per watcher.
+    Stream,
+    /// tandem: `?stream=true` over HTTP/2 (prior knowledge), `H2_WATCHERS_PER_CONNECTION`
+    /// watchers multiplexed on each connection, as an SDK multiplexes its watches.
+    StreamH2,
+    /// etcd 3.4: prefix watch through its JSON gateway.
+    Etcd,
+}
+
+/// `watch` (M4): `--watchers` watchers of one service, a change to that service every
+/// `--churn-ms` for two steps, and for each change the time from sending its write to the
+/// last watcher having read it. Three rows: tandem's blocking queries, tandem's streaming
+/// watch, and etcd's prefix watch on the same shape of data (when etcd is installed).
 pub async fn watch(ctx: &mut Ctx) -> anyhow::Result<()> {
+    ctx.report.table(
+        "watch: fan-out of one service's changes to many watchers, with churn",
+        &[
+            "watch",
+            "watchers",
+            "changes (one every)",
+            "change to last delivery ms p50 / p99 / max",
+            "change to each delivery ms p50 / p99 / p999 / max",
+            "deliveries (missed)",
+            "server CPU-s per change",
+            "CPU cores server / load",
+            "errors",
+        ],
+    );
+    let mut ramps = Vec::new();
+    for mode in [Mode::Blocking, Mode::Stream, Mode::StreamH2] {
+        let (p99, max, count, ramp) = fan_out(ctx, mode, None).await?;
+        ramps.push(ramp);
+        if count > 0 {
+            let n = ctx.opts.watchers.clamp(1, WATCHERS_MAX);
+            match mode {
+                Mode::Stream => ctx.floors.watch = Some((n, p99, max, count)),
+                Mode::StreamH2 => ctx.floors.watch_h2 = Some((n, p99, max, count)),
+                _ => {}
+            }
+        }
+    }
+    match crate::peers::find_bin("etcd", &[]) {
+        Some(bin) => match fan_out(ctx, Mode::Etcd, Some(&bin)).await {
+            Ok((p99, _, count, ramp)) => {
+                ramps.push(ramp);
+                if count > 0 {
+                    ctx.floors.etcd_watch_p99_ms = Some(p99);
+                }
+            }
+            Err(e) => ctx.report.note(format!("etcd watch: failed: {e:#}")),
+        },
+        None => ctx.report.note("etcd watch: etcd not installed (bench/peers.sh); skipped".into()),
+    }
+    ctx.report.note(format!(
+        "latency runs from sending the change's write (durable at both: tandem POST /v1/register, etcd put; \
+         fsync included) to the moment a watcher had read that change: for tandem blocking queries the whole \
+         answer at or past the change's index, for tandem streams the answer line at or past it, for etcd the \
+         watch event line with that revision (etcd sends the changed key only; tandem sends the whole answer, \
+         about 1 KB here). A watcher still busy with an earlier answer gets a later one, which counts. \
+         Watchers ramped up in {} s; each server is a separate process on CPU 0, the watchers and their HTTP \
+         client share CPU 1",
+        ramps.iter().map(|r| format!("{:.1}", r.as_secs_f64())).collect::<Vec<_>>().join(" / ")
+    ));
+    Ok(())
+}
+
+/// One row of `watch`. Returns (change to last delivery p99 ms, max ms, changes counted,
+/// ramp-up time).
+async fn fan_out(
+    ctx: &mut Ctx,
+    mode: Mode,
+    etcd_bin: Option<&std::path::Path>,
+) -> anyhow::Result<(f64, f64, usize, Duration)> {
     let n = ctx.opts.watchers.clamp(1, WATCHERS_MAX);
     let every = Duration::from_millis(ctx.opts.churn_ms.clamp(10, 10_000));
     let dur = ctx.step() * 2;
-    let (probe, addr) = spawn_probe(ctx).await?;
     let http = client()?;
-    // The service: four persistent instances; the churn re-registers them with new weights.
+    // The server: a tandem node process, or etcd.
+    let (probe, etcd, base) = match (mode, etcd_bin) {
+        (Mode::Etcd, Some(bin)) => {
+            let (proc, url, dir) = crate::peers::start_etcd(ctx, bin).await?;
+            (None, Some((proc, dir)), url)
+        }
+        (Mode::Etcd, None) => anyhow::bail!("etcd not installed"),
+        _ => {
+            let (probe, addr) = spawn_probe(ctx).await?;
+            (Some(probe), None, addr)
+        }
+    };
+    let server_pid = match (&probe, &etcd) {
+        (Some(p), _) => p.id(),
+        (None, Some((e, _))) => e.pid(),
+        _ => anyhow::bail!("no server"),
+    };
+    // The service: four instances; the churn re-writes them with new weights.
     let churn_body = |k: u64| {
         json!({"service": "watched", "instance_id": format!("churn-{}", k % 4), "address": "10.20.30.40",
                "port": 8080, "zone": "zone-a", "version": "1.4.2", "persistent": true, "weight": k % 50 + 2})
     };
+    // One write; returns the index (tandem) or revision (etcd) it produced.
+    let write = {
+        let (http, base) = (http.clone(), base.clone());
+        move |k: u64| {
+            let (http, base) = (http.clone(), base.clone());
+            async move {
+                if mode == Mode::Etcd {
+                    let body = churn_body(k);
+                    let key = format!("{ETCD_PREFIX}churn-{}", k % 4);
+                    let put = json!({"key": b64(key.as_bytes()), "value": b64(body.to_string().as_bytes())});
+                    let v: Value = http
+                        .post(format!("{base}/v3/kv/put"))
+                        .json(&put)
+                        .send()
+                        .await
+                        .map_err(|e| anyhow::anyhow!("etcd put: {e}"))?
+                        .json()
+                        .await?;
+                    v["header"]["revision"]
+                        .as_str()
+                        .and_then(|r| r.parse::<u64>().ok())
+                        .ok_or_else(|| anyhow::anyhow!("etcd put without revision: {v}"))
+                } else {
+                    register(&http, &base, churn_body(k)).await?;
+                    // Only this loop changes the service, so the index read now is the change's.
+                    let r = http.get(format!("http://{base}/v1/services/default/watched")).send().await?;
+                    index_of(&r).ok_or_else(|| anyhow::anyhow!("no index"))
+                }
+            }
+        }
+    };
     for k in 0..4 {
-        register(&http, &addr, churn_body(k)).await?;
+        write(k).await?;
     }
-    let url = Arc::new(format!("http://{addr}/v1/services/default/watched"));
+    let url = Arc::new(match mode {
+        Mode::Etcd => base.clone(),
+        _ => format!("http://{base}/v1/services/default/watched"),
+    });
     let ready = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let logs: Vec<Seen> = (0..n).map(|_| Seen::default()).collect();
     // Ramp up in batches so that connection setup does not overflow the accept backlog.
     let ramp_start = Instant::now();
     let mut tasks = Vec::with_capacity(n);
+    // HTTP/2: one client (one connection) per group of watchers.
+    let h2: Vec<reqwest::Client> = if mode == Mode::StreamH2 {
+        (0..n.div_ceil(H2_WATCHERS_PER_CONNECTION))
+            .map(|_| {
+                reqwest::Client::builder().http2_prior_knowledge().timeout(Duration::from_secs(120)).build()
+            })
+            .collect::<Result<_, _>>()?
+    } else {
+        Vec::new()
+    };
     for (i, seen) in logs.iter().enumerate() {
         let (http, url, seen, ready, errors) =
             (http.clone(), url.clone(), seen.clone(), ready.clone(), errors.clone());
-        tasks.push(ctx.load.spawn(watcher(http, url, seen, ready, errors)));
+        tasks.push(match mode {
+            Mode::Blocking => ctx.load.spawn(watcher(http, url, seen, ready, errors)),
+            Mode::Stream => ctx.load.spawn(stream_watcher(http, url, seen, ready, errors)),
+            Mode::StreamH2 => {
+                let http = h2[i / H2_WATCHERS_PER_CONNECTION].clone();
+                ctx.load.spawn(stream_watcher(http, url, seen, ready, errors))
+            }
+            Mode::Etcd => ctx.load.spawn(etcd_watcher(http, url, seen, ready, errors)),
+        });
         if i % 250 == 249 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -125,14 +366,12 @@ pub async fn watch(ctx: &mut Ctx) -> anyhow::Result<()> {
     }
     let ramp = ramp_start.elapsed();
     let ready_n = ready.load(Ordering::Relaxed) as usize;
-    // Let every watcher send its blocking query.
+    // Let every watcher settle (blocking queries sent, streams past their first line).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let errors_before = errors.load(Ordering::Relaxed);
-    let cpu0 = (process_cpu(probe.id()).unwrap_or_default(), cpu_now());
+    let cpu0 = (process_cpu(server_pid).unwrap_or_default(), cpu_now());
     let measured_from = Instant::now();
-    // Churn, on the load runtime: send the write, then read the service's index after it
-    // (only this loop changes the service, so that index is the change's).
-    let (h, a) = (http.clone(), addr.clone());
+    // Churn, on the load runtime.
     let churn = ctx
         .on_load(async move {
             let mut changes: Vec<(u64, Instant)> = Vec::new();
@@ -141,13 +380,8 @@ pub async fn watch(ctx: &mut Ctx) -> anyhow::Result<()> {
             let mut k = 4u64;
             while start.elapsed() < dur {
                 let t = Instant::now();
-                let ok = register(&h, &a, churn_body(k)).await.is_ok();
-                let idx = match h.get(format!("http://{a}/v1/services/default/watched")).send().await {
-                    Ok(r) if ok => index_of(&r),
-                    _ => None,
-                };
-                match idx {
-                    Some(i) if changes.last().is_none_or(|(p, _)| i > *p) => changes.push((i, t)),
+                match write(k).await {
+                    Ok(i) if changes.last().is_none_or(|(p, _)| i > *p) => changes.push((i, t)),
                     _ => failures += 1,
                 }
                 k += 1;
@@ -165,13 +399,14 @@ pub async fn watch(ctx: &mut Ctx) -> anyhow::Result<()> {
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let server_cpu = process_cpu(probe.id()).unwrap_or_default().saturating_sub(cpu0.0);
+    let server_cpu = process_cpu(server_pid).unwrap_or_default().saturating_sub(cpu0.0);
     let cpu = cpu_now().since(cpu0.1);
     let elapsed = measured_from.elapsed().max(Duration::from_millis(1));
     for t in &tasks {
         t.abort();
     }
     drop(probe);
+    drop(etcd);
     let watch_errors = errors.load(Ordering::Relaxed) - errors_before;
     // For each change: when each watcher first held an answer at or past its index.
     let mut last = Lat::default();
@@ -200,20 +435,15 @@ pub async fn watch(ctx: &mut Ctx) -> anyhow::Result<()> {
         }
     }
     let (last, each) = (last.finish(), each.finish());
-    ctx.report.table(
-        "watch: blocking queries on one service, GET /v1/services/{ns}/{svc}?index=N&wait=60s, with churn",
-        &[
-            "watchers",
-            "changes (one every)",
-            "change to last delivery ms p50 / p99 / max",
-            "change to each delivery ms p50 / p99 / p999 / max",
-            "deliveries (missed)",
-            "server CPU-s per change",
-            "CPU cores server / load",
-            "errors",
-        ],
-    );
     ctx.report.row(vec![
+        match mode {
+            Mode::Blocking => "tandem blocking queries (?index=N&wait=60s)".into(),
+            Mode::Stream => "tandem streaming watch (?stream=true), HTTP/1.1, a connection each".into(),
+            Mode::StreamH2 => format!(
+                "tandem streaming watch (?stream=true), HTTP/2, {H2_WATCHERS_PER_CONNECTION} watchers per connection"
+            ),
+            Mode::Etcd => "etcd prefix watch (JSON gateway /v3/watch)".into(),
+        },
         format!("{} ({} ready)", rate(n as f64), rate(ready_n as f64)),
         format!("{} ({} ms)", changes.len(), every.as_millis()),
         format!("{} / {} / {}", ms(last.q_ms(0.5)), ms(last.q_ms(0.99)), ms(last.max_ms())),
@@ -227,17 +457,7 @@ pub async fn watch(ctx: &mut Ctx) -> anyhow::Result<()> {
         ),
         format!("{watch_errors} watcher, {churn_failures} churn"),
     ]);
-    ctx.report.note(format!(
-        "latency runs from sending the change's write (a durable POST /v1/register: its fsync is included) to \
-         the moment a watcher had read the whole answer at or past the change's index; a watcher that was \
-         still busy with an earlier answer gets a later one, which counts; watchers ramped up in {:.1} s; the \
-         node is a separate process on CPU 0, the watchers and their HTTP client share CPU 1",
-        ramp.as_secs_f64()
-    ));
-    if last.count() > 0 {
-        ctx.floors.watch = Some((n, last.q_ms(0.99), last.max_ms(), last.count()));
-    }
-    Ok(())
+    Ok((last.q_ms(0.99), last.max_ms(), last.count(), ramp))
 }
 
 /// The provider TTL of `detect`.
