@@ -222,41 +222,73 @@ fn stream_answers(
     filter: DcFilter,
     after: Option<u64>,
 ) -> Response {
-    let closing = node.closing.clone();
-    let lines = futures::stream::unfold(
-        (node, ns, svc, filter, after, closing),
-        |(node, ns, svc, filter, last, mut closing)| async move {
-            if *closing.borrow() {
-                return None;
+    use futures::StreamExt as _;
+    let mut closing = node.closing.clone();
+    let key = answer_key(&ns, &svc, &filter);
+    let state = StreamState { node, ns, svc, filter, key, last: after, rx: None };
+    let lines = futures::stream::unfold(state, |mut st| async move {
+        loop {
+            if st.rx.is_none() {
+                st.rx = st.node.registry.subscribe(&st.ns, &st.svc);
             }
-            if let Some(l) = last {
-                tokio::select! {
-                    _ = node.registry.wait_for(&ns, &svc, l, STREAM_KEEPALIVE) => {}
-                    _ = closing.changed() => return None,
+            if let Some(l) = st.last {
+                let changed = match st.rx.as_mut() {
+                    // Known service: wait on its own index, subscribed once.
+                    Some(rx) => {
+                        if *rx.borrow_and_update() > l {
+                            true
+                        } else {
+                            match tokio::time::timeout(STREAM_KEEPALIVE, rx.changed()).await {
+                                Ok(Ok(())) => true,
+                                Ok(Err(_)) => return None,
+                                Err(_) => false,
+                            }
+                        }
+                    }
+                    // Not (yet) in the view: wait on the global index, then look again.
+                    None => {
+                        st.node.registry.wait_for(&st.ns, &st.svc, l, STREAM_KEEPALIVE).await;
+                        st.node.registry.service_index(&st.ns, &st.svc) > l
+                    }
+                };
+                if !changed {
+                    return Some((Ok::<_, std::convert::Infallible>(Bytes::from_static(b"\n")), st));
                 }
             }
-            let (idx, bytes) = match answer_bytes(&node, &ns, &svc, &filter) {
+            let (idx, bytes) = match answer_bytes_keyed(&st.node, &st.key, &st.ns, &st.svc, &st.filter) {
                 Ok(a) => a,
                 Err(e) => {
                     tracing::debug!(error = %e.message, "streaming watch ended");
                     return None;
                 }
             };
-            if last.is_some_and(|l| idx <= l) {
-                let keepalive = Bytes::from_static(b"\n");
-                return Some((
-                    Ok::<_, std::convert::Infallible>(keepalive),
-                    (node, ns, svc, filter, last, closing),
-                ));
+            if st.last.is_some_and(|l| idx <= l) {
+                // Woken by the global index for another service: wait again.
+                continue;
             }
-            node.registry.counters.watch_wakeups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Some((Ok(bytes), (node, ns, svc, filter, Some(idx), closing)))
-        },
-    );
+            st.node.registry.counters.watch_wakeups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            st.last = Some(idx);
+            return Some((Ok(bytes), st));
+        }
+    })
+    // Ends with the node: one waiter for the stream's whole life.
+    .take_until(async move {
+        let _ = closing.wait_for(|c| *c).await;
+    });
     let mut headers = HeaderMap::new();
     headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
     headers.insert(axum::http::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     (headers, axum::body::Body::from_stream(lines)).into_response()
+}
+
+struct StreamState {
+    node: Arc<NodeShared>,
+    ns: String,
+    svc: String,
+    filter: DcFilter,
+    key: AnswerKey,
+    last: Option<u64>,
+    rx: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 /// Most discovery answers kept encoded (see [`answer_bytes`]).
@@ -270,9 +302,25 @@ const ANSWER_CACHE_ENTRIES_MAX: usize = 16_384;
 /// moves the index. So when thousands of watchers wake for one change, the answer is
 /// computed and encoded once and the same bytes go to all of them.
 fn answer_bytes(node: &NodeShared, ns: &str, svc: &str, filter: &DcFilter) -> Result<(u64, Bytes), ApiError> {
-    let key = (ns.to_owned(), svc.to_owned(), filter_key(filter));
+    answer_bytes_keyed(node, &answer_key(ns, svc, filter), ns, svc, filter)
+}
+
+type AnswerKey = (String, String, String);
+
+fn answer_key(ns: &str, svc: &str, filter: &DcFilter) -> AnswerKey {
+    (ns.to_owned(), svc.to_owned(), filter_key(filter))
+}
+
+/// [`answer_bytes`] with the cache key built once by the caller (a streaming watch).
+fn answer_bytes_keyed(
+    node: &NodeShared,
+    key: &AnswerKey,
+    ns: &str,
+    svc: &str,
+    filter: &DcFilter,
+) -> Result<(u64, Bytes), ApiError> {
     let current = node.registry.service_index(ns, svc);
-    if let Some((idx, bytes)) = node.answers.lock().get(&key) {
+    if let Some((idx, bytes)) = node.answers.lock().get(key) {
         if *idx == current {
             node.registry.counters.discover_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Ok((*idx, bytes.clone()));
@@ -287,7 +335,7 @@ fn answer_bytes(node: &NodeShared, ns: &str, svc: &str, filter: &DcFilter) -> Re
     if cache.len() >= ANSWER_CACHE_ENTRIES_MAX {
         cache.clear();
     }
-    cache.insert(key, (answer.index, bytes.clone()));
+    cache.insert(key.clone(), (answer.index, bytes.clone()));
     Ok((answer.index, bytes))
 }
 

@@ -1183,6 +1183,12 @@ impl Registry {
         v.services.get(&SvcRef(ns, svc)).map_or(v.index, |s| s.index)
     }
 
+    /// A receiver of the service's index, when the view holds the service (a streaming
+    /// watch keeps one for its whole life instead of subscribing per change).
+    pub fn subscribe(&self, ns: &str, svc: &str) -> Option<watch::Receiver<u64>> {
+        self.view.view.read().services.get(&SvcRef(ns, svc)).map(|s| s.notify.subscribe())
+    }
+
     /// Waits until the service's index passes `index` or `wait` elapses.
     pub async fn wait_for(&self, ns: &str, svc: &str, index: u64, wait: Duration) {
         let deadline = tokio::time::Instant::now() + wait;

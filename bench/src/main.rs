@@ -86,22 +86,22 @@ pub struct Opts {
     /// Concurrency steps of `register` (closed loop).
     #[arg(long, global = true, value_delimiter = ',', default_value = "1,8,64,256")]
     concurrency: Vec<usize>,
-    /// Leases held during `heartbeat`.
-    #[arg(long, global = true, default_value_t = 10_000)]
+    /// Leases held during `heartbeat` (M2's size).
+    #[arg(long, global = true, default_value_t = 100_000)]
     leases: u64,
-    /// Services and instances per service during `discover`.
-    #[arg(long, global = true, default_value_t = 1_000)]
+    /// Services and instances per service during `discover` (M3's size).
+    #[arg(long, global = true, default_value_t = 10_000)]
     services: u64,
     #[arg(long, global = true, default_value_t = 10)]
     per_service: u64,
     /// Offered rates of `replicate`, events per second.
     #[arg(long, global = true, value_delimiter = ',', default_value = "1000,5000,10000")]
     rates: Vec<u64>,
-    /// How long `replicate`'s catch-up step cuts the link (M7 asks for 60).
-    #[arg(long, global = true, default_value_t = 15.0)]
+    /// How long `replicate`'s catch-up step cuts the link (M7's 60 s).
+    #[arg(long, global = true, default_value_t = 60.0)]
     partition_secs: f64,
-    /// Watchers of `watch` (blocking queries on one service), at most 10,000.
-    #[arg(long, global = true, default_value_t = 2_000)]
+    /// Watchers of `watch` (of one service), at most 10,000 (M4's size).
+    #[arg(long, global = true, default_value_t = 10_000)]
     watchers: usize,
     /// Milliseconds between two changes of the watched service in `watch`.
     #[arg(long, global = true, default_value_t = 500)]
@@ -219,10 +219,14 @@ pub fn bench_config(dir: &std::path::Path, dc: &str) -> Config {
     c.health.unhealthy_after_ms = 240_000;
     c.health.expire_after_ms = 300_000;
     c.protection.self_preservation_window_ms = 600_000;
-    // For experiments: TANDEM_BENCH_LINGER_US overrides [store] group_commit_linger_us.
+    // For experiments: TANDEM_BENCH_LINGER_US and TANDEM_BENCH_GAP_US override [store]
+    // group_commit_linger_us and group_commit_gap_us.
     if let Some(us) = std::env::var("TANDEM_BENCH_LINGER_US").ok().and_then(|v| v.parse().ok()) {
         c.store.group_commit_linger_us = us;
         c.store.group_commit_gap_us = c.store.group_commit_gap_us.min(us.max(1));
+    }
+    if let Some(us) = std::env::var("TANDEM_BENCH_GAP_US").ok().and_then(|v| v.parse().ok()) {
+        c.store.group_commit_gap_us = us;
     }
     c
 }
