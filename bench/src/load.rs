@@ -196,7 +196,7 @@ where
     }
 }
 
-/// Open loop: `op(i)` is due at `start + i / rate`, whether or not earlier ones have
+/// Open loop: `op(worker, i)` is due at `start + i / rate`, whether or not earlier ones have
 /// finished, for `dur`, and is carried out by one of `workers` tasks (a fixed set of
 /// connections, as wrk2 does: a slow server does not make the client open more). A due
 /// request waits for a free worker; its latency counts from the time it was due, so that
@@ -212,7 +212,7 @@ pub async fn open_loop<F, Fut>(
     op: F,
 ) -> Run
 where
-    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = OpResult> + Send + 'static,
 {
     let drain_max = Duration::from_secs(10);
@@ -227,14 +227,14 @@ where
     let (tx, rx) = tokio::sync::mpsc::channel::<(u64, Instant)>(inflight_max.max(1) as usize);
     let rx = Arc::new(tokio::sync::Mutex::new(rx));
     let mut pool = Vec::with_capacity(workers);
-    for _ in 0..workers.max(1) {
+    for worker in 0..workers.max(1) {
         let (op, shared, inflight, lats, ok, rx) =
             (op.clone(), shared.clone(), inflight.clone(), lats.clone(), ok.clone(), rx.clone());
         pool.push(tokio::spawn(async move {
             loop {
                 let next = rx.lock().await.recv().await;
                 let Some((i, intended)) = next else { break };
-                match op(i).await {
+                match op(worker, i).await {
                     Ok(()) => {
                         lats.lock().push(intended.elapsed());
                         ok.fetch_add(1, Ordering::Relaxed);

@@ -16,6 +16,7 @@ mod floors;
 mod load;
 mod nodes;
 mod peers;
+mod raw;
 mod repl;
 mod sys;
 mod watch;
@@ -219,14 +220,17 @@ pub fn bench_config(dir: &std::path::Path, dc: &str) -> Config {
     c.health.unhealthy_after_ms = 240_000;
     c.health.expire_after_ms = 300_000;
     c.protection.self_preservation_window_ms = 600_000;
-    // For experiments: TANDEM_BENCH_LINGER_US and TANDEM_BENCH_GAP_US override [store]
-    // group_commit_linger_us and group_commit_gap_us.
+    // For experiments: TANDEM_BENCH_LINGER_US, TANDEM_BENCH_GAP_US and
+    // TANDEM_BENCH_WRITE_BUFFER_MIB override the [store] settings of the same names.
     if let Some(us) = std::env::var("TANDEM_BENCH_LINGER_US").ok().and_then(|v| v.parse().ok()) {
         c.store.group_commit_linger_us = us;
         c.store.group_commit_gap_us = c.store.group_commit_gap_us.min(us.max(1));
     }
     if let Some(us) = std::env::var("TANDEM_BENCH_GAP_US").ok().and_then(|v| v.parse().ok()) {
         c.store.group_commit_gap_us = us;
+    }
+    if let Some(mib) = std::env::var("TANDEM_BENCH_WRITE_BUFFER_MIB").ok().and_then(|v| v.parse().ok()) {
+        c.store.write_buffer_mib = mib;
     }
     c
 }

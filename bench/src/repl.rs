@@ -99,7 +99,7 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         let reg = registry.clone();
         let sampler = Sampler::start(&a, &b);
         let run = ctx
-            .on_load(open_loop(r.max(1) as f64, ctx.step(), 256, 8192, cpu_now, move |i| {
+            .on_load(open_loop(r.max(1) as f64, ctx.step(), 256, 8192, cpu_now, move |_, i| {
                 let reg = reg.clone();
                 async move {
                     let req = register_request(format!("rsvc-{}", i % 1000), format!("r{step}-i{i}"), true);
@@ -180,7 +180,7 @@ async fn catch_up(ctx: &mut Ctx, a: &Node, b: &Node, relay: &Relay) -> anyhow::R
     relay.handle().partition(Direction::Both);
     let reg = a.shared.registry.clone();
     let run = ctx
-        .on_load(open_loop(ingest, cut, 256, 8192, cpu_now, move |i| {
+        .on_load(open_loop(ingest, cut, 256, 8192, cpu_now, move |_, i| {
             let reg = reg.clone();
             async move {
                 let req = register_request(format!("rsvc-{}", i % 1000), format!("cut-i{i}"), true);

@@ -124,7 +124,7 @@ impl fmt::Debug for RocksLog {
 const BLOCK_CACHE_BYTES: usize = 8 << 20;
 
 /// Default memtable size per column family, MiB (RocksDB's own default is 64).
-pub const WRITE_BUFFER_MIB_DEFAULT: usize = 2;
+pub const WRITE_BUFFER_MIB_DEFAULT: usize = 8;
 
 impl RocksLog {
     /// Opens the log of `dc` in `dir`. A new or wiped dir starts a new history: a fresh
@@ -164,6 +164,14 @@ impl RocksLog {
         // only writes that were never acknowledged.
         opts.set_wal_recovery_mode(DBRecoveryMode::PointInTime);
         opts.set_keep_log_file_num(4);
+        // Flushes and compactions run at a lower CPU priority than the request path: on a
+        // small machine a compaction must not stall writes and heartbeats for whole
+        // scheduler slices (it catches up whenever the node is idle).
+        if let Ok(mut env) = rocksdb::Env::new() {
+            env.lower_thread_pool_cpu_priority();
+            env.lower_high_priority_thread_pool_cpu_priority();
+            opts.set_env(&env);
+        }
         // One small block cache for every column family: reads are rare (start, catch-up
         // of a peer, tombstone lookups), and RocksDB's default 32 MiB per table factory
         // would only hold memory.

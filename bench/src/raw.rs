@@ -1,0 +1,88 @@
+//! A minimal HTTP/1.1 keep-alive client for the open-loop steps: one request at a time per
+//! connection, `content-length` bodies only (what tandem answers). It costs the load core a
+//! small fraction of what reqwest does per request, so that an open-loop step at a given
+//! rate measures the server rather than the load generator's HTTP stack.
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+/// One keep-alive connection to `addr`, opened on first use and again after an error.
+pub struct RawConn {
+    addr: String,
+    conn: Option<TcpStream>,
+    buf: Vec<u8>,
+}
+
+impl RawConn {
+    pub fn new(addr: &str) -> RawConn {
+        RawConn { addr: addr.to_owned(), conn: None, buf: Vec::with_capacity(4096) }
+    }
+
+    /// Sends a POST of `body` (JSON) to `path` and reads the whole answer. `Err` unless the
+    /// status is 2xx.
+    pub async fn post_json(&mut self, path: &str, body: &[u8]) -> Result<(), String> {
+        let result = self.exchange(path, body).await;
+        if result.is_err() {
+            self.conn = None;
+        }
+        result
+    }
+
+    async fn exchange(&mut self, path: &str, body: &[u8]) -> Result<(), String> {
+        if self.conn.is_none() {
+            let c = TcpStream::connect(&self.addr).await.map_err(|e| e.to_string())?;
+            let _ = c.set_nodelay(true);
+            self.conn = Some(c);
+        }
+        let conn = self.conn.as_mut().ok_or("no connection")?;
+        let mut req = Vec::with_capacity(160 + body.len());
+        req.extend_from_slice(
+            format!(
+                "POST {path} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                self.addr,
+                body.len()
+            )
+            .as_bytes(),
+        );
+        req.extend_from_slice(body);
+        conn.write_all(&req).await.map_err(|e| e.to_string())?;
+        self.buf.clear();
+        // Headers, then content-length bytes of body.
+        let (head_end, status, length) = loop {
+            let mut chunk = [0u8; 2048];
+            let n = conn.read(&mut chunk).await.map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err("connection closed".into());
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+            if let Some(p) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = std::str::from_utf8(&self.buf[..p]).map_err(|_| "head not UTF-8")?;
+                let status: u16 = head.get(9..12).and_then(|s| s.parse().ok()).ok_or("no status")?;
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length").then(|| v.trim().parse::<usize>().ok())?
+                    })
+                    .ok_or("no content-length")?;
+                break (p + 4, status, length);
+            }
+            if self.buf.len() > 64 * 1024 {
+                return Err("header too long".into());
+            }
+        };
+        while self.buf.len() < head_end + length {
+            let mut chunk = [0u8; 4096];
+            let n = conn.read(&mut chunk).await.map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err("connection closed mid-body".into());
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+        if (200..300).contains(&status) {
+            Ok(())
+        } else {
+            Err(format!("status {status}: {}", String::from_utf8_lossy(&self.buf[head_end..])))
+        }
+    }
+}
