@@ -181,6 +181,23 @@ async fn hold_committer(
     (gate_tx, held)
 }
 
+/// Waits (bounded) until `n` requests are queued behind the gate of [`hold_committer`],
+/// then opens the gate and waits for the held call to return.
+async fn release_when_queued(
+    handle: &CommitterHandle,
+    n: usize,
+    gate_tx: std::sync::mpsc::Sender<()>,
+    held: tokio::task::JoinHandle<Result<(), CommitError>>,
+) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while handle.queued_requests() < n {
+        assert!(tokio::time::Instant::now() < deadline, "appends never queued");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    gate_tx.send(()).unwrap();
+    held.await.unwrap().unwrap();
+}
+
 /// 64 tasks append concurrently. The committer is held busy until all 64 requests wait in
 /// its queue, so the first round is one group behind one fsync; later rounds run free.
 /// Every acknowledged event is readable after a reopen, and `on_commit` saw them in order.
@@ -206,14 +223,8 @@ async fn group_commit_shares_fsyncs_among_concurrent_appends() {
             acked
         }));
     }
-    // Wait (bounded) for the first append of every task to be queued behind the gate.
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    while handle.queued_requests() < TASKS as usize {
-        assert!(tokio::time::Instant::now() < deadline, "appends never queued");
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
-    gate_tx.send(()).unwrap();
-    held.await.unwrap().unwrap();
+    // The first append of every task waits behind the gate; then the gate opens.
+    release_when_queued(&handle, TASKS as usize, gate_tx, held).await;
 
     let mut acked = BTreeSet::new();
     for t in tasks {
@@ -575,13 +586,7 @@ async fn group_commit_linger_gathers_the_writers_of_the_previous_round() {
             }
         }));
     }
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    while handle.queued_requests() < TASKS as usize {
-        assert!(tokio::time::Instant::now() < deadline, "appends never queued");
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
-    gate_tx.send(()).unwrap();
-    held.await.unwrap().unwrap();
+    release_when_queued(&handle, TASKS as usize, gate_tx, held).await;
     for t in tasks {
         t.await.unwrap();
     }
