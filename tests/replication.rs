@@ -50,6 +50,14 @@ async fn events_replicate_both_ways() {
     assert_eq!(e.status(), Some(409));
     let e = b.deregister("default", "orders", "a1").await.unwrap_err();
     assert_eq!(e.status(), Some(409));
+    // The same in a batch: dc-a's instance is named as owned elsewhere, dc-b's own renewed.
+    let batch = serde_json::json!({"instances": [
+        {"service": "orders", "instance_id": "a1"},
+        {"service": "orders", "instance_id": "b1"},
+        {"service": "orders", "instance_id": "gone"},
+    ]});
+    let answer = b.heartbeat_batch(&batch).await.unwrap();
+    assert_eq!(answer, serde_json::json!({"renewed": 1, "unknown": [2], "conflict": [0]}));
     // Deregistration replicates as a tombstone.
     a.deregister("default", "orders", "a1").await.unwrap();
     eventually(Duration::from_secs(10), "dc-b drops a1", || async { all_ids(&b, "orders").await.len() == 1 })
