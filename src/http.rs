@@ -225,7 +225,8 @@ fn stream_answers(
     use futures::StreamExt as _;
     let mut closing = node.closing.clone();
     let key = answer_key(&ns, &svc, &filter);
-    let state = StreamState { node, ns, svc, filter, key, last: after, rx: None };
+    let open = OpenStream::new(&node);
+    let state = StreamState { node, ns, svc, filter, key, last: after, rx: None, _open: open };
     let lines = futures::stream::unfold(state, |mut st| async move {
         loop {
             if st.rx.is_none() {
@@ -289,6 +290,23 @@ struct StreamState {
     key: AnswerKey,
     last: Option<u64>,
     rx: Option<tokio::sync::watch::Receiver<u64>>,
+    _open: OpenStream,
+}
+
+/// Counts a streaming watch in `tandem_watch_streams` for as long as it lives.
+struct OpenStream(Arc<crate::registry::Counters>);
+
+impl OpenStream {
+    fn new(node: &NodeShared) -> OpenStream {
+        node.registry.counters.watch_streams.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        OpenStream(node.registry.counters.clone())
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.watch_streams.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Most discovery answers kept encoded (see [`answer_bytes`]).

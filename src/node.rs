@@ -446,6 +446,7 @@ impl NodeShared {
             },
             "instances": reg.counts_by_owner(),
             "leases": reg.lease_count(),
+            "watch_streams": reg.counters.watch_streams.load(Ordering::Relaxed),
             "disk_writes": self.committer.stats().fsyncs,
             "heartbeats": reg.counters.heartbeats.load(Ordering::Relaxed),
         })
@@ -516,6 +517,24 @@ impl NodeShared {
             "Discovery requests",
             &[("dc", dc)],
             c.discover_requests.load(Ordering::Relaxed),
+        );
+        m.counter(
+            "tandem_heartbeat_batches_total",
+            "POST /v1/heartbeats requests (their entries count in tandem_heartbeats_total)",
+            &[("dc", dc)],
+            c.heartbeat_batches.load(Ordering::Relaxed),
+        );
+        m.counter(
+            "tandem_watch_wakeups_total",
+            "Watch answers sent after a change (blocking queries and streams)",
+            &[("dc", dc)],
+            c.watch_wakeups.load(Ordering::Relaxed),
+        );
+        m.gauge(
+            "tandem_watch_streams",
+            "Streaming watches open now",
+            &[("dc", dc)],
+            c.watch_streams.load(Ordering::Relaxed) as f64,
         );
         let st = self.committer.stats();
         m.counter(

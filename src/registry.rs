@@ -163,6 +163,10 @@ pub struct Counters {
     pub events_remote: AtomicU64,
     pub discover_requests: AtomicU64,
     pub watch_wakeups: AtomicU64,
+    /// Streaming watches open now (a gauge).
+    pub watch_streams: AtomicU64,
+    /// POST /v1/heartbeats requests (their entries count in `heartbeats`).
+    pub heartbeat_batches: AtomicU64,
 }
 
 /// A change to one local instance, turned into an event against the latest minted state.
@@ -926,6 +930,7 @@ impl Registry {
             tandem_schemas::validate_name("service", &it.service).map_err(at)?;
             tandem_schemas::validate_instance_id(&it.instance_id).map_err(at)?;
         }
+        self.counters.heartbeat_batches.fetch_add(1, Ordering::Relaxed);
         let mut answer = HeartbeatBatchAnswer::default();
         // (key, lease times) of the ephemeral instances to renew.
         let mut renew: Vec<(InstanceKey, LeaseTimes)> = Vec::with_capacity(items.len());

@@ -475,6 +475,15 @@ async fn streaming_watch_sends_the_answer_then_one_line_per_change() {
     assert_eq!(ids, vec!["i2"]);
     assert!(third["index"].as_u64() > second["index"].as_u64());
 
+    // The stream is counted while open (two watchers here).
+    let metrics = reqwest::get(format!("{}/metrics", http(&node))).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("tandem_watch_streams{dc=\"dc-a\"} 2"), "{metrics}");
+    drop(late);
+    eventually(Duration::from_secs(10), "a closed stream is no longer counted", || async {
+        c.status().await.unwrap()["watch_streams"] == 1
+    })
+    .await;
+
     // Bad combinations are refused before anything streams.
     let bad = reqwest::get(format!("{url}&wait=1s")).await.unwrap();
     assert_eq!(bad.status(), 400);
