@@ -34,6 +34,8 @@ pub struct Config {
     pub log: LogSection,
     #[serde(default)]
     pub store: StoreSection,
+    #[serde(default)]
+    pub http: HttpSection,
 }
 
 fn default_http_addr() -> SocketAddr {
@@ -167,6 +169,21 @@ pub struct LogSection {
     pub level: Option<String>,
 }
 
+/// The client-facing HTTP API.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSection {
+    /// Most streaming watches (`?stream=true`) open at once; one more is refused with 503
+    /// `too_many_watches` (each holds a connection and a task).
+    pub watch_streams_max: u64,
+}
+
+impl Default for HttpSection {
+    fn default() -> Self {
+        HttpSection { watch_streams_max: 65_536 }
+    }
+}
+
 /// The event log's write path.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -240,6 +257,7 @@ impl Config {
             failover: Default::default(),
             log: Default::default(),
             store: Default::default(),
+            http: Default::default(),
         }
     }
 
@@ -261,6 +279,9 @@ impl Config {
         }
         if self.health.check_interval_ms == 0 || self.health.check_interval_ms > 10_000 {
             return Err(inv("[health] check_interval_ms must be 1..=10000".into()));
+        }
+        if !(1..=1_000_000).contains(&self.http.watch_streams_max) {
+            return Err(inv("[http] watch_streams_max must be 1..=1000000".into()));
         }
         let st = &self.store;
         if st.group_commit_linger_us > 10_000 {

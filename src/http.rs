@@ -181,7 +181,18 @@ async fn discover(
                 Some(i.parse().map_err(|_| ApiError::invalid_field("index", "must be an unsigned integer"))?)
             }
         };
-        return Ok(stream_answers(node, ns, svc, filter, after));
+        let max = node.registry.config().http.watch_streams_max;
+        let open = OpenStream::reserve(&node, max).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_watches",
+                format!(
+                    "{max} streaming watches are open on this node ([http] watch_streams_max); \
+                     use a blocking query or retry later"
+                ),
+            )
+        })?;
+        return Ok(stream_answers(node, ns, svc, filter, after, open));
     }
     if let Some(idx) = q.index.as_deref() {
         let idx: u64 =
@@ -221,11 +232,11 @@ fn stream_answers(
     svc: String,
     filter: DcFilter,
     after: Option<u64>,
+    open: OpenStream,
 ) -> Response {
     use futures::StreamExt as _;
     let mut closing = node.closing.clone();
     let key = answer_key(&ns, &svc, &filter);
-    let open = OpenStream::new(&node);
     let state = StreamState { node, ns, svc, filter, key, last: after, rx: None, _open: open };
     let lines = futures::stream::unfold(state, |mut st| async move {
         loop {
@@ -297,9 +308,16 @@ struct StreamState {
 struct OpenStream(Arc<crate::registry::Counters>);
 
 impl OpenStream {
-    fn new(node: &NodeShared) -> OpenStream {
-        node.registry.counters.watch_streams.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        OpenStream(node.registry.counters.clone())
+    /// Counts one more stream, unless `max` are open already.
+    fn reserve(node: &NodeShared, max: u64) -> Option<OpenStream> {
+        let counters = &node.registry.counters;
+        counters
+            .watch_streams
+            .fetch_update(std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| OpenStream(counters.clone()))
     }
 }
 

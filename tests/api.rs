@@ -494,3 +494,30 @@ async fn streaming_watch_sends_the_answer_then_one_line_per_change() {
     node.shutdown().await;
     assert!(next_line(&mut resp, &mut buf).await.is_none());
 }
+
+#[tokio::test]
+async fn streaming_watches_are_bounded_and_a_closed_one_frees_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = single_config(dir.path(), "dc-a");
+    cfg.http.watch_streams_max = 1;
+    let node = Node::start(cfg, None).await.unwrap();
+    let c = client(&node);
+    c.register(&reg_body("sb", "i1", true)).await.unwrap();
+    let url = format!("{}/v1/services/default/sb?stream=true", http(&node));
+    let mut first = reqwest::get(&url).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let mut buf = Vec::new();
+    assert!(next_line(&mut first, &mut buf).await.is_some());
+    let refused = reqwest::get(&url).await.unwrap();
+    assert_eq!(refused.status(), 503);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_many_watches", "{body}");
+    // A blocking query still works while the streams are full.
+    assert!(c.discover("default", "sb", "").await.is_ok());
+    drop(first);
+    eventually(Duration::from_secs(10), "the closed stream frees its place", || async {
+        reqwest::get(&url).await.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    node.shutdown().await;
+}
