@@ -208,7 +208,7 @@ impl Default for StoreSection {
             group_commit_linger_us: c::LINGER_MAX_US_DEFAULT,
             group_commit_gap_us: c::LINGER_GAP_US_DEFAULT,
             group_commit_target: c::LINGER_TARGET_DEFAULT,
-            write_buffer_mib: crate::store::WRITE_BUFFER_MIB_DEFAULT,
+            write_buffer_mib: c::WRITE_BUFFER_MIB_DEFAULT,
         }
     }
 }

@@ -333,10 +333,6 @@ impl<K: Eq + std::hash::Hash + Ord + Clone> LeaseTable<K> {
         self.map.is_empty()
     }
 
-    pub fn contains(&self, key: &K) -> bool {
-        self.map.contains_key(key)
-    }
-
     pub fn get(&self, key: &K) -> Option<&Lease> {
         self.map.get(key).map(|s| &s.lease)
     }
@@ -361,6 +357,19 @@ impl<K: Eq + std::hash::Hash + Ord + Clone> LeaseTable<K> {
             self.reschedule(key);
         }
         Some(t)
+    }
+
+    /// Renews the lease of `key`, starting it with `new()` first when there is none (an
+    /// instance known to the view whose lease a restart or a race left out). Returns what
+    /// [`Lease::heartbeat`] returned.
+    pub fn renew(&mut self, key: &K, now_ms: u64, new: impl FnOnce() -> Lease) -> Option<Transition> {
+        if let Some(t) = self.heartbeat(key, now_ms) {
+            return t;
+        }
+        let mut lease = new();
+        let t = lease.heartbeat(now_ms);
+        self.insert(key.clone(), lease);
+        t
     }
 
     /// The lease check at `now_ms`: ticks every lease whose deadline has come and returns
@@ -757,11 +766,16 @@ impl SelfPreservation {
 
     /// Counts one heartbeat (or registration). Renewals older than the window are dropped.
     pub fn record_renewal(&mut self, now_ms: u64) {
+        self.record_renewals(now_ms, 1);
+    }
+
+    /// Counts `count` heartbeats at once (a batch).
+    pub fn record_renewals(&mut self, now_ms: u64, count: u64) {
         let bucket = now_ms / self.bucket_ms;
         self.advance(bucket);
         if self.head_bucket - bucket < SELF_PRESERVATION_BUCKETS as u64 {
             let slot = (bucket % SELF_PRESERVATION_BUCKETS as u64) as usize;
-            self.renewals[slot] = self.renewals[slot].saturating_add(1);
+            self.renewals[slot] = self.renewals[slot].saturating_add(count);
         }
     }
 

@@ -171,16 +171,16 @@ async fn discover(
     let explain = parse_bool("explain", q.explain.as_deref())?;
     // Validate before blocking, so a bad request fails at once.
     crate::registry::validate_query(&ns, &svc, &filter)?;
+    let index: Option<u64> = match q.index.as_deref() {
+        None => None,
+        Some(i) => {
+            Some(i.parse().map_err(|_| ApiError::invalid_field("index", "must be an unsigned integer"))?)
+        }
+    };
     if parse_bool("stream", q.stream.as_deref())? {
         if explain || q.wait.is_some() {
             return Err(ApiError::invalid_field("stream", "cannot be combined with explain or wait"));
         }
-        let after = match q.index.as_deref() {
-            None => None,
-            Some(i) => {
-                Some(i.parse().map_err(|_| ApiError::invalid_field("index", "must be an unsigned integer"))?)
-            }
-        };
         let max = node.registry.config().http.watch_streams_max;
         let open = OpenStream::reserve(&node, max).ok_or_else(|| {
             ApiError::new(
@@ -192,11 +192,9 @@ async fn discover(
                 ),
             )
         })?;
-        return Ok(stream_answers(node, ns, svc, filter, after, open));
+        return Ok(stream_answers(node, ns, svc, filter, index, open));
     }
-    if let Some(idx) = q.index.as_deref() {
-        let idx: u64 =
-            idx.parse().map_err(|_| ApiError::invalid_field("index", "must be an unsigned integer"))?;
+    if let Some(idx) = index {
         let wait = match q.wait.as_deref() {
             Some(w) => parse_wait(w)?,
             None => WAIT_DEFAULT,
@@ -236,8 +234,7 @@ fn stream_answers(
 ) -> Response {
     use futures::StreamExt as _;
     let mut closing = node.closing.clone();
-    let key = answer_key(&ns, &svc, &filter);
-    let state = StreamState { node, ns, svc, filter, key, last: after, rx: None, _open: open };
+    let state = StreamState { node, ns, svc, filter, last: after, rx: None, _open: open };
     let lines = futures::stream::unfold(state, |mut st| async move {
         loop {
             if st.rx.is_none() {
@@ -267,7 +264,7 @@ fn stream_answers(
                     return Some((Ok::<_, std::convert::Infallible>(Bytes::from_static(b"\n")), st));
                 }
             }
-            let (idx, bytes) = match answer_bytes_keyed(&st.node, &st.key, &st.ns, &st.svc, &st.filter) {
+            let (idx, bytes) = match answer_bytes(&st.node, &st.ns, &st.svc, &st.filter) {
                 Ok(a) => a,
                 Err(e) => {
                     tracing::debug!(error = %e.message, "streaming watch ended");
@@ -298,7 +295,6 @@ struct StreamState {
     ns: String,
     svc: String,
     filter: DcFilter,
-    key: AnswerKey,
     last: Option<u64>,
     rx: Option<tokio::sync::watch::Receiver<u64>>,
     _open: OpenStream,
@@ -338,25 +334,9 @@ const ANSWER_CACHE_ENTRIES_MAX: usize = 16_384;
 /// moves the index. So when thousands of watchers wake for one change, the answer is
 /// computed and encoded once and the same bytes go to all of them.
 fn answer_bytes(node: &NodeShared, ns: &str, svc: &str, filter: &DcFilter) -> Result<(u64, Bytes), ApiError> {
-    answer_bytes_keyed(node, &answer_key(ns, svc, filter), ns, svc, filter)
-}
-
-type AnswerKey = (String, String, String);
-
-fn answer_key(ns: &str, svc: &str, filter: &DcFilter) -> AnswerKey {
-    (ns.to_owned(), svc.to_owned(), filter_key(filter))
-}
-
-/// [`answer_bytes`] with the cache key built once by the caller (a streaming watch).
-fn answer_bytes_keyed(
-    node: &NodeShared,
-    key: &AnswerKey,
-    ns: &str,
-    svc: &str,
-    filter: &DcFilter,
-) -> Result<(u64, Bytes), ApiError> {
+    let key = (ns.to_owned(), svc.to_owned(), filter_key(filter));
     let current = node.registry.service_index(ns, svc);
-    if let Some((idx, bytes)) = node.answers.lock().get(key) {
+    if let Some((idx, bytes)) = node.answers.lock().get(&key) {
         if *idx == current {
             node.registry.counters.discover_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Ok((*idx, bytes.clone()));
@@ -371,7 +351,7 @@ fn answer_bytes_keyed(
     if cache.len() >= ANSWER_CACHE_ENTRIES_MAX {
         cache.clear();
     }
-    cache.insert(key.clone(), (answer.index, bytes.clone()));
+    cache.insert(key, (answer.index, bytes.clone()));
     Ok((answer.index, bytes))
 }
 

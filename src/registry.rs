@@ -950,43 +950,20 @@ impl Registry {
             }
         }
         let now = self.now_ms();
-        {
-            let mut p = self.preservation.lock();
-            for _ in 0..answer.renewed {
-                p.record_renewal(now);
-            }
-        }
+        self.preservation.lock().record_renewals(now, answer.renewed as u64);
         self.counters.heartbeats.fetch_add(answer.renewed as u64, Ordering::Relaxed);
         self.counters.heartbeats_unknown.fetch_add(answer.unknown.len() as u64, Ordering::Relaxed);
-        let mut transitions = Vec::new();
-        {
+        let transitions: Vec<(InstanceKey, Transition)> = {
             let mut leases = self.leases.lock();
-            for (key, times) in renew {
-                let t = match leases.heartbeat(&key, now) {
-                    Some(t) => t,
-                    None => {
-                        let mut lease = Lease::new(now, times, &self.health);
-                        let t = lease.heartbeat(now);
-                        leases.insert(key.clone(), lease);
-                        t
-                    }
-                };
-                if let Some(t) = t {
-                    transitions.push((key, t));
-                }
-            }
-        }
-        if !transitions.is_empty() {
-            let patches: Vec<_> = transitions
+            renew
                 .into_iter()
-                .map(|(k, t)| {
-                    let p = self.transition_patch(&k, t);
-                    (k, p)
+                .filter_map(|(key, times)| {
+                    let t = leases.renew(&key, now, || Lease::new(now, times, &self.health))?;
+                    Some((key, t))
                 })
-                .collect();
-            self.counters.health_events.fetch_add(patches.len() as u64, Ordering::Relaxed);
-            self.commit(patches).await?;
-        }
+                .collect()
+        };
+        self.apply_transitions(transitions).await?;
         Ok(answer)
     }
 
@@ -1006,28 +983,30 @@ impl Registry {
         if held.record.persistent {
             return Ok(());
         }
-        let transition = {
-            let mut leases = self.leases.lock();
-            match leases.heartbeat(&key, now) {
-                Some(t) => t,
-                None => {
-                    let mut lease = Lease::new(now, self.lease_times(&held.record), &self.health);
-                    let t = lease.heartbeat(now);
-                    leases.insert(key.clone(), lease);
-                    t
-                }
-            }
-        };
+        let transition = self
+            .leases
+            .lock()
+            .renew(&key, now, || Lease::new(now, self.lease_times(&held.record), &self.health));
         if let Some(t) = transition {
-            self.apply_transition(&key, t).await?;
+            self.apply_transitions(vec![(key, t)]).await?;
         }
         Ok(())
     }
 
-    async fn apply_transition(&self, key: &InstanceKey, t: Transition) -> Result<(), ApiError> {
-        let patch = self.transition_patch(key, t);
-        self.counters.health_events.fetch_add(1, Ordering::Relaxed);
-        self.commit(vec![(key.clone(), patch)]).await.map(|_| ())
+    /// Makes the transitions of heartbeats durable as events (none: nothing to write).
+    async fn apply_transitions(&self, transitions: Vec<(InstanceKey, Transition)>) -> Result<(), ApiError> {
+        if transitions.is_empty() {
+            return Ok(());
+        }
+        self.counters.health_events.fetch_add(transitions.len() as u64, Ordering::Relaxed);
+        let patches = transitions
+            .into_iter()
+            .map(|(key, t)| {
+                let patch = self.transition_patch(&key, t);
+                (key, patch)
+            })
+            .collect();
+        self.commit(patches).await.map(|_| ())
     }
 
     fn transition_patch(&self, key: &InstanceKey, t: Transition) -> Patch {
@@ -1088,7 +1067,7 @@ impl Registry {
                 tracing::info!("self-preservation released: lease expiry resumed");
             }
         }
-        let transitions: Vec<(InstanceKey, Transition)> = { self.leases.lock().check(now, paused) };
+        let transitions = self.leases.lock().check(now, paused);
         let mut patches = Vec::new();
         for (key, t) in transitions {
             if self.view.get(&key).is_none() {
