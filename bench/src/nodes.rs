@@ -82,6 +82,24 @@ fn stats_delta(a: &CommitStats, b: &CommitStats) -> (u64, u64, u64, [u64; GROUP_
     (b.local_fsyncs - a.local_fsyncs, b.local_requests - a.local_requests, b.local_events - a.local_events, h)
 }
 
+/// One row of the register table from a step's run and the committer's stats before and
+/// after it; returns the registrations per fsync.
+fn register_row(ctx: &mut Ctx, label: String, run: &Run, before: &CommitStats, after: &CommitStats) -> f64 {
+    let (fsyncs, requests, _, hist) = stats_delta(before, after);
+    let per_fsync = requests as f64 / fsyncs.max(1) as f64;
+    ctx.report.row(vec![
+        label,
+        rate(run.per_sec()),
+        run.lat.summary(),
+        format!("{per_fsync:.1} ({requests} / {fsyncs})"),
+        largest_group(&hist),
+        format!("{:.3}", run.server_cpu_s_per_kop()),
+        cores(run),
+        errors(run),
+    ]);
+    per_fsync
+}
+
 /// `2^i..2^(i+1)-1` of the largest non-empty bucket.
 fn largest_group(h: &[u64; GROUP_SIZE_BUCKETS]) -> String {
     match h.iter().rposition(|n| *n > 0) {
@@ -143,22 +161,11 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
                 }
             }))
             .await?;
-        let (fsyncs, requests, _events, hist) = stats_delta(&s0, &node.shared.committer.stats());
         best = best.max(run.per_sec());
-        let per_fsync = requests as f64 / fsyncs.max(1) as f64;
+        let per_fsync = register_row(ctx, c.to_string(), &run, &s0, &node.shared.committer.stats());
         ctx.floors.register_per_fsync_http =
             Some(ctx.floors.register_per_fsync_http.unwrap_or(0.0).max(per_fsync));
         ctx.floors.register_by_conc.push((c, run.per_sec(), run.server_cpu_s_per_kop()));
-        ctx.report.row(vec![
-            c.to_string(),
-            rate(run.per_sec()),
-            run.lat.summary(),
-            format!("{:.1} ({requests} / {fsyncs})", requests as f64 / fsyncs.max(1) as f64),
-            largest_group(&hist),
-            format!("{:.3}", run.server_cpu_s_per_kop()),
-            cores(&run),
-            errors(&run),
-        ]);
     }
     // Half of saturation, open loop over a fixed set of connections: latency from the
     // intended send time. Before the in-process step, whose burst of writes would leave
@@ -193,20 +200,11 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
                 }
             }))
             .await?;
-        let (fsyncs, requests, _, hist) = stats_delta(&s0, &node.shared.committer.stats());
-        ctx.report.row(vec![
-            format!(
-                "open loop at {}/s ({label} of best), {OPEN_LOOP_CONNECTIONS} raw HTTP/1.1 connections",
-                rate(r)
-            ),
-            rate(run.per_sec()),
-            run.lat.summary(),
-            format!("{:.1} ({requests} / {fsyncs})", requests as f64 / fsyncs.max(1) as f64),
-            largest_group(&hist),
-            format!("{:.3}", run.server_cpu_s_per_kop()),
-            cores(&run),
-            errors(&run),
-        ]);
+        let label = format!(
+            "open loop at {}/s ({label} of best), {OPEN_LOOP_CONNECTIONS} raw HTTP/1.1 connections",
+            rate(r)
+        );
+        register_row(ctx, label, &run, &s0, &node.shared.committer.stats());
         if divisor != 2.0 {
             continue;
         }
@@ -237,19 +235,9 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
                 }
             }))
             .await?;
-        let (fsyncs, requests, _, hist) = stats_delta(&s0, &node.shared.committer.stats());
-        let per_fsync = requests as f64 / fsyncs.max(1) as f64;
+        let label = "256, in-process Registry::register (no HTTP)".to_string();
+        let per_fsync = register_row(ctx, label, &run, &s0, &node.shared.committer.stats());
         ctx.floors.register_per_fsync_direct = Some(per_fsync);
-        ctx.report.row(vec![
-            "256, in-process Registry::register (no HTTP)".into(),
-            rate(run.per_sec()),
-            run.lat.summary(),
-            format!("{per_fsync:.1} ({requests} / {fsyncs})"),
-            largest_group(&hist),
-            format!("{:.3}", run.server_cpu_s_per_kop()),
-            cores(&run),
-            errors(&run),
-        ]);
     }
     ctx.report.note(
         "registrations per fsync = committer local_requests / local_fsyncs over the step (group commit: \
