@@ -6,4 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")"
 . ./.ci/prereqs.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tandem-target}"
-exec cargo run --locked --quiet --bin tandem -- dev "$@"
+prereqs_first_build_notice
+exec cargo run --locked --bin tandem -- dev "$@"

@@ -6,4 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")"
 . ./.ci/prereqs.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tandem-target}"
+prereqs_first_build_notice
 cargo test --locked --workspace --no-fail-fast "$@"
