@@ -17,7 +17,7 @@ use crate::config::{Config, PeerSection, ReplicationSection};
 use crate::node::Node;
 
 #[derive(Parser)]
-#[command(name = "tandem", version, about = "A service registry for two (or more) data centers")]
+#[command(name = "tandem", version = crate::VERSION, about = "A service registry for two (or more) data centers")]
 pub struct Cli {
     /// Log format: human or json.
     #[arg(long, global = true, env = "TANDEM_LOG_FORMAT")]

@@ -9,6 +9,18 @@
 //! - [`http`]: the client-facing JSON API; [`node`]: wiring and lifecycle.
 //! - [`client`]: a small HTTP client used by the CLI, tests and the SDK.
 
+/// The cargo profile this binary was built with: `release` is the one to deploy
+/// (`cargo install --locked --path .`); `dev` is what `./run.sh` and the tests build.
+pub const BUILD_PROFILE: &str = if cfg!(debug_assertions) { "dev" } else { "release" };
+
+/// `tandem --version`: the version and the build profile.
+#[cfg(debug_assertions)]
+pub const VERSION: &str =
+    concat!(env!("CARGO_PKG_VERSION"), " (dev build; deploy the release build: cargo install --locked --path .)");
+/// `tandem --version`: the version and the build profile.
+#[cfg(not(debug_assertions))]
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (release build)");
+
 pub mod cli;
 pub mod client;
 pub mod config;

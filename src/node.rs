@@ -434,6 +434,8 @@ impl NodeShared {
         json!({
             "dc": reg.dc,
             "node": "node-1",
+            "version": env!("CARGO_PKG_VERSION"),
+            "build_profile": crate::BUILD_PROFILE,
             "uptime_ms": self.started.elapsed().as_millis() as u64,
             "index": reg.view().index(),
             "log": {"epoch": own.epoch, "first_seq": floor + 1, "last_seq": own.seq, "purge_floor": floor},

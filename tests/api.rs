@@ -255,6 +255,20 @@ async fn restart_keeps_acknowledged_state_and_the_index_never_goes_back() {
 }
 
 #[tokio::test]
+async fn status_and_version_name_the_build_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let st = client(&node).status().await.unwrap();
+    // The tests build the dev profile; a deployed node says "release".
+    assert_eq!(st["build_profile"], "dev");
+    assert_eq!(st["version"], env!("CARGO_PKG_VERSION"));
+    node.shutdown().await;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tandem")).arg("--version").output().unwrap();
+    let line = String::from_utf8(out.stdout).unwrap();
+    assert!(line.starts_with(&format!("tandem {} (dev build", env!("CARGO_PKG_VERSION"))), "{line}");
+}
+
+#[tokio::test]
 async fn protect_threshold_returns_all_instances_rather_than_a_collapsed_list() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = single_config(dir.path(), "dc-a");

@@ -6,7 +6,7 @@
 //! Architecture invariant: nothing in this module reads a clock, touches storage or a
 //! socket. Inputs are the receiver's current state; outputs are verdicts the caller applies.
 //!
-//! The rules (PRODUCT.md, "Merge"):
+//! The rules (docs/replication.md, "The merge rules"):
 //! 1. Ownership: events of origin X are accepted only over a channel authenticated as X.
 //! 2. Dedupe: an event whose seq is at or below the receiver's applied high-water mark for
 //!    its origin is a duplicate and is dropped, even if its key is gone.

@@ -11,7 +11,7 @@
 //! tombstone purges an origin's ping allows. Every schedule ends with the at-least-once
 //! retry the protocol does: each origin's whole stream once more, in order.
 //!
-//! What must hold (PRODUCT.md, "Merge"):
+//! What must hold (docs/replication.md, "The merge rules"):
 //! 1. The final state (instances, tombstones, marks) equals the reference: each origin's
 //!    stream applied once, in order. Tombstones may differ only where a purge allowed it.
 //! 2. Every schedule of the same histories converges to the same state.

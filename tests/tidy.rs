@@ -1,0 +1,259 @@
+//! The rules of docs/ARCHITECTURE.md that a program can check, checked: which crate may
+//! depend on what (from `cargo metadata`, following normal and build dependencies), which
+//! sources may name RocksDB, quinn and rustls, that every source file opens with a `//!`
+//! header, that the docs name only files that exist, that no source file outside a tests/
+//! folder grows past its size limit, and that nothing cites files outside the repository.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every file git tracks (plus untracked, not ignored ones), relative to the root.
+fn files() -> Vec<String> {
+    let out = Command::new("git")
+        .args(["ls-files", "--cached", "--others", "--exclude-standard"])
+        .current_dir(root())
+        .output()
+        .expect("git ls-files");
+    assert!(out.status.success(), "git ls-files failed");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|f| root().join(f).is_file())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn rust_sources() -> Vec<String> {
+    files().into_iter().filter(|f| f.ends_with(".rs")).collect()
+}
+
+/// What `cargo metadata` says of each workspace crate: the packages it depends on directly
+/// and transitively, through normal and build dependencies (dev-dependencies are not part
+/// of what it ships).
+struct Deps {
+    direct: BTreeSet<String>,
+    all: BTreeSet<String>,
+}
+
+fn workspace_deps() -> BTreeMap<String, Deps> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+        .current_dir(root())
+        .output()
+        .expect("cargo metadata");
+    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
+    let meta: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let name_of: BTreeMap<&str, &str> = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["id"].as_str().unwrap(), p["name"].as_str().unwrap()))
+        .collect();
+    let mut edges: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for node in meta["resolve"]["nodes"].as_array().unwrap() {
+        let shipped = node["deps"].as_array().unwrap().iter().filter(|d| {
+            d["dep_kinds"].as_array().unwrap().iter().any(|k| k["kind"].as_str() != Some("dev"))
+        });
+        edges.insert(node["id"].as_str().unwrap(), shipped.map(|d| d["pkg"].as_str().unwrap()).collect());
+    }
+    let mut result = BTreeMap::new();
+    for member in meta["workspace_members"].as_array().unwrap() {
+        let start = member.as_str().unwrap();
+        let direct = edges[start].iter().map(|id| name_of[id].to_owned()).collect();
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![start];
+        while let Some(id) = todo.pop() {
+            for dep in edges.get(id).into_iter().flatten() {
+                if seen.insert(*dep) {
+                    todo.push(dep);
+                }
+            }
+        }
+        let all = seen.iter().map(|id| name_of[id].to_owned()).collect();
+        result.insert(name_of[start].to_owned(), Deps { direct, all });
+    }
+    result
+}
+
+#[test]
+fn crates_depend_only_on_what_the_architecture_allows() {
+    let crates = workspace_deps();
+    assert!(crates.contains_key("tandem") && crates.contains_key("tandem-replicator"));
+    // (crate, packages it must not reach, why) — docs/ARCHITECTURE.md, "Invariants".
+    let rules: &[(&str, &[&str], &str)] = &[
+        (
+            "tandem-schemas",
+            &["tokio", "quinn", "rustls", "rocksdb", "librocksdb-sys", "axum", "hyper", "reqwest"],
+            "schemas does no I/O and depends on no runtime, storage or network crate",
+        ),
+        ("tandem-replicator", &["rocksdb", "librocksdb-sys", "axum"], "replicator never depends on RocksDB"),
+        (
+            "tandem-chaos",
+            &["tandem", "rocksdb", "librocksdb-sys", "quinn", "tandem-replicator"],
+            "chaos never links the registry, RocksDB or QUIC",
+        ),
+        (
+            "tandem-client",
+            &["tandem", "rocksdb", "librocksdb-sys", "quinn", "axum", "tandem-replicator"],
+            "the client crate builds in seconds: no RocksDB, QUIC or server framework",
+        ),
+    ];
+    let mut broken = vec![];
+    for (krate, banned, why) in rules {
+        let Some(deps) = crates.get(*krate) else { continue };
+        for b in *banned {
+            if deps.all.contains(*b) {
+                broken.push(format!("{krate} depends on {b}: {why}"));
+            }
+        }
+    }
+    // Only replicator (and bench, for its floors) depends on quinn and rustls directly;
+    // only the root crate (in src/store) and bench on RocksDB.
+    for (krate, deps) in &crates {
+        for b in ["quinn", "rustls"] {
+            if !["tandem-replicator", "tandem-bench"].contains(&krate.as_str()) && deps.direct.contains(b) {
+                broken.push(format!("{krate} depends on {b} directly: only replicator (and bench) may"));
+            }
+        }
+        if !["tandem", "tandem-bench"].contains(&krate.as_str()) && deps.direct.contains("rocksdb") {
+            broken.push(format!("{krate} depends on rocksdb directly: only the root crate's src/store may"));
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn only_their_owners_name_rocksdb_quinn_and_rustls() {
+    let mut broken = vec![];
+    for f in rust_sources() {
+        let text = std::fs::read_to_string(root().join(&f)).unwrap();
+        let in_tests = f.starts_with("tests/") || f.contains("/tests/");
+        if f.starts_with("src/") && !f.starts_with("src/store") && text.contains("rocksdb::") {
+            broken.push(format!("{f} names rocksdb: only src/store/ knows RocksDB"));
+        }
+        let quic_ok = f.starts_with("replicator/") || f.starts_with("bench/") || in_tests;
+        if !quic_ok && (text.contains("quinn::") || text.contains("rustls::")) {
+            broken.push(format!("{f} names quinn or rustls: only replicator/ knows them"));
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn every_source_file_opens_with_its_header() {
+    let missing: Vec<String> = rust_sources()
+        .into_iter()
+        .filter(|f| {
+            let text = std::fs::read_to_string(root().join(f)).unwrap();
+            !text.trim_start().starts_with("//!")
+        })
+        .collect();
+    assert!(missing.is_empty(), "source files without a `//!` header saying what they hold: {missing:?}");
+}
+
+/// The longest a source file outside a tests/ folder may be, counting its inline tests.
+const MAX_SOURCE_LINES: usize = 800;
+/// Files still over the limit, each with the line count it may not grow past. Shrink this
+/// list; never add to it.
+const OVER_LIMIT: &[(&str, usize)] = &[];
+
+#[test]
+fn no_source_file_outgrows_its_job() {
+    let mut broken = vec![];
+    for f in rust_sources() {
+        if f.starts_with("tests/") || f.contains("/tests/") {
+            continue;
+        }
+        let lines = std::fs::read_to_string(root().join(&f)).unwrap().lines().count();
+        let limit = OVER_LIMIT.iter().find(|(p, _)| *p == f).map_or(MAX_SOURCE_LINES, |(_, n)| *n);
+        if lines > limit {
+            broken.push(format!("{f}: {lines} lines (limit {limit}): split it by job"));
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+/// Paths a doc names in backticks or links that start at the repository's root.
+fn named_paths(doc: &str, text: &str) -> Vec<String> {
+    let tops: BTreeSet<String> = files()
+        .iter()
+        .map(|f| f.split('/').next().unwrap().to_owned())
+        .filter(|t| !t.is_empty())
+        .collect();
+    let mut found = vec![];
+    for (i, part) in text.split('`').enumerate() {
+        if i % 2 == 1 && !part.contains(' ') {
+            found.push(part.to_owned());
+        }
+    }
+    for link in text.split("](").skip(1) {
+        if let Some(end) = link.find(')') {
+            let target = &link[..end];
+            if !target.contains("://") && !target.starts_with('#') && !target.starts_with("mailto:") {
+                // A link is relative to the doc's folder.
+                let base = Path::new(doc).parent().unwrap();
+                let joined = base.join(target.split('#').next().unwrap());
+                found.push(joined.to_string_lossy().into_owned());
+            }
+        }
+    }
+    found
+        .into_iter()
+        .map(|p| p.trim_start_matches("./").to_owned())
+        .filter(|p| {
+            let first = p.split('/').next().unwrap_or("");
+            (p.contains('/') || p.contains('.')) && tops.contains(first) && !first.is_empty()
+        })
+        .collect()
+}
+
+fn exists(path: &str) -> bool {
+    let path = path.split(':').next().unwrap().trim_end_matches(['.', ',']);
+    if path.contains('*') {
+        // A glob names a folder and a pattern: the folder must exist.
+        let dir = &path[..path.rfind('/').unwrap_or(0)];
+        return root().join(dir).is_dir();
+    }
+    root().join(path).exists()
+}
+
+#[test]
+fn docs_name_only_files_that_exist() {
+    let docs: Vec<String> = files().into_iter().filter(|f| f.ends_with(".md")).collect();
+    assert!(docs.iter().any(|d| d == "docs/ARCHITECTURE.md"));
+    let mut broken = vec![];
+    for doc in docs {
+        let text = std::fs::read_to_string(root().join(&doc)).unwrap();
+        for path in named_paths(&doc, &text) {
+            if !exists(&path) {
+                broken.push(format!("{doc} names {path}, which does not exist"));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn nothing_cites_files_outside_the_repository() {
+    let mut broken = vec![];
+    for f in files() {
+        if !(f.ends_with(".rs") || f.ends_with(".md") || f.ends_with(".toml") || f.ends_with(".sh")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(root().join(&f)).unwrap_or_default();
+        for needle in ["PRODUCT.md", "STYLE.md", "shared/brief", "shared/seeds"] {
+            if text.contains(needle) && !f.ends_with("tests/tidy.rs") {
+                broken.push(format!("{f} cites {needle}, which is not in the repository"));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
