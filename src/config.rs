@@ -231,8 +231,18 @@ pub enum ConfigError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("{path}: {source}")]
     Parse { path: PathBuf, source: Box<toml::de::Error> },
-    #[error("invalid config: {0}")]
-    Invalid(String),
+    /// A value out of its range or inconsistent with another; `key` names it as it is
+    /// written in the file (`[store] group_commit_linger_us`).
+    #[error("invalid config: {key}: {reason}")]
+    Invalid { key: String, reason: String },
+    #[error("invalid config: [health] {0}")]
+    Health(#[from] crate::health::HealthConfigError),
+    #[error("invalid config: [failover] {0}")]
+    Failover(#[from] crate::failover::PolicyError),
+}
+
+fn inv(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { key: key.into(), reason: reason.into() }
 }
 
 impl Config {
@@ -262,71 +272,76 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let inv = |m: String| ConfigError::Invalid(m);
-        tandem_schemas::validate_dc("dc", &self.dc).map_err(|e| inv(e.to_string()))?;
-        self.health_config().validate().map_err(|e| inv(format!("[health] {e}")))?;
+        tandem_schemas::validate_dc("dc", &self.dc).map_err(|e| inv("dc", e.to_string()))?;
+        self.health_config().validate()?;
         let p = &self.protection;
         if !(0.0..=1.0).contains(&p.self_preservation_threshold) {
-            return Err(inv("[protection] self_preservation_threshold must be within 0..=1".into()));
+            return Err(inv("[protection] self_preservation_threshold", "must be within 0..=1"));
         }
         if !(0.0..=1.0).contains(&p.protect_threshold) {
-            return Err(inv("[protection] protect_threshold must be within 0..=1".into()));
+            return Err(inv("[protection] protect_threshold", "must be within 0..=1"));
         }
         for (k, v) in &p.services {
             if !(0.0..=1.0).contains(v) || !k.contains('/') {
-                return Err(inv(format!("[protection.services] {k:?}: use \"namespace/service\" = 0..=1")));
+                return Err(inv(format!("[protection.services] {k:?}"), "use \"namespace/service\" = 0..=1"));
             }
         }
         if self.health.check_interval_ms == 0 || self.health.check_interval_ms > 10_000 {
-            return Err(inv("[health] check_interval_ms must be 1..=10000".into()));
+            return Err(inv("[health] check_interval_ms", "must be 1..=10000"));
         }
         if !(1..=1_000_000).contains(&self.http.watch_streams_max) {
-            return Err(inv("[http] watch_streams_max must be 1..=1000000".into()));
+            return Err(inv("[http] watch_streams_max", "must be 1..=1000000"));
         }
         let st = &self.store;
         if st.group_commit_linger_us > 10_000 {
-            return Err(inv("[store] group_commit_linger_us must be 0..=10000".into()));
+            return Err(inv("[store] group_commit_linger_us", "must be 0..=10000"));
         }
         if st.group_commit_gap_us == 0 || st.group_commit_gap_us > st.group_commit_linger_us.max(1) {
-            return Err(inv("[store] group_commit_gap_us must be 1..=group_commit_linger_us".into()));
+            return Err(inv("[store] group_commit_gap_us", "must be 1..=group_commit_linger_us"));
         }
         if !(2..=1024).contains(&st.group_commit_target) {
-            return Err(inv("[store] group_commit_target must be 2..=1024".into()));
+            return Err(inv("[store] group_commit_target", "must be 2..=1024"));
         }
         if !(1..=1024).contains(&st.write_buffer_mib) {
-            return Err(inv("[store] write_buffer_mib must be 1..=1024".into()));
+            return Err(inv("[store] write_buffer_mib", "must be 1..=1024"));
         }
         if let Some(r) = &self.replication {
             for peer in &r.peers {
                 tandem_schemas::validate_dc("replication.peers.dc", &peer.dc)
-                    .map_err(|e| inv(e.to_string()))?;
+                    .map_err(|e| inv("[replication] peers.dc", e.to_string()))?;
                 if peer.dc == self.dc {
-                    return Err(inv(format!("[replication] peer {} is this node's own DC", peer.dc)));
+                    return Err(inv("[replication] peers.dc", format!("{} is this node's own DC", peer.dc)));
                 }
             }
             let mut names: Vec<&str> = r.peers.iter().map(|p| p.dc.as_str()).collect();
             names.sort_unstable();
             names.dedup();
             if names.len() != r.peers.len() {
-                return Err(inv("[replication] a peer DC is listed twice".into()));
+                return Err(inv("[replication] peers", "a peer DC is listed twice"));
             }
             if r.batch_events_max == 0 || r.batch_events_max > tandem_schemas::BATCH_EVENTS_MAX {
-                return Err(inv(format!(
-                    "[replication] batch_events_max must be 1..={}",
-                    tandem_schemas::BATCH_EVENTS_MAX
-                )));
+                return Err(inv(
+                    "[replication] batch_events_max",
+                    format!("must be 1..={}", tandem_schemas::BATCH_EVENTS_MAX),
+                ));
             }
             if r.window_batches_max == 0 || r.window_batches_max > 1024 {
-                return Err(inv("[replication] window_batches_max must be 1..=1024".into()));
+                return Err(inv("[replication] window_batches_max", "must be 1..=1024"));
             }
             if r.backoff_initial_ms == 0 || r.backoff_max_ms < r.backoff_initial_ms {
-                return Err(inv("[replication] need 0 < backoff_initial_ms <= backoff_max_ms".into()));
+                return Err(inv(
+                    "[replication] backoff_initial_ms",
+                    "need 0 < backoff_initial_ms <= backoff_max_ms",
+                ));
             }
             if r.ping_interval_ms == 0 || r.ping_interval_ms >= r.stale_after_ms {
-                return Err(inv("[replication] need 0 < ping_interval_ms < stale_after_ms".into()));
+                return Err(inv(
+                    "[replication] ping_interval_ms",
+                    "need 0 < ping_interval_ms < stale_after_ms",
+                ));
             }
         }
-        self.failover.validate().map_err(|e| inv(format!("[failover] {e}")))?;
+        self.failover.validate()?;
         Ok(())
     }
 

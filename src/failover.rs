@@ -116,34 +116,49 @@ impl PolicyFields {
         }
     }
 
-    fn validate(&self, at: &str) -> Result<(), String> {
+    fn validate(&self, at: &str) -> Result<(), PolicyError> {
+        let err = |field: &str, reason: String| PolicyError { key: format!("{at}{field}"), reason };
         if let Some(v) = self.min_healthy_pct {
             if !(0.0..=1.0).contains(&v) {
-                return Err(format!("{at}min_healthy_pct must be within 0..=1, got {v}"));
+                return Err(err("min_healthy_pct", format!("must be within 0..=1, got {v}")));
             }
         }
         if let Some(v) = self.remote_weight_pct {
             if v > 100 {
-                return Err(format!("{at}remote_weight_pct must be 0..=100, got {v}"));
+                return Err(err("remote_weight_pct", format!("must be 0..=100, got {v}")));
             }
         }
         if let Some(dcs) = &self.remote_dcs {
             for dc in dcs {
-                tandem_schemas::validate_dc("remote_dcs", dc).map_err(|e| format!("{at}{e}"))?;
+                tandem_schemas::validate_dc("remote_dcs", dc)
+                    .map_err(|e| err("remote_dcs", e.to_string()))?;
             }
         }
         Ok(())
     }
 }
 
+/// An invalid failover policy: `key` names the setting as written under `[failover]`
+/// (`overrides[2].min_healthy_pct`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {reason}")]
+pub struct PolicyError {
+    pub key: String,
+    pub reason: String,
+}
+
 impl PolicyConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PolicyError> {
         self.default.validate("")?;
         for (i, o) in self.overrides.iter().enumerate() {
-            let at = format!("overrides[{i}] ({}/{}): ", o.namespace, o.service.as_deref().unwrap_or("*"));
-            tandem_schemas::validate_name("namespace", &o.namespace).map_err(|e| format!("{at}{e}"))?;
+            let at = format!("overrides[{i}].");
+            let err = |field: &str, e: tandem_schemas::ValidationError| PolicyError {
+                key: format!("{at}{field}"),
+                reason: e.to_string(),
+            };
+            tandem_schemas::validate_name("namespace", &o.namespace).map_err(|e| err("namespace", e))?;
             if let Some(s) = &o.service {
-                tandem_schemas::validate_name("service", s).map_err(|e| format!("{at}{e}"))?;
+                tandem_schemas::validate_name("service", s).map_err(|e| err("service", e))?;
             }
             o.fields.validate(&at)?;
         }
@@ -358,6 +373,6 @@ mod tests {
         let pay = cfg.policy_for("prod", "pay");
         assert_eq!((pay.mode, pay.min_healthy), (Mode::LocalOnly, 3));
         let bad: PolicyConfig = toml::from_str("min_healthy_pct = 1.5").unwrap();
-        assert!(bad.validate().unwrap_err().contains("min_healthy_pct"));
+        assert_eq!(bad.validate().unwrap_err().key, "min_healthy_pct");
     }
 }

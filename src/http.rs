@@ -19,8 +19,8 @@ use serde_json::json;
 use axum::body::Bytes;
 
 use crate::error::ApiError;
-use crate::node::NodeShared;
 use crate::registry::{DcFilter, HeartbeatItem, RegisterRequest, StatusName};
+use crate::shared::NodeShared;
 
 /// Largest accepted request body.
 pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;
@@ -398,7 +398,7 @@ async fn metrics(State(node): State<Arc<NodeShared>>) -> Response {
 }
 
 async fn reload(State(node): State<Arc<NodeShared>>) -> Result<Response, ApiError> {
-    node.reload().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_config", e))?;
+    node.reload().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_config", e.to_string()))?;
     Ok(Json(json!({"reloaded": true})).into_response())
 }
 

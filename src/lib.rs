@@ -6,7 +6,8 @@
 //! - [`registry`]: the in-memory view, leases, discovery, the write path.
 //! - [`health`]: the pure lease/health state machine, self-preservation, flap damping.
 //! - [`failover`]: the pure failover-to-remote policy.
-//! - [`http`]: the client-facing JSON API; [`node`]: wiring and lifecycle.
+//! - [`http`]: the client-facing JSON API; [`node`]: wiring and lifecycle, status and
+//!   metrics; [`shared`]: what the HTTP handlers and the node's tasks share.
 //! - [`client`]: a small HTTP client used by the CLI, tests and the SDK.
 
 /// The cargo profile this binary was built with: `release` is the one to deploy
@@ -15,8 +16,10 @@ pub const BUILD_PROFILE: &str = if cfg!(debug_assertions) { "dev" } else { "rele
 
 /// `tandem --version`: the version and the build profile.
 #[cfg(debug_assertions)]
-pub const VERSION: &str =
-    concat!(env!("CARGO_PKG_VERSION"), " (dev build; deploy the release build: cargo install --locked --path .)");
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (dev build; deploy the release build: cargo install --locked --path .)"
+);
 /// `tandem --version`: the version and the build profile.
 #[cfg(not(debug_assertions))]
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (release build)");
@@ -31,4 +34,5 @@ pub mod http;
 pub mod node;
 pub mod registry;
 pub mod sdk;
+pub mod shared;
 pub mod store;

@@ -59,9 +59,10 @@ fn workspace_deps() -> BTreeMap<String, Deps> {
         .collect();
     let mut edges: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for node in meta["resolve"]["nodes"].as_array().unwrap() {
-        let shipped = node["deps"].as_array().unwrap().iter().filter(|d| {
-            d["dep_kinds"].as_array().unwrap().iter().any(|k| k["kind"].as_str() != Some("dev"))
-        });
+        let shipped =
+            node["deps"].as_array().unwrap().iter().filter(|d| {
+                d["dep_kinds"].as_array().unwrap().iter().any(|k| k["kind"].as_str() != Some("dev"))
+            });
         edges.insert(node["id"].as_str().unwrap(), shipped.map(|d| d["pkg"].as_str().unwrap()).collect());
     }
     let mut result = BTreeMap::new();
@@ -183,11 +184,8 @@ fn no_source_file_outgrows_its_job() {
 
 /// Paths a doc names in backticks or links that start at the repository's root.
 fn named_paths(doc: &str, text: &str) -> Vec<String> {
-    let tops: BTreeSet<String> = files()
-        .iter()
-        .map(|f| f.split('/').next().unwrap().to_owned())
-        .filter(|t| !t.is_empty())
-        .collect();
+    let tops: BTreeSet<String> =
+        files().iter().map(|f| f.split('/').next().unwrap().to_owned()).filter(|t| !t.is_empty()).collect();
     let mut found = vec![];
     for (i, part) in text.split('`').enumerate() {
         if i % 2 == 1 && !part.contains(' ') {

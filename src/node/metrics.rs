@@ -1,0 +1,252 @@
+//! `GET /metrics`: the node's counters and gauges in the Prometheus text format.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+
+use crate::shared::NodeShared;
+
+impl NodeShared {
+    /// GET /metrics, Prometheus text format.
+    pub fn render_metrics(&self) -> String {
+        let reg = &self.registry;
+        let c = &reg.counters;
+        let mut m = Metrics::default();
+        let dc: &str = &reg.dc;
+        m.counter(
+            "tandem_heartbeats_total",
+            "Heartbeats accepted",
+            &[("dc", dc)],
+            c.heartbeats.load(Ordering::Relaxed),
+        );
+        m.counter(
+            "tandem_heartbeats_unknown_total",
+            "Heartbeats for unknown or foreign instances",
+            &[("dc", dc)],
+            c.heartbeats_unknown.load(Ordering::Relaxed),
+        );
+        m.counter(
+            "tandem_disk_writes_total",
+            "Synced RocksDB write batches (heartbeats never add to this)",
+            &[("dc", dc)],
+            self.committer.stats().fsyncs,
+        );
+        m.counter(
+            "tandem_registrations_total",
+            "Registrations accepted",
+            &[("dc", dc)],
+            c.registrations.load(Ordering::Relaxed),
+        );
+        m.counter(
+            "tandem_deregistrations_total",
+            "Explicit deregistrations",
+            &[("dc", dc)],
+            c.deregistrations.load(Ordering::Relaxed),
+        );
+        m.counter(
+            "tandem_lease_expirations_total",
+            "Leases expired",
+            &[("dc", dc)],
+            c.expirations.load(Ordering::Relaxed),
+        );
+        m.counter(
+            "tandem_health_events_total",
+            "Health change events minted",
+            &[("dc", dc)],
+            c.health_events.load(Ordering::Relaxed),
+        );
+        m.counter(
+            "tandem_events_applied_total",
+            "State changes applied",
+            &[("dc", dc), ("origin", "local")],
+            c.events_local.load(Ordering::Relaxed),
+        );
+        m.counter(
+            "tandem_events_applied_total",
+            "State changes applied",
+            &[("dc", dc), ("origin", "remote")],
+            c.events_remote.load(Ordering::Relaxed),
+        );
+        m.counter(
+            "tandem_discover_requests_total",
+            "Discovery requests",
+            &[("dc", dc)],
+            c.discover_requests.load(Ordering::Relaxed),
+        );
+        m.counter(
+            "tandem_heartbeat_batches_total",
+            "POST /v1/heartbeats requests (their entries count in tandem_heartbeats_total)",
+            &[("dc", dc)],
+            c.heartbeat_batches.load(Ordering::Relaxed),
+        );
+        m.counter(
+            "tandem_watch_wakeups_total",
+            "Watch answers sent after a change (blocking queries and streams)",
+            &[("dc", dc)],
+            c.watch_wakeups.load(Ordering::Relaxed),
+        );
+        m.gauge(
+            "tandem_watch_streams",
+            "Streaming watches open now",
+            &[("dc", dc)],
+            c.watch_streams.load(Ordering::Relaxed) as f64,
+        );
+        let st = self.committer.stats();
+        m.counter(
+            "tandem_group_commit_fsyncs_total",
+            "Synced writes that carried local appends",
+            &[("dc", dc)],
+            st.local_fsyncs,
+        );
+        m.counter(
+            "tandem_group_commit_requests_total",
+            "Local appends carried by those writes",
+            &[("dc", dc)],
+            st.local_requests,
+        );
+        m.counter(
+            "tandem_group_commit_events_total",
+            "Events carried by those writes",
+            &[("dc", dc)],
+            st.local_events,
+        );
+        m.gauge(
+            "tandem_self_preservation_active",
+            "1 while lease expiry is paused",
+            &[("dc", dc)],
+            u64::from(reg.self_preservation_active()) as f64,
+        );
+        m.gauge("tandem_leases", "Ephemeral leases held", &[("dc", dc)], reg.lease_count() as f64);
+        m.gauge("tandem_index", "Watch index", &[("dc", dc)], reg.view().index() as f64);
+        let (own, floor, marks) = {
+            let l = self.live.read();
+            (l.own, l.floor, l.remote.clone())
+        };
+        m.gauge("tandem_log_last_seq", "Own origin's last seq", &[("dc", dc)], own.seq as f64);
+        m.gauge("tandem_log_purge_floor", "Own origin's purge floor", &[("dc", dc)], floor as f64);
+        for (owner, n) in reg.counts_by_owner() {
+            m.gauge(
+                "tandem_instances",
+                "Instances held, by owner DC",
+                &[("dc", dc), ("owner_dc", &owner)],
+                n as f64,
+            );
+        }
+        for (origin, mk) in &marks {
+            m.gauge(
+                "tandem_applied_seq",
+                "Applied high-water mark per origin",
+                &[("dc", dc), ("origin", origin)],
+                mk.seq as f64,
+            );
+        }
+        if let Some(stats) = &self.gateway_stats {
+            let now_mono = self.gateway_clock.elapsed().as_millis() as u64;
+            for (peer, p) in stats.peers.lock().iter() {
+                let l = [("dc", dc), ("peer", peer.as_str())];
+                m.gauge(
+                    "tandem_peer_outbound_up",
+                    "1 while our stream to the peer is up",
+                    &l,
+                    u64::from(p.out_connected) as f64,
+                );
+                m.gauge(
+                    "tandem_peer_inbound_up",
+                    "1 while the peer's stream to us is up",
+                    &l,
+                    u64::from(p.in_connected) as f64,
+                );
+                m.gauge("tandem_peer_acked_seq", "Own seq the peer acknowledged", &l, p.out_acked_seq as f64);
+                m.gauge(
+                    "tandem_peer_last_contact_seconds",
+                    "Seconds since the peer's last frame",
+                    &l,
+                    now_mono.saturating_sub(p.in_last_contact_mono_ms) as f64 / 1000.0,
+                );
+                let applied = marks.get(peer).map_or(0, |m| m.seq);
+                m.gauge(
+                    "tandem_peer_lag_events",
+                    "Peer's events not yet applied here",
+                    &l,
+                    p.in_origin_last_seq.saturating_sub(applied) as f64,
+                );
+                if let Some(v) = p.lag_ms_recent.quantile(0.5) {
+                    m.gauge("tandem_peer_lag_ms_p50", "Commit-to-apply lag, recent p50", &l, v as f64);
+                }
+                if let Some(v) = p.lag_ms_recent.quantile(0.99) {
+                    m.gauge("tandem_peer_lag_ms_p99", "Commit-to-apply lag, recent p99", &l, v as f64);
+                }
+                m.counter(
+                    "tandem_peer_snapshots_sent_total",
+                    "Snapshots sent to the peer",
+                    &l,
+                    p.snapshots_sent,
+                );
+                m.counter(
+                    "tandem_peer_snapshots_installed_total",
+                    "Snapshots installed from the peer",
+                    &l,
+                    p.snapshots_installed,
+                );
+            }
+            m.counter(
+                "tandem_replication_refused_connections_total",
+                "Replication connections refused",
+                &[("dc", dc)],
+                stats.refused_connections.load(Ordering::Relaxed),
+            );
+            m.counter(
+                "tandem_replication_protocol_errors_total",
+                "Replication protocol errors",
+                &[("dc", dc)],
+                stats.protocol_errors.load(Ordering::Relaxed),
+            );
+        }
+        m.render()
+    }
+}
+
+/// A tiny Prometheus text writer: samples are grouped by family, each family's HELP and
+/// TYPE written once, in first-seen order.
+#[derive(Default)]
+struct Metrics {
+    families: Vec<(&'static str, String, &'static str, Vec<String>)>,
+}
+
+impl Metrics {
+    fn sample(
+        &mut self,
+        name: &'static str,
+        help: &str,
+        kind: &'static str,
+        labels: &[(&str, &str)],
+        v: f64,
+    ) {
+        let l: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| {
+                format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n"))
+            })
+            .collect();
+        let line = format!("{name}{{{}}} {v}", l.join(","));
+        match self.families.iter_mut().find(|f| f.0 == name) {
+            Some(f) => f.3.push(line),
+            None => self.families.push((name, help.to_owned(), kind, vec![line])),
+        }
+    }
+    fn counter(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], v: u64) {
+        self.sample(name, help, "counter", labels, v as f64);
+    }
+    fn gauge(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], v: f64) {
+        self.sample(name, help, "gauge", labels, v);
+    }
+    fn render(&self) -> String {
+        let mut out = String::new();
+        for (name, help, kind, lines) in &self.families {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for l in lines {
+                let _ = writeln!(out, "{l}");
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,173 @@
+//! `GET /v1/status`: the node's state as a typed answer: its log, the applied marks per
+//! origin, each peer link (outbound and inbound), self-preservation, and counts.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+use tandem_replicator::gateway;
+
+use crate::shared::NodeShared;
+
+/// The answer of `GET /v1/status`.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub dc: String,
+    pub node: &'static str,
+    pub version: &'static str,
+    /// `dev` or `release`: the cargo profile of this binary.
+    pub build_profile: &'static str,
+    pub uptime_ms: u64,
+    pub index: u64,
+    pub log: LogStatus,
+    /// Applied high-water mark per origin DC.
+    pub applied: BTreeMap<String, MarkStatus>,
+    pub peers: BTreeMap<String, PeerStatus>,
+    pub self_preservation: PreservationStatus,
+    /// Instances held, by owner DC.
+    pub instances: BTreeMap<String, usize>,
+    pub leases: usize,
+    pub watch_streams: u64,
+    pub disk_writes: u64,
+    pub heartbeats: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LogStatus {
+    pub epoch: u64,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub purge_floor: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct MarkStatus {
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+impl From<tandem_schemas::Mark> for MarkStatus {
+    fn from(m: tandem_schemas::Mark) -> Self {
+        MarkStatus { epoch: m.epoch, seq: m.seq }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct PreservationStatus {
+    pub active: bool,
+    pub renewals_last_window: u64,
+    pub expected_last_window: u64,
+}
+
+/// One peer DC: our stream to it and its stream to us.
+#[derive(Debug, Serialize)]
+pub struct PeerStatus {
+    pub outbound: OutboundStatus,
+    pub inbound: InboundStatus,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OutboundStatus {
+    /// `down`, `up`, or `stalled`: connected, but the oldest batch waits for its ack longer
+    /// than a tenth of the stale threshold (at least 2 s).
+    pub state: &'static str,
+    pub inflight_batches: u64,
+    pub acked_seq: u64,
+    pub last_ack_ms_ago: Option<u64>,
+    pub connects: u64,
+    pub failures: u64,
+    pub last_error: String,
+    pub snapshots_sent: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct InboundStatus {
+    /// `up` or `down`.
+    pub state: &'static str,
+    pub last_contact_ms_ago: Option<u64>,
+    pub applied: Option<MarkStatus>,
+    pub origin_last_seq: u64,
+    pub lag_events: u64,
+    pub lag_ms_p50: Option<u64>,
+    pub lag_ms_p99: Option<u64>,
+    pub events_applied: u64,
+    pub snapshots_installed: u64,
+    pub stale: bool,
+}
+
+impl NodeShared {
+    fn peer_status(&self) -> BTreeMap<String, PeerStatus> {
+        let mut out = BTreeMap::new();
+        let Some(stats) = &self.gateway_stats else { return out };
+        let now_mono = self.gateway_clock.elapsed().as_millis() as u64;
+        let now_wall = gateway::wall_ms();
+        let marks = self.live.read().remote.clone();
+        let cfg = self.registry.config();
+        let stale_after = cfg.replication.as_ref().map_or(30_000, |r| r.stale_after_ms);
+        for (dc, p) in stats.peers.lock().iter() {
+            let applied = marks.get(dc).copied();
+            let silent_ms = now_mono.saturating_sub(p.in_last_contact_mono_ms);
+            let outbound = OutboundStatus {
+                state: match (p.out_connected, p.out_oldest_unacked_wall_ms) {
+                    (false, _) => "down",
+                    (true, 0) => "up",
+                    (true, t) if now_wall.saturating_sub(t) > (stale_after / 10).max(2_000) => "stalled",
+                    (true, _) => "up",
+                },
+                inflight_batches: p.out_inflight_batches,
+                acked_seq: p.out_acked_seq,
+                last_ack_ms_ago: (p.out_last_ack_wall_ms > 0)
+                    .then(|| now_wall.saturating_sub(p.out_last_ack_wall_ms)),
+                connects: p.out_connects,
+                failures: p.out_failures,
+                last_error: p.out_last_error.clone(),
+                snapshots_sent: p.snapshots_sent,
+            };
+            let inbound = InboundStatus {
+                state: if p.in_connected { "up" } else { "down" },
+                last_contact_ms_ago: (p.in_last_contact_wall_ms > 0).then_some(silent_ms),
+                applied: applied.map(MarkStatus::from),
+                origin_last_seq: p.in_origin_last_seq,
+                lag_events: p.in_origin_last_seq.saturating_sub(applied.map_or(0, |m| m.seq)),
+                lag_ms_p50: p.lag_ms_recent.quantile(0.5),
+                lag_ms_p99: p.lag_ms_recent.quantile(0.99),
+                events_applied: p.events_applied,
+                snapshots_installed: p.snapshots_installed,
+                stale: silent_ms > stale_after,
+            };
+            out.insert(dc.clone(), PeerStatus { outbound, inbound });
+        }
+        out
+    }
+
+    /// GET /v1/status.
+    pub fn status(&self) -> Status {
+        let reg = &self.registry;
+        let (own, floor, remote) = {
+            let l = self.live.read();
+            (l.own, l.floor, l.remote.clone())
+        };
+        let (renewals, expected) = reg.preservation_figures();
+        Status {
+            dc: reg.dc.to_string(),
+            node: "node-1",
+            version: env!("CARGO_PKG_VERSION"),
+            build_profile: crate::BUILD_PROFILE,
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            index: reg.view().index(),
+            log: LogStatus { epoch: own.epoch, first_seq: floor + 1, last_seq: own.seq, purge_floor: floor },
+            applied: remote.into_iter().map(|(dc, m)| (dc, m.into())).collect(),
+            peers: self.peer_status(),
+            self_preservation: PreservationStatus {
+                active: reg.self_preservation_active(),
+                renewals_last_window: renewals,
+                expected_last_window: expected,
+            },
+            instances: reg.counts_by_owner(),
+            leases: reg.lease_count(),
+            watch_streams: reg.counters.watch_streams.load(Ordering::Relaxed),
+            disk_writes: self.committer.stats().fsyncs,
+            heartbeats: reg.counters.heartbeats.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! What a node's HTTP handlers and background tasks share ([`NodeShared`]), and its
+//! configuration reload. Its own module so that `http` and `node` both use it without
+//! importing each other.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tandem_replicator::gateway::{Gateway, GatewayStats};
+use tandem_replicator::tls::TlsError;
+use tandem_schemas::Mark;
+use tokio::sync::watch;
+
+use crate::config::{Config, ConfigError};
+use crate::registry::Registry;
+use crate::store::CommitterHandle;
+
+/// Marks and floors as of the last durable write, readable without the committer.
+#[derive(Debug)]
+pub struct LiveMarks {
+    pub own: Mark,
+    pub floor: u64,
+    pub remote: BTreeMap<String, Mark>,
+}
+
+/// Encoded discovery answers: (namespace, service, filter) -> (index, JSON bytes).
+pub type AnswerCache = std::collections::HashMap<(String, String, String), (u64, axum::body::Bytes)>;
+
+/// What the HTTP handlers and the background tasks share.
+pub struct NodeShared {
+    pub registry: Arc<Registry>,
+    pub committer: CommitterHandle,
+    pub live: Arc<parking_lot::RwLock<LiveMarks>>,
+    pub gateway_stats: Option<Arc<GatewayStats>>,
+    /// Encoded discovery answers by (namespace, service, filter), with their index.
+    pub answers: Mutex<AnswerCache>,
+    /// Turns true when the node shuts down (streaming watches end).
+    pub closing: watch::Receiver<bool>,
+    pub(crate) gateway: Mutex<Option<Gateway>>,
+    pub(crate) gateway_clock: tokio::time::Instant,
+    pub(crate) config_path: Option<PathBuf>,
+    pub(crate) started: std::time::Instant,
+}
+
+/// Why a configuration reload was refused; the running configuration stays.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("this node was started without a config file; nothing to reload")]
+    NoConfigFile,
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A key that only a restart may change (`dc`, `data_dir`).
+    #[error("{key} cannot change at runtime (restart the node to change it)")]
+    Immutable { key: &'static str },
+    #[error("[replication] certificates: {0}")]
+    Certificates(#[from] TlsError),
+}
+
+impl NodeShared {
+    /// Re-reads the config file: failover policy and protection settings take effect at
+    /// once; replication certificates are reloaded. An invalid file changes nothing.
+    pub fn reload(&self) -> Result<(), ReloadError> {
+        let path = self.config_path.as_ref().ok_or(ReloadError::NoConfigFile)?;
+        let new = Config::load(path)?;
+        let old = self.registry.config();
+        if new.dc != old.dc {
+            return Err(ReloadError::Immutable { key: "dc" });
+        }
+        if new.data_dir != old.data_dir {
+            return Err(ReloadError::Immutable { key: "data_dir" });
+        }
+        if let Some(gw) = self.gateway.lock().as_ref() {
+            gw.reload_tls()?;
+        }
+        self.registry.set_config(Arc::new(new));
+        tracing::info!(path = %path.display(), "configuration reloaded");
+        Ok(())
+    }
+}
