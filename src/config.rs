@@ -369,3 +369,47 @@ impl Config {
         self.protection.services.get(&k).copied().unwrap_or(self.protection.protect_threshold)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Config {
+        Config::single("dc-a", PathBuf::from("/tmp/x"), "127.0.0.1:0".parse().unwrap())
+    }
+
+    fn key_of(cfg: &Config) -> String {
+        match cfg.validate().unwrap_err() {
+            ConfigError::Invalid { key, .. } => key,
+            ConfigError::Failover(e) => format!("[failover] {}", e.key),
+            other => other.to_string(),
+        }
+    }
+
+    #[test]
+    fn each_invalid_setting_names_its_key() {
+        assert!(base().validate().is_ok());
+        let mut c = base();
+        c.store.group_commit_linger_us = 20_000;
+        assert_eq!(key_of(&c), "[store] group_commit_linger_us");
+        let mut c = base();
+        c.protection.protect_threshold = 1.5;
+        assert_eq!(key_of(&c), "[protection] protect_threshold");
+        let mut c = base();
+        c.http.watch_streams_max = 0;
+        assert_eq!(key_of(&c), "[http] watch_streams_max");
+        let mut c = base();
+        c.failover.default.min_healthy_pct = Some(2.0);
+        assert_eq!(key_of(&c), "[failover] min_healthy_pct");
+        let mut c = base();
+        c.dc = "not a dc!".into();
+        assert_eq!(key_of(&c), "dc");
+        // The message says the key and the rule.
+        let mut c = base();
+        c.store.write_buffer_mib = 0;
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "invalid config: [store] write_buffer_mib: must be 1..=1024"
+        );
+    }
+}

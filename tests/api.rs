@@ -360,8 +360,18 @@ async fn policy_reload_applies_a_valid_file_and_keeps_the_old_one_on_error() {
     let r = h.post(&url).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 400);
     let v: Value = r.json().await.unwrap();
-    assert!(v["error"]["message"].as_str().unwrap().contains("min_healthy_pct"), "{v}");
+    assert_eq!(
+        v["error"]["message"], "invalid config: [failover] min_healthy_pct: must be within 0..=1, got 3",
+        "{v}"
+    );
     assert_eq!(mode(&node), tandem::failover::Mode::LocalFirst, "the old policy stays in force");
+
+    // A key only a restart may change is named, and refused.
+    let moved = base.replace("dc = \"dc-a\"", "dc = \"dc-z\"");
+    std::fs::write(&path, format!("{moved}[failover]\nmode = \"global\"\n")).unwrap();
+    let e = node.shared.reload().unwrap_err();
+    assert!(matches!(e, tandem::shared::ReloadError::Immutable { key: "dc" }), "{e}");
+    assert_eq!(mode(&node), tandem::failover::Mode::LocalFirst);
 
     std::fs::write(&path, format!("{base}[failover]\nmode = \"global\"\n")).unwrap();
     let r = h.post(&url).send().await.unwrap();
