@@ -170,8 +170,8 @@ impl Node {
                     return true;
                 }
                 let now = started.elapsed().as_millis() as u64;
-                let last = stats.peers.lock().get(origin).map_or(0, |p| p.in_last_contact_mono_ms);
-                now.saturating_sub(last) > stale_after
+                // Stale means "not progressing": handshakes alone do not keep copies fresh.
+                stats.peers.lock().get(origin).map_or(now > stale_after, |p| p.stale(now, stale_after))
             }));
         }
 

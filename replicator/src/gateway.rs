@@ -105,12 +105,53 @@ pub struct PeerLink {
     pub in_last_contact_wall_ms: u64,
     /// Monotonic ms (since gateway start) of the last frame from the peer.
     pub in_last_contact_mono_ms: u64,
-    /// The peer's own last seq as it last told us.
+    /// Monotonic ms of the last progress: a batch or snapshot applied, or a ping that
+    /// found this side caught up. Handshakes do not count: staleness is judged on this.
+    pub in_last_progress_mono_ms: u64,
+    /// The epoch of the peer's history, as it last told us.
+    pub in_origin_epoch: u64,
+    /// The peer's own last seq in `in_origin_epoch`, as it last told us.
     pub in_origin_last_seq: u64,
     pub events_applied: u64,
     pub snapshots_installed: u64,
     /// Recent lag samples: source commit to durable apply here, ms (bounded ring).
     pub lag_ms_recent: LagRing,
+}
+
+impl PeerLink {
+    /// Any frame from the peer: it is alive (not necessarily progressing).
+    pub fn on_frame(&mut self, wall_ms: u64, mono_ms: u64) {
+        self.in_last_contact_wall_ms = wall_ms;
+        self.in_last_contact_mono_ms = mono_ms;
+    }
+
+    /// The peer said where its history is (`epoch`, `last_seq`). The seq is kept per
+    /// epoch: a new epoch starts the count again instead of keeping an older, larger seq.
+    pub fn on_origin_position(&mut self, epoch: u64, last_seq: u64) {
+        if epoch != self.in_origin_epoch {
+            self.in_origin_epoch = epoch;
+            self.in_origin_last_seq = last_seq;
+        } else {
+            self.in_origin_last_seq = self.in_origin_last_seq.max(last_seq);
+        }
+    }
+
+    /// A batch or snapshot was applied, or a ping found this side caught up.
+    pub fn on_progress(&mut self, mono_ms: u64) {
+        self.in_last_progress_mono_ms = mono_ms;
+    }
+
+    /// The peer's copies are stale: nothing progressed for longer than `stale_after_ms`,
+    /// whatever handshakes happened meanwhile.
+    pub fn stale(&self, now_mono_ms: u64, stale_after_ms: u64) -> bool {
+        now_mono_ms.saturating_sub(self.in_last_progress_mono_ms) > stale_after_ms
+    }
+
+    /// The peer's events not yet applied here, within the epoch it last told us.
+    pub fn lag_events(&self, applied: Option<Mark>) -> u64 {
+        let applied_seq = applied.filter(|m| m.epoch == self.in_origin_epoch).map_or(0, |m| m.seq);
+        self.in_origin_last_seq.saturating_sub(applied_seq)
+    }
 }
 
 /// A bounded ring of recent lag samples.
@@ -614,10 +655,7 @@ async fn receive_session<S: ReplicaStore>(
             };
             stats.frames_received.fetch_add(1, Ordering::Relaxed);
             let mono = now_ms(started);
-            stats.with_peer(peer_dc, |p| {
-                p.in_last_contact_wall_ms = wall_ms();
-                p.in_last_contact_mono_ms = mono;
-            });
+            stats.with_peer(peer_dc, |p| p.on_frame(wall_ms(), mono));
             let mark = store.mark_of(peer_dc.to_owned()).await.map_err(|e| e.to_string())?;
             let actions = match receiver.handle_frame(mark, frame) {
                 Ok(a) => a,
@@ -645,8 +683,9 @@ async fn receive_session<S: ReplicaStore>(
                                 p.lag_ms_recent.push(now.saturating_sub(*t));
                             }
                             if let Some(m) = report.mark {
-                                p.in_origin_last_seq = p.in_origin_last_seq.max(m.seq);
+                                p.on_origin_position(m.epoch, m.seq);
                             }
+                            p.on_progress(now_ms(started));
                         });
                         Some(receiver.applied(batch_id, &report))
                     }
@@ -659,7 +698,12 @@ async fn receive_session<S: ReplicaStore>(
                             }
                             Err(e) => return Err(e.to_string()),
                         };
-                        stats.with_peer(peer_dc, |p| p.snapshots_installed += 1);
+                        stats.with_peer(peer_dc, |p| {
+                            p.snapshots_installed += 1;
+                            if report.refusal.is_none() {
+                                p.on_progress(now_ms(started));
+                            }
+                        });
                         Some(receiver.applied(batch_id, &report))
                     }
                     ReceiverAction::PurgeTombstones { upto_seq } => {
@@ -669,9 +713,12 @@ async fn receive_session<S: ReplicaStore>(
                             .map_err(|e| e.to_string())?;
                         None
                     }
-                    ReceiverAction::Contact { last_seq, .. } => {
+                    ReceiverAction::Contact { epoch, last_seq, caught_up, .. } => {
                         stats.with_peer(peer_dc, |p| {
-                            p.in_origin_last_seq = p.in_origin_last_seq.max(last_seq)
+                            p.on_origin_position(epoch, last_seq);
+                            if caught_up {
+                                p.on_progress(now_ms(started));
+                            }
                         });
                         None
                     }

@@ -295,8 +295,12 @@ pub enum ReceiverAction {
     Install { batch_id: u64, snapshot: Snapshot },
     /// The origin purged up to `upto_seq`: drop its tombstones at or below.
     PurgeTombstones { upto_seq: u64 },
-    /// Liveness and lag: the origin is at `last_seq`, its clock read `origin_now_ms`.
-    Contact { last_seq: u64, origin_now_ms: u64 },
+    /// Liveness and lag: the origin is at `last_seq` of `epoch`, its clock read
+    /// `origin_now_ms` (0 in a handshake). `caught_up`: a ping found the receiver holding
+    /// everything the origin has, so the link is progressing although no batch came. A
+    /// handshake is never progress (a link that reconnects and is refused over and over
+    /// must turn stale).
+    Contact { epoch: u64, last_seq: u64, origin_now_ms: u64, caught_up: bool },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -353,7 +357,7 @@ impl Receiver {
                 self.handshake = Some((epoch, mark));
                 Ok(vec![
                     ReceiverAction::Send(Frame::HelloAck { dc: self.local_dc.clone(), mark }),
-                    ReceiverAction::Contact { last_seq, origin_now_ms: 0 },
+                    ReceiverAction::Contact { epoch, last_seq, origin_now_ms: 0, caught_up: false },
                 ])
             }
             (ReceiverPhase::Streaming, Frame::Batch { batch_id, events }) => {
@@ -397,8 +401,17 @@ impl Receiver {
                         ),
                     ));
                 }
+                let caught_up = match mark {
+                    Some(m) => m.seq >= last_seq,
+                    None => last_seq == 0,
+                };
                 Ok(vec![
-                    ReceiverAction::Contact { last_seq, origin_now_ms: now_ms },
+                    ReceiverAction::Contact {
+                        epoch: epoch.unwrap_or_default(),
+                        last_seq,
+                        origin_now_ms: now_ms,
+                        caught_up,
+                    },
                     ReceiverAction::PurgeTombstones { upto_seq: floor_seq },
                 ])
             }

@@ -162,12 +162,17 @@ impl NodeShared {
                     &l,
                     now_mono.saturating_sub(p.in_last_contact_mono_ms) as f64 / 1000.0,
                 );
-                let applied = marks.get(peer).map_or(0, |m| m.seq);
                 m.gauge(
                     "tandem_peer_lag_events",
-                    "Peer's events not yet applied here",
+                    "Peer's events not yet applied here (within its current epoch)",
                     &l,
-                    p.in_origin_last_seq.saturating_sub(applied) as f64,
+                    p.lag_events(marks.get(peer).copied()) as f64,
+                );
+                m.gauge(
+                    "tandem_peer_last_progress_seconds",
+                    "Seconds since the peer's link last progressed (a batch applied or a caught-up ping)",
+                    &l,
+                    now_mono.saturating_sub(p.in_last_progress_mono_ms) as f64 / 1000.0,
                 );
                 if let Some(v) = p.lag_ms_recent.quantile(0.5) {
                     m.gauge("tandem_peer_lag_ms_p50", "Commit-to-apply lag, recent p50", &l, v as f64);

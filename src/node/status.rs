@@ -84,9 +84,16 @@ pub struct OutboundStatus {
 pub struct InboundStatus {
     /// `up` or `down`.
     pub state: &'static str,
+    /// Since the last frame of any kind (handshakes included).
     pub last_contact_ms_ago: Option<u64>,
+    /// Since the last progress: a batch or snapshot applied, or a ping that found this
+    /// side caught up. `stale` turns on when this passes `stale_after_ms`.
+    pub last_progress_ms_ago: Option<u64>,
     pub applied: Option<MarkStatus>,
+    /// The epoch of the peer's history and its last seq in that epoch, as it last said.
+    pub origin_epoch: u64,
     pub origin_last_seq: u64,
+    /// The peer's events not yet applied here, within that epoch.
     pub lag_events: u64,
     pub lag_ms_p50: Option<u64>,
     pub lag_ms_p99: Option<u64>,
@@ -127,13 +134,16 @@ impl NodeShared {
                 state: if p.in_connected { "up" } else { "down" },
                 last_contact_ms_ago: (p.in_last_contact_wall_ms > 0).then_some(silent_ms),
                 applied: applied.map(MarkStatus::from),
+                last_progress_ms_ago: (p.in_last_progress_mono_ms > 0)
+                    .then(|| now_mono.saturating_sub(p.in_last_progress_mono_ms)),
+                origin_epoch: p.in_origin_epoch,
                 origin_last_seq: p.in_origin_last_seq,
-                lag_events: p.in_origin_last_seq.saturating_sub(applied.map_or(0, |m| m.seq)),
+                lag_events: p.lag_events(applied),
                 lag_ms_p50: p.lag_ms_recent.quantile(0.5),
                 lag_ms_p99: p.lag_ms_recent.quantile(0.99),
                 events_applied: p.events_applied,
                 snapshots_installed: p.snapshots_installed,
-                stale: silent_ms > stale_after,
+                stale: p.stale(now_mono, stale_after),
             };
             out.insert(dc.clone(), PeerStatus { outbound, inbound });
         }
