@@ -7,10 +7,11 @@
 //! - [`health`]: the pure lease/health state machine, self-preservation, flap damping.
 //! - [`failover`]: the pure failover-to-remote policy.
 //! - [`http`]: the client-facing JSON API; [`node`]: wiring and lifecycle.
-//! - [`client`]: a small HTTP client used by the CLI, tests and the SDK.
+//!
+//! The HTTP contract types, the HTTP client and the SDK live in the `tandem-client` crate
+//! (`client/`), which does not depend on this one nor on RocksDB.
 
 pub mod cli;
-pub mod client;
 pub mod config;
 pub mod error;
 pub mod failover;
@@ -18,5 +19,4 @@ pub mod health;
 pub mod http;
 pub mod node;
 pub mod registry;
-pub mod sdk;
 pub mod store;

@@ -3,8 +3,8 @@
 //! Against the two-DC sandbox (`tandem dev`, dc-a on http://127.0.0.1:8500):
 //!
 //! ```text
-//! cargo run --example consumer -- --service orders
-//! cargo run --example consumer -- --service orders --probe --strategy round-robin
+//! cargo run -p tandem-client --example consumer -- --service orders
+//! cargo run -p tandem-client --example consumer -- --service orders --probe --strategy round-robin
 //! ```
 //!
 //! It prints every change of the instance list (owner DC, status, health, stale flag,
@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use tandem::sdk::{ClientConfig, Consumer, ConsumerStatus, Reported, ServiceView, Strategy, ViewSource};
+use tandem_client::sdk::{ClientConfig, Consumer, ConsumerStatus, Reported, ServiceView, Strategy, ViewSource};
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Pick {
@@ -49,10 +49,10 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()))
+        .with_max_level(log_level())
         .init();
 
     let mut cfg = ClientConfig::new(args.addr.clone());
@@ -175,4 +175,9 @@ fn report_status(before: &ConsumerStatus, now: &ConsumerStatus, cached: usize) {
     if now.snapshot_error.is_some() && now.snapshot_error != before.snapshot_error {
         println!("snapshot: {}", now.snapshot_error.as_deref().unwrap_or_default());
     }
+}
+
+/// The SDK's log level: `RUST_LOG` as one level name (error, warn, info, debug, trace).
+fn log_level() -> tracing::Level {
+    std::env::var("RUST_LOG").ok().and_then(|l| l.parse().ok()).unwrap_or(tracing::Level::ERROR)
 }

@@ -3,8 +3,8 @@
 //! Against the two-DC sandbox (`tandem dev`, dc-a on http://127.0.0.1:8500):
 //!
 //! ```text
-//! cargo run --example provider -- --service orders --port 9001
-//! cargo run --example provider -- --addr http://127.0.0.1:8501 --service orders --port 9101   # in dc-b
+//! cargo run -p tandem-client --example provider -- --service orders --port 9001
+//! cargo run -p tandem-client --example provider -- --addr http://127.0.0.1:8501 --service orders --port 9101   # in dc-b
 //! ```
 //!
 //! It listens on `--port` (accepting and closing TCP connections, so `consumer --probe` has
@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use tandem::sdk::{ClientConfig, InstanceSpec, Provider, ProviderState};
+use tandem_client::sdk::{ClientConfig, InstanceSpec, Provider, ProviderState};
 
 #[derive(Parser)]
 #[command(about = "A tandem SDK provider: register, heartbeat, drain and deregister")]
@@ -48,10 +48,10 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()))
+        .with_max_level(log_level())
         .init();
 
     // Something to call: accept and close connections on the registered port.
@@ -142,4 +142,9 @@ fn report(before: &ProviderState, now: &ProviderState) {
     if now.status != before.status {
         println!("status is now {}", now.status.as_str());
     }
+}
+
+/// The SDK's log level: `RUST_LOG` as one level name (error, warn, info, debug, trace).
+fn log_level() -> tracing::Level {
+    std::env::var("RUST_LOG").ok().and_then(|l| l.parse().ok()).unwrap_or(tracing::Level::ERROR)
 }
