@@ -12,10 +12,10 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 
-use tandem_client::api::StatusName;
-use tandem_client::{Client, ClientError};
 use crate::config::{Config, PeerSection, ReplicationSection};
 use crate::node::Node;
+use tandem_client::api::StatusName;
+use tandem_client::{Client, ClientError};
 
 #[derive(Parser)]
 #[command(name = "tandem", version, about = "A service registry for two (or more) data centers")]

@@ -15,8 +15,8 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use tandem_client::api::{
-    HeartbeatAnswer, HeartbeatBatch, RegisterRequest, ReloadAnswer, ServiceList, ServiceSummary, StatusChange,
-    WriteAnswer,
+    HeartbeatAnswer, HeartbeatBatch, RegisterRequest, ReloadAnswer, ServiceList, ServiceSummary,
+    StatusChange, WriteAnswer,
 };
 
 use axum::body::Bytes;

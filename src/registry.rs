@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use serde::{Deserialize, Serialize};
 use tandem_replicator::log::StateChange;
 use tandem_schemas::{
     ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Name, Op, Status, LIMITS,

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
 use serde::Deserialize as _;
+use serde_json::Value;
 use tandem_client::api::{DiscoverAnswer, ErrorBody, RegisterRequest, StatusChange, StatusName};
 
 use crate::checker::{Mark, ObservedInstance, Outcome, ServiceView, StatusView, ViewScope};
@@ -111,10 +111,14 @@ impl Api {
     ) -> Outcome {
         let status: StatusName = match serde_json::from_value(Value::String(status.to_owned())) {
             Ok(s) => s,
-            Err(e) => return Outcome::Failed { http_status: None, message: format!("status {status:?}: {e}") },
+            Err(e) => {
+                return Outcome::Failed { http_status: None, message: format!("status {status:?}: {e}") }
+            }
         };
-        let req =
-            self.http.put(format!("{base}/v1/instances/{ns}/{svc}/{id}/status")).json(&StatusChange { status });
+        let req = self
+            .http
+            .put(format!("{base}/v1/instances/{ns}/{svc}/{id}/status"))
+            .json(&StatusChange { status });
         self.write(req, timeout).await
     }
 

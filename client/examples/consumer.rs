@@ -17,7 +17,9 @@
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use tandem_client::sdk::{ClientConfig, Consumer, ConsumerStatus, Reported, ServiceView, Strategy, ViewSource};
+use tandem_client::sdk::{
+    ClientConfig, Consumer, ConsumerStatus, Reported, ServiceView, Strategy, ViewSource,
+};
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Pick {
@@ -51,9 +53,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_max_level(log_level())
-        .init();
+    tracing_subscriber::fmt().with_max_level(log_level()).init();
 
     let mut cfg = ClientConfig::new(args.addr.clone());
     cfg.consumer.snapshot_dir = Some(args.snapshot_dir.clone());

@@ -50,9 +50,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_max_level(log_level())
-        .init();
+    tracing_subscriber::fmt().with_max_level(log_level()).init();
 
     // Something to call: accept and close connections on the registered port.
     match tokio::net::TcpListener::bind((args.address.as_str(), args.port)).await {

@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::api::{
-    ErrorBody, HeartbeatBatch, HeartbeatBatchAnswer, RegisterAnswer, RegisterRequest, StatusChange, StatusName,
+    ErrorBody, HeartbeatBatchAnswer, RegisterAnswer, RegisterRequest, StatusChange, StatusName,
 };
 
 /// Errors of the client, split by who must react.
@@ -151,8 +151,12 @@ impl Client {
         self.call(reqwest::Method::POST, "/v1/register", Some(req)).await
     }
 
-    /// POST /v1/heartbeats (at most [`crate::api::HEARTBEAT_BATCH_MAX`] entries).
-    pub async fn heartbeat_batch(&self, batch: &HeartbeatBatch) -> Result<HeartbeatBatchAnswer, ClientError> {
+    /// POST /v1/heartbeats (at most [`crate::api::HEARTBEAT_BATCH_MAX`] entries): a
+    /// [`crate::api::HeartbeatBatch`], or raw JSON.
+    pub async fn heartbeat_batch(
+        &self,
+        batch: &(impl Serialize + ?Sized),
+    ) -> Result<HeartbeatBatchAnswer, ClientError> {
         self.call(reqwest::Method::POST, "/v1/heartbeats", Some(batch)).await
     }
 

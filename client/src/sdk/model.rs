@@ -10,8 +10,8 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-pub use crate::api::{Failover as FailoverInfo, Health, Instance, Status};
 use crate::api::DiscoverAnswer;
+pub use crate::api::{Failover as FailoverInfo, Health, Instance, Status};
 
 /// A parsed discovery answer.
 #[derive(Clone, Debug, PartialEq)]
