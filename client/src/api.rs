@@ -369,19 +369,21 @@ pub struct ExplainLine {
     pub reason: String,
 }
 
-/// The answer of `GET /v1/services?namespace=`.
+/// The answer of `GET /v1/services?namespace=`. (Field order as the wire has always had
+/// it: alphabetical.)
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceList {
-    pub namespace: String,
+    /// The node's view index (all services).
     pub index: u64,
+    pub namespace: String,
     pub services: Vec<ServiceSummary>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceSummary {
-    pub service: String,
     /// Instances of every DC in this node's view.
     pub instances: usize,
+    pub service: String,
 }
 
 /// The answer of `POST /v1/admin/reload`.
