@@ -181,6 +181,58 @@ async fn provider_registers_again_after_the_instance_was_deleted_server_side() {
     node.shutdown().await;
 }
 
+/// A counter of the node's `/metrics` (dc-a).
+async fn metric(node: &Node, name: &str) -> u64 {
+    let text = reqwest::get(format!("{}/metrics", url(node))).await.unwrap().text().await.unwrap();
+    let prefix = format!("{name}{{dc=\"dc-a\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_renews_all_its_instances_in_batched_requests_chunked_at_the_batch_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let addrs = [url(&node)];
+    // More instances than one request may carry (512): each round goes out as two requests.
+    let count = tandem_client::api::HEARTBEAT_BATCH_MAX + 8;
+    let ttl = Duration::from_millis(2_400);
+    let mut providers = Vec::with_capacity(count);
+    for wave in 0..count.div_ceil(64) {
+        let regs = (wave * 64..count.min((wave + 1) * 64)).map(|i| {
+            let spec =
+                InstanceSpec::new("fleet", "10.0.0.1", 1 + i as u16).instance_id(format!("f-{i}")).ttl(ttl);
+            Provider::register(sdk_config(&addrs), spec)
+        });
+        for p in futures::future::join_all(regs).await {
+            providers.push(p.unwrap());
+        }
+    }
+    let (batches0, beats0) = (
+        metric(&node, "tandem_heartbeat_batches_total").await,
+        metric(&node, "tandem_heartbeats_total").await,
+    );
+    // Every instance renewed at least twice (the period is an eighth of the lease: 300 ms).
+    let ps = &providers;
+    eventually(Duration::from_secs(5), "every instance renewed twice", || async move {
+        ps.iter().all(|p| p.state().heartbeats_ok >= 2)
+    })
+    .await;
+    let batches = metric(&node, "tandem_heartbeat_batches_total").await - batches0;
+    let beats = metric(&node, "tandem_heartbeats_total").await - beats0;
+    assert!(providers.iter().all(|p| p.state().heartbeats_failed == 0), "no request was refused");
+    assert!(batches >= 4, "two rounds of two requests at least: {batches}");
+    // One round renews all 520 in two requests (512 + 8); single heartbeats would make it 1.
+    assert!(beats >= 2 * count as u64 && beats / batches >= 200, "{beats} renewals in {batches} requests");
+    let c = client(&node);
+    let d = c.discover("default", "fleet", "dc=all").await.unwrap();
+    assert_eq!(d["instances"].as_array().map(Vec::len), Some(count));
+    drop(providers);
+    node.shutdown().await;
+}
+
 #[tokio::test]
 async fn provider_register_refuses_bad_input_without_retrying() {
     let dir = tempfile::tempdir().unwrap();
