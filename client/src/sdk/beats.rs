@@ -7,7 +7,8 @@
 //! started at different times fall into step after one round and stay there. Above
 //! [`HEARTBEAT_BATCH_MAX`] instances the batch goes out in chunks. Each entry of the
 //! answer is handled per instance, as a single heartbeat's answer would be: `unknown`
-//! (404) registers the instance again, `conflict` (409, another DC owns it) and failed
+//! (404) registers the instance again (in a task of its own, so that a slow write never
+//! delays the other instances' beats), `conflict` (409, another DC owns it) and failed
 //! requests count as failed beats and retry with the member's own capped backoff.
 //!
 //! The task runs while the group has members and ends with the last one.
@@ -164,19 +165,43 @@ async fn run(group: Arc<Group>) {
         }
         let beats = beat(&group, &due).await;
         for ((id, provider), beat) in due.into_iter().zip(beats) {
-            let ok = settle(&provider, beat).await;
-            let mut inner = group.inner.lock();
-            // Gone meanwhile (shutdown or drop): nothing to schedule.
-            let Some(m) = inner.members.get_mut(&id) else { continue };
-            let mut rng = rand::thread_rng();
-            let delay = if ok {
+            if let Beat::Unknown = beat {
+                // Registering again is a durable write, slower than a heartbeat: it runs on
+                // its own, so that the other instances' beats never wait for it.
+                group.reschedule(id, None);
+                let g = group.clone();
+                tokio::spawn(async move {
+                    let ok = settle(&provider, Beat::Unknown).await;
+                    g.reschedule(id, Some(ok));
+                });
+            } else {
+                let ok = settle(&provider, beat).await;
+                group.reschedule(id, Some(ok));
+            }
+        }
+    }
+}
+
+impl Group {
+    /// Schedules member `id`'s next beat after one that went well (`Some(true)`: a period
+    /// from now, jittered), failed (`Some(false)`: its backoff) or is still being settled
+    /// (`None`: a period from now, so that it is not sent again meanwhile).
+    fn reschedule(&self, id: u64, ok: Option<bool>) {
+        let mut inner = self.inner.lock();
+        // Gone meanwhile (shutdown or drop): nothing to schedule.
+        let Some(m) = inner.members.get_mut(&id) else { return };
+        let mut rng = rand::thread_rng();
+        let delay = match ok {
+            Some(true) => {
                 m.backoff.reset();
                 jittered(m.interval, m.jitter_pct, &mut rng)
-            } else {
-                m.backoff.next_delay(&mut rng)
-            };
-            m.due = Instant::now() + delay;
-        }
+            }
+            Some(false) => m.backoff.next_delay(&mut rng),
+            None => m.interval,
+        };
+        m.due = Instant::now() + delay;
+        drop(inner);
+        self.wake.notify_one();
     }
 }
 

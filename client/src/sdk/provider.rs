@@ -130,7 +130,7 @@ impl InstanceSpec {
     }
 }
 
-/// The provider's state, as its heartbeat task sees it.
+/// The provider's state, as its heartbeats see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProviderState {
     /// Current instance id (a generated one changes on re-registration).
