@@ -12,9 +12,10 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 
-use crate::client::{Client, ClientError};
 use crate::config::{Config, PeerSection, ReplicationSection};
 use crate::node::Node;
+use tandem_client::api::StatusName;
+use tandem_client::{Client, ClientError};
 
 #[derive(Parser)]
 #[command(name = "tandem", version = crate::VERSION, about = "A service registry for two (or more) data centers")]
@@ -123,7 +124,9 @@ enum Cmd {
         conn: Conn,
         service: String,
         instance_id: String,
-        status: String,
+        /// up, draining or out_of_service.
+        #[arg(value_parser = parse_status)]
+        status: StatusName,
     },
     /// Discover a service's instances.
     Discover {
@@ -337,6 +340,11 @@ async fn dev(dir: PathBuf, http_port: u16, repl_port: u16, stale_after_ms: u64) 
     Ok(())
 }
 
+fn parse_status(s: &str) -> Result<StatusName, String> {
+    serde_json::from_value(Value::String(s.to_owned()))
+        .map_err(|_| format!("{s:?}: use up, draining or out_of_service"))
+}
+
 fn print_json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -429,7 +437,7 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
             .await
             .map(|v| print_json(&v)),
         Cmd::StatusSet { conn, service, instance_id, status } => Client::new(&conn.addr)
-            .set_status(&conn.namespace, &service, &instance_id, &status)
+            .set_status(&conn.namespace, &service, &instance_id, status)
             .await
             .map(|v| print_json(&v)),
         Cmd::Discover { conn, service, dc, explain } => {
@@ -508,6 +516,6 @@ async fn keepalive(
             _ = tokio::signal::ctrl_c() => break,
         }
     }
-    let _ = client.set_status(ns, svc, &id, "draining").await;
+    let _ = client.set_status(ns, svc, &id, StatusName::Draining).await;
     client.deregister(ns, svc, &id).await.map(|v| print_json(&v))
 }

@@ -3,7 +3,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use tandem_client::api::ErrorBody;
 
 /// An API error: an HTTP status, a stable machine-readable code and a message for people.
 #[derive(Clone, Debug)]
@@ -11,17 +11,6 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
-}
-
-#[derive(Serialize)]
-struct Body<'a> {
-    error: Inner<'a>,
-}
-
-#[derive(Serialize)]
-struct Inner<'a> {
-    code: &'a str,
-    message: &'a str,
 }
 
 impl ApiError {
@@ -59,7 +48,6 @@ impl std::error::Error for ApiError {}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Body { error: Inner { code: self.code, message: &self.message } };
-        (self.status, axum::Json(body)).into_response()
+        (self.status, axum::Json(ErrorBody::new(self.code, self.message))).into_response()
     }
 }

@@ -18,6 +18,16 @@ pub enum Mode {
     Global,
 }
 
+impl From<Mode> for tandem_client::api::FailoverMode {
+    fn from(m: Mode) -> Self {
+        match m {
+            Mode::LocalOnly => Self::LocalOnly,
+            Mode::LocalFirst => Self::LocalFirst,
+            Mode::Global => Self::Global,
+        }
+    }
+}
+
 /// One effective policy.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Policy {

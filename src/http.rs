@@ -13,13 +13,16 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde::Deserialize;
+use tandem_client::api::{
+    HeartbeatAnswer, HeartbeatBatch, RegisterRequest, ReloadAnswer, ServiceList, ServiceSummary,
+    StatusChange, WriteAnswer,
+};
 
 use axum::body::Bytes;
 
 use crate::error::ApiError;
-use crate::registry::{DcFilter, HeartbeatItem, RegisterRequest, StatusName};
+use crate::registry::DcFilter;
 use crate::shared::NodeShared;
 
 /// Largest accepted request body.
@@ -73,18 +76,12 @@ async fn heartbeat(
     Path((ns, svc, id)): Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
     node.registry.heartbeat(&ns, &svc, &id).await?;
-    Ok(Json(json!({"ok": true})).into_response())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct HeartbeatBatchBody {
-    instances: Vec<HeartbeatItem>,
+    Ok(Json(HeartbeatAnswer { ok: true }).into_response())
 }
 
 async fn heartbeat_batch(
     State(node): State<Arc<NodeShared>>,
-    body: Result<Json<HeartbeatBatchBody>, JsonRejection>,
+    body: Result<Json<HeartbeatBatch>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let b = json_body(body)?;
     let answer = node.registry.heartbeat_batch(&b.instances).await?;
@@ -96,23 +93,17 @@ async fn deregister(
     Path((ns, svc, id)): Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
     let version = node.registry.deregister(&ns, &svc, &id).await?;
-    Ok(Json(json!({"version": version})).into_response())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StatusBody {
-    status: StatusName,
+    Ok(Json(WriteAnswer { version }).into_response())
 }
 
 async fn set_status(
     State(node): State<Arc<NodeShared>>,
     Path((ns, svc, id)): Path<(String, String, String)>,
-    body: Result<Json<StatusBody>, JsonRejection>,
+    body: Result<Json<StatusChange>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let b = json_body(body)?;
     let version = node.registry.set_status(&ns, &svc, &id, b.status.into()).await?;
-    Ok(Json(json!({"version": version})).into_response())
+    Ok(Json(WriteAnswer { version }).into_response())
 }
 
 #[derive(Deserialize, Default)]
@@ -368,12 +359,6 @@ struct ListQuery {
     namespace: Option<String>,
 }
 
-#[derive(Serialize)]
-struct ServiceSummary {
-    service: String,
-    instances: usize,
-}
-
 async fn list_services(
     State(node): State<Arc<NodeShared>>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
@@ -384,8 +369,8 @@ async fn list_services(
     let list = node.registry.list_services(&ns)?;
     let services: Vec<ServiceSummary> =
         list.into_iter().map(|(service, instances)| ServiceSummary { service, instances }).collect();
-    Ok(Json(json!({"namespace": ns, "index": node.registry.view().index(), "services": services}))
-        .into_response())
+    let index = node.registry.view().index();
+    Ok(Json(ServiceList { namespace: ns, index, services }).into_response())
 }
 
 async fn status(State(node): State<Arc<NodeShared>>) -> Response {
@@ -399,7 +384,7 @@ async fn metrics(State(node): State<Arc<NodeShared>>) -> Response {
 
 async fn reload(State(node): State<Arc<NodeShared>>) -> Result<Response, ApiError> {
     node.reload().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_config", e.to_string()))?;
-    Ok(Json(json!({"reloaded": true})).into_response())
+    Ok(Json(ReloadAnswer { reloaded: true }).into_response())
 }
 
 #[cfg(test)]

@@ -8,7 +8,9 @@
 //! - [`failover`]: the pure failover-to-remote policy.
 //! - [`http`]: the client-facing JSON API; [`node`]: wiring and lifecycle, status and
 //!   metrics; [`shared`]: what the HTTP handlers and the node's tasks share.
-//! - [`client`]: a small HTTP client used by the CLI, tests and the SDK.
+//!
+//! The HTTP contract types, the HTTP client and the SDK live in the `tandem-client` crate
+//! (`client/`), which does not depend on this one nor on RocksDB.
 
 /// The cargo profile this binary was built with: `release` is the one to deploy
 /// (`cargo install --locked --path .`); `dev` is what `./run.sh` and the tests build.
@@ -25,7 +27,6 @@ pub const VERSION: &str = concat!(
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (release build)");
 
 pub mod cli;
-pub mod client;
 pub mod config;
 pub mod error;
 pub mod failover;
@@ -33,6 +34,5 @@ pub mod health;
 pub mod http;
 pub mod node;
 pub mod registry;
-pub mod sdk;
 pub mod shared;
 pub mod store;

@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use serde::{Deserialize, Serialize};
 use tandem_replicator::log::StateChange;
 use tandem_schemas::{
     ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Name, Op, Status, LIMITS,
@@ -447,95 +446,19 @@ impl ViewCell {
     }
 }
 
-/// Most entries one POST /v1/heartbeats may carry.
-pub const HEARTBEAT_BATCH_MAX: usize = 512;
+pub use tandem_client::api::{
+    DiscoverAnswer, ExplainLine, Failover, HeartbeatBatchAnswer, HeartbeatItem, Instance as InstanceView,
+    RegisterAnswer, RegisterRequest, StatusName, Threshold, HEARTBEAT_BATCH_MAX,
+};
 
-/// One entry of POST /v1/heartbeats.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct HeartbeatItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    pub service: String,
-    pub instance_id: String,
+/// The API's name of a status (as discovery and explain spell it).
+fn status_name(s: Status) -> &'static str {
+    tandem_client::api::Status::from(s).as_str()
 }
 
-impl HeartbeatItem {
-    pub fn namespace(&self) -> &str {
-        self.namespace.as_deref().unwrap_or("default")
-    }
-}
-
-/// The answer of POST /v1/heartbeats: how many leases were renewed, and the positions
-/// of the entries that are unknown here (re-register them) or owned by another DC.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-pub struct HeartbeatBatchAnswer {
-    pub renewed: usize,
-    pub unknown: Vec<usize>,
-    pub conflict: Vec<usize>,
-}
-
-/// A client's registration request (public contract: POST /v1/register).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RegisterRequest {
-    pub namespace: Option<String>,
-    pub service: String,
-    pub instance_id: Option<String>,
-    pub address: String,
-    pub port: u32,
-    pub zone: Option<String>,
-    pub weight: Option<u32>,
-    pub version: Option<String>,
-    pub tags: Option<Vec<String>>,
-    pub metadata: Option<BTreeMap<String, String>>,
-    pub ttl_ms: Option<u64>,
-    pub persistent: Option<bool>,
-    pub status: Option<StatusName>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct RegisterResponse {
-    pub instance_id: String,
-    pub owner_dc: String,
-    /// Seq of the event that made this registration (the version of the instance).
-    pub version: u64,
-    pub epoch: u64,
-    pub lease_ttl_ms: u64,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StatusName {
-    Up,
-    Draining,
-    OutOfService,
-}
-
-impl From<StatusName> for Status {
-    fn from(s: StatusName) -> Status {
-        match s {
-            StatusName::Up => Status::Up,
-            StatusName::Draining => Status::Draining,
-            StatusName::OutOfService => Status::OutOfService,
-        }
-    }
-}
-
-pub fn status_name(s: Status) -> &'static str {
-    match s {
-        Status::Up => "up",
-        Status::Draining => "draining",
-        Status::OutOfService => "out_of_service",
-    }
-}
-
-pub fn health_name(h: Health) -> &'static str {
-    match h {
-        Health::Healthy => "healthy",
-        Health::Suspect => "suspect",
-        Health::Unhealthy => "unhealthy",
-    }
+/// The API's name of a health (as discovery and explain spell it).
+fn health_name(h: Health) -> &'static str {
+    tandem_client::api::Health::from(h).as_str()
 }
 
 /// How discovery selects instances.
@@ -548,65 +471,6 @@ pub enum DcFilter {
     Only(String),
     /// Every DC's instances, no policy.
     All,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct InstanceView {
-    pub instance_id: Name,
-    pub owner_dc: Name,
-    pub address: Name,
-    pub port: u16,
-    pub zone: Name,
-    pub weight: u32,
-    pub version: Name,
-    pub tags: Vec<String>,
-    pub metadata: BTreeMap<String, String>,
-    pub health: &'static str,
-    pub status: &'static str,
-    pub stale: bool,
-    pub persistent: bool,
-    pub damped: bool,
-    /// Seq of the event that produced this state (per owner DC).
-    pub seq: u64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct FailoverView {
-    pub active: bool,
-    pub reason: String,
-    pub mode: failover::Mode,
-    pub local_healthy: u32,
-    pub local_total: u32,
-    pub threshold: Threshold,
-    /// Remote DCs whose instances are in the answer.
-    pub dcs: Vec<String>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Threshold {
-    pub min_healthy: u32,
-    pub min_healthy_pct: f64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct ExplainLine {
-    pub instance_id: String,
-    pub owner_dc: String,
-    pub included: bool,
-    pub reason: String,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct DiscoverAnswer {
-    pub namespace: String,
-    pub service: String,
-    pub index: u64,
-    pub instances: Vec<InstanceView>,
-    pub failover: FailoverView,
-    /// True when the protect threshold made the answer include unhealthy local instances.
-    pub protected: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub explain: Option<Vec<ExplainLine>>,
 }
 
 /// The registry of one DC node.
@@ -793,7 +657,7 @@ impl Registry {
     }
 
     /// POST /v1/register.
-    pub async fn register(&self, req: RegisterRequest) -> Result<RegisterResponse, ApiError> {
+    pub async fn register(&self, req: RegisterRequest) -> Result<RegisterAnswer, ApiError> {
         let namespace = req.namespace.unwrap_or_else(|| "default".into());
         tandem_schemas::validate_name("namespace", &namespace).map_err(ApiError::invalid)?;
         tandem_schemas::validate_name("service", &req.service).map_err(ApiError::invalid)?;
@@ -885,7 +749,7 @@ impl Registry {
         let Some(Outcome::Written(ev)) = events.into_iter().next() else {
             return Err(ApiError::unavailable("the registration was not written"));
         };
-        Ok(RegisterResponse {
+        Ok(RegisterAnswer {
             instance_id,
             owner_dc: self.dc.to_string(),
             version: ev.seq,
@@ -1245,8 +1109,8 @@ impl Registry {
             version: h.record.app_version.clone(),
             tags: h.record.tags.clone(),
             metadata: h.record.metadata.clone(),
-            health: health_name(h.record.health),
-            status: status_name(h.record.status),
+            health: h.record.health.into(),
+            status: h.record.status.into(),
             stale,
             persistent: h.record.persistent,
             damped: h.record.damped,
@@ -1392,10 +1256,10 @@ impl Registry {
             service: svc.to_owned(),
             index,
             instances: out,
-            failover: FailoverView {
+            failover: Some(Failover {
                 active: decision.active,
                 reason: decision.reason,
-                mode: policy.mode,
+                mode: policy.mode.into(),
                 local_healthy: counts.healthy,
                 local_total: counts.total,
                 threshold: Threshold {
@@ -1403,7 +1267,7 @@ impl Registry {
                     min_healthy_pct: policy.min_healthy_pct,
                 },
                 dcs: offered_dcs,
-            },
+            }),
             protected,
             explain: explain.then_some(lines),
         })

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
-use tandem::client::{enc, ClientError};
 use tandem::node::Node;
+use tandem_client::api::{HeartbeatBatchAnswer, StatusName};
+use tandem_client::client::{enc, ClientError};
 
 fn http(node: &Node) -> String {
     format!("http://{}", node.http_addr())
@@ -47,7 +48,7 @@ async fn register_discover_heartbeat_deregister_round_trip() {
     assert_eq!(d["failover"]["active"], false);
 
     c.heartbeat("default", "orders", &id).await.unwrap();
-    c.set_status("default", "orders", &id, "draining").await.unwrap();
+    c.set_status("default", "orders", &id, StatusName::Draining).await.unwrap();
     let d = c.discover("default", "orders", "").await.unwrap();
     assert_eq!(d["instances"][0]["status"], "draining", "draining stays listed, flagged");
 
@@ -420,7 +421,7 @@ async fn batched_heartbeats_renew_many_leases_and_name_the_unknown_ones() {
     // Only batched heartbeats for 2.4 s, twice the lease: both leases stay healthy.
     for _ in 0..24 {
         let a = c.heartbeat_batch(&body).await.unwrap();
-        assert_eq!(a, json!({"renewed": 3, "unknown": [1], "conflict": []}));
+        assert_eq!(a, HeartbeatBatchAnswer { renewed: 3, unknown: vec![1], conflict: vec![] });
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let d = c.discover("default", "hb", "dc=all").await.unwrap();

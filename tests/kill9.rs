@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use tandem::client::{Client, ClientError};
+use tandem_client::client::{Client, ClientError};
 
 struct Proc(Child);
 

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
-use tandem::client::Client;
+use tandem_client::api::{HeartbeatBatchAnswer, StatusName};
+use tandem_client::client::Client;
 
 async fn all_ids(c: &Client, svc: &str) -> BTreeSet<String> {
     ids(&c.discover("default", svc, "dc=all").await.unwrap()).into_iter().collect()
@@ -57,7 +58,7 @@ async fn events_replicate_both_ways() {
         {"service": "orders", "instance_id": "gone"},
     ]});
     let answer = b.heartbeat_batch(&batch).await.unwrap();
-    assert_eq!(answer, serde_json::json!({"renewed": 1, "unknown": [2], "conflict": [0]}));
+    assert_eq!(answer, HeartbeatBatchAnswer { renewed: 1, unknown: vec![2], conflict: vec![0] });
     // Deregistration replicates as a tombstone.
     a.deregister("default", "orders", "a1").await.unwrap();
     eventually(Duration::from_secs(10), "dc-b drops a1", || async { all_ids(&b, "orders").await.len() == 1 })
@@ -243,7 +244,7 @@ async fn failover_offers_remote_instances_when_local_ones_are_gone_and_fails_bac
     assert_eq!(ids(&d), vec!["a1"], "local first: {d}");
     assert_eq!(d["failover"]["active"], false);
 
-    a.set_status("default", "pay", "a1", "out_of_service").await.unwrap();
+    a.set_status("default", "pay", "a1", StatusName::OutOfService).await.unwrap();
     let d = a.discover("default", "pay", "explain=true").await.unwrap();
     assert_eq!(d["failover"]["active"], true, "{d}");
     assert_eq!(ids(&d), vec!["b1"]);
@@ -251,7 +252,7 @@ async fn failover_offers_remote_instances_when_local_ones_are_gone_and_fails_bac
     let explained: Vec<&Value> = d["explain"].as_array().unwrap().iter().collect();
     assert_eq!(explained.len(), 2, "explain covers every known instance");
 
-    a.set_status("default", "pay", "a1", "up").await.unwrap();
+    a.set_status("default", "pay", "a1", StatusName::Up).await.unwrap();
     let d = a.discover("default", "pay", "").await.unwrap();
     assert_eq!(d["failover"]["active"], true, "failback waits for the hold: {d}");
     let idx = d["index"].as_u64().unwrap();

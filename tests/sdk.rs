@@ -12,9 +12,10 @@ use rand::SeedableRng;
 use serde_json::json;
 use tandem::config::Config;
 use tandem::node::Node;
-use tandem::sdk::balance::Reported;
-use tandem::sdk::model::Answer;
-use tandem::sdk::{
+use tandem_client::api::StatusName;
+use tandem_client::sdk::balance::Reported;
+use tandem_client::sdk::model::Answer;
+use tandem_client::sdk::{
     snapshot, Balancer, Cache, ClientConfig, Consumer, EjectionConfig, EmptyRule, Health, Instance,
     InstanceSpec, Outcome, Provider, ServiceView, Status, Strategy, ViewSource,
 };
@@ -51,7 +52,7 @@ fn fixed_port_config(dir: &std::path::Path) -> Config {
 }
 
 fn ids_of(instances: &[Instance]) -> Vec<String> {
-    instances.iter().map(|i| i.instance_id.clone()).collect()
+    instances.iter().map(|i| i.instance_id.to_string()).collect()
 }
 
 async fn register_persistent(node: &Node, service: &str, ids: &[&str]) {
@@ -180,6 +181,58 @@ async fn provider_registers_again_after_the_instance_was_deleted_server_side() {
     node.shutdown().await;
 }
 
+/// A counter of the node's `/metrics` (dc-a).
+async fn metric(node: &Node, name: &str) -> u64 {
+    let text = reqwest::get(format!("{}/metrics", url(node))).await.unwrap().text().await.unwrap();
+    let prefix = format!("{name}{{dc=\"dc-a\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_renews_all_its_instances_in_batched_requests_chunked_at_the_batch_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let addrs = [url(&node)];
+    // More instances than one request may carry (512): each round goes out as two requests.
+    let count = tandem_client::api::HEARTBEAT_BATCH_MAX + 8;
+    let ttl = Duration::from_millis(2_400);
+    let mut providers = Vec::with_capacity(count);
+    for wave in 0..count.div_ceil(64) {
+        let regs = (wave * 64..count.min((wave + 1) * 64)).map(|i| {
+            let spec =
+                InstanceSpec::new("fleet", "10.0.0.1", 1 + i as u16).instance_id(format!("f-{i}")).ttl(ttl);
+            Provider::register(sdk_config(&addrs), spec)
+        });
+        for p in futures::future::join_all(regs).await {
+            providers.push(p.unwrap());
+        }
+    }
+    let (batches0, beats0) = (
+        metric(&node, "tandem_heartbeat_batches_total").await,
+        metric(&node, "tandem_heartbeats_total").await,
+    );
+    // Every instance renewed at least twice (the period is an eighth of the lease: 300 ms).
+    let ps = &providers;
+    eventually(Duration::from_secs(5), "every instance renewed twice", || async move {
+        ps.iter().all(|p| p.state().heartbeats_ok >= 2)
+    })
+    .await;
+    let batches = metric(&node, "tandem_heartbeat_batches_total").await - batches0;
+    let beats = metric(&node, "tandem_heartbeats_total").await - beats0;
+    assert!(providers.iter().all(|p| p.state().heartbeats_failed == 0), "no request was refused");
+    assert!(batches >= 4, "two rounds of two requests at least: {batches}");
+    // One round renews all 520 in two requests (512 + 8); single heartbeats would make it 1.
+    assert!(beats >= 2 * count as u64 && beats / batches >= 200, "{beats} renewals in {batches} requests");
+    let c = client(&node);
+    let d = c.discover("default", "fleet", "dc=all").await.unwrap();
+    assert_eq!(d["instances"].as_array().map(Vec::len), Some(count));
+    drop(providers);
+    node.shutdown().await;
+}
+
 #[tokio::test]
 async fn provider_register_refuses_bad_input_without_retrying() {
     let dir = tempfile::tempdir().unwrap();
@@ -231,13 +284,13 @@ async fn consumer_sees_changes_through_the_blocking_watch_at_once() {
     assert_eq!(ids_of(&rx.borrow().instances), ["w1", "w2"]);
     assert!(consumer.last_index() > first_index);
 
-    client(&node).set_status("default", "w", "w1", "draining").await.unwrap();
+    client(&node).set_status("default", "w", "w1", StatusName::Draining).await.unwrap();
     view_until(&consumer, Duration::from_secs(2), "w1 draining", |v| {
         v.instances[0].status == Status::Draining
     })
     .await;
     for _ in 0..20 {
-        assert_eq!(consumer.pick().unwrap().instance_id, "w2", "draining instances are skipped");
+        assert_eq!(&*consumer.pick().unwrap().instance_id, "w2", "draining instances are skipped");
     }
     consumer.close().await;
     node.shutdown().await;
@@ -400,9 +453,9 @@ fn inst(id: &str, weight: u32) -> Instance {
         owner_dc: "dc-a".into(),
         address: "10.0.0.1".into(),
         port: 80,
-        zone: String::new(),
+        zone: "".into(),
         weight,
-        version: String::new(),
+        version: "".into(),
         tags: vec![],
         metadata: BTreeMap::new(),
         health: Health::Healthy,
@@ -473,7 +526,7 @@ fn round_robin_takes_every_instance_in_turn_and_skips_draining_ones() {
     let mut b = Balancer::new(Strategy::RoundRobin, EjectionConfig::default());
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let picks: Vec<String> =
-        (0..6).map(|_| b.pick(&list, 0, &mut rng).unwrap().instance_id.clone()).collect();
+        (0..6).map(|_| b.pick(&list, 0, &mut rng).unwrap().instance_id.to_string()).collect();
     assert_eq!(picks, ["a", "c", "a", "c", "a", "c"]);
     for i in &mut list {
         i.status = Status::Draining;
@@ -488,7 +541,7 @@ fn weighted_random_follows_the_weights() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let mut counts: BTreeMap<String, u32> = BTreeMap::new();
     for _ in 0..4_000 {
-        *counts.entry(b.pick(&list, 0, &mut rng).unwrap().instance_id.clone()).or_default() += 1;
+        *counts.entry(b.pick(&list, 0, &mut rng).unwrap().instance_id.to_string()).or_default() += 1;
     }
     let a = counts["a"];
     assert!((2_800..=3_200).contains(&a), "a picked {a} of 4000, expected ~3000: {counts:?}");
@@ -496,7 +549,7 @@ fn weighted_random_follows_the_weights() {
     // All weights zero: uniform.
     let zeros = vec![inst("a", 0), inst("b", 0)];
     let picked: std::collections::BTreeSet<String> =
-        (0..100).map(|_| b.pick(&zeros, 0, &mut rng).unwrap().instance_id.clone()).collect();
+        (0..100).map(|_| b.pick(&zeros, 0, &mut rng).unwrap().instance_id.to_string()).collect();
     assert_eq!(picked.len(), 2);
 }
 
@@ -507,7 +560,7 @@ fn healthy_instances_are_preferred_over_protected_unhealthy_ones() {
     let mut b = Balancer::new(Strategy::RoundRobin, EjectionConfig::default());
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     for _ in 0..4 {
-        assert_eq!(b.pick(&list, 0, &mut rng).unwrap().instance_id, "b");
+        assert_eq!(&*b.pick(&list, 0, &mut rng).unwrap().instance_id, "b");
     }
     list[1].health = Health::Unhealthy;
     assert!(b.pick(&list, 0, &mut rng).is_some(), "all unhealthy (protected answer): still pick one");
@@ -537,11 +590,11 @@ fn outlier_ejected_after_consecutive_failures_for_a_time_that_grows_with_repeats
     assert_eq!(b.report_failure(&inst("elsewhere", 1), &list, 20), Reported::NotInView);
     assert_eq!(b.ejected(500), vec![("dc-a".to_owned(), "a".to_owned())]);
     for _ in 0..6 {
-        assert_ne!(b.pick(&list, 500, &mut rng).unwrap().instance_id, "a");
+        assert_ne!(&*b.pick(&list, 500, &mut rng).unwrap().instance_id, "a");
     }
     // Back after the ejection time; the next ejection lasts twice as long.
     assert!(!b.is_ejected(a, 1_010));
-    assert!((0..4).any(|_| b.pick(&list, 1_010, &mut rng).unwrap().instance_id == "a"));
+    assert!((0..4).any(|_| b.pick(&list, 1_010, &mut rng).unwrap().instance_id.as_ref() == "a"));
     for _ in 0..2 {
         b.report_failure(a, &list, 1_100);
     }
@@ -573,7 +626,7 @@ fn ejection_never_passes_the_max_share_nor_removes_the_last_instance() {
     assert_eq!(fail3(&mut b, &list[2]), Reported::EjectionRefused { failures: 3 }, "3 of 4 would pass 50%");
     assert_eq!(b.ejected(0).len(), 2);
     let picked: std::collections::BTreeSet<String> =
-        (0..8).map(|_| b.pick(&list, 0, &mut rng).unwrap().instance_id.clone()).collect();
+        (0..8).map(|_| b.pick(&list, 0, &mut rng).unwrap().instance_id.to_string()).collect();
     assert_eq!(picked.into_iter().collect::<Vec<_>>(), ["c", "d"]);
 
     // One instance: never ejected, whatever the share allows.
@@ -582,7 +635,7 @@ fn ejection_never_passes_the_max_share_nor_removes_the_last_instance() {
     for _ in 0..10 {
         assert!(!matches!(b.report_failure(&one[0], &one, 0), Reported::Ejected { .. }));
     }
-    assert_eq!(b.pick(&one, 0, &mut rng).unwrap().instance_id, "solo");
+    assert_eq!(&*b.pick(&one, 0, &mut rng).unwrap().instance_id, "solo");
     // Two with 100%: one may go, never both.
     let two = vec![inst("x", 1), inst("y", 1)];
     let mut b = Balancer::new(Strategy::RoundRobin, EjectionConfig { max_ejected_pct: 100, ..ejection() });

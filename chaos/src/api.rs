@@ -1,10 +1,13 @@
 //! A bounded HTTP client for the parts of tandem's API the drills use, turning answers into
 //! checker records: every request has a timeout, and every failure is classified as
 //! certainly-not-applied ([`Outcome::Failed`]) or maybe-applied ([`Outcome::Unknown`]).
+//! Bodies and answers are the contract types of `tandem_client::api`, as the server's.
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde::Deserialize as _;
+use serde_json::Value;
+use tandem_client::api::{DiscoverAnswer, ErrorBody, RegisterRequest, StatusChange, StatusName};
 
 use crate::checker::{Mark, ObservedInstance, Outcome, ServiceView, StatusView, ViewScope};
 
@@ -76,15 +79,16 @@ impl Api {
         ttl_ms: u64,
         timeout: Duration,
     ) -> Outcome {
-        let mut body = json!({
-            "namespace": namespace, "service": service, "instance_id": id,
-            "address": address, "port": port,
-        });
-        if persistent {
-            body["persistent"] = json!(true);
-        } else {
-            body["ttl_ms"] = json!(ttl_ms);
-        }
+        let body = RegisterRequest {
+            namespace: Some(namespace.to_owned()),
+            service: service.to_owned(),
+            instance_id: Some(id.to_owned()),
+            address: address.to_owned(),
+            port: u32::from(port),
+            persistent: persistent.then_some(true),
+            ttl_ms: (!persistent).then_some(ttl_ms),
+            ..RegisterRequest::default()
+        };
         self.write(self.http.post(format!("{base}/v1/register")).json(&body), timeout).await
     }
 
@@ -105,10 +109,16 @@ impl Api {
         status: &str,
         timeout: Duration,
     ) -> Outcome {
+        let status: StatusName = match serde_json::from_value(Value::String(status.to_owned())) {
+            Ok(s) => s,
+            Err(e) => {
+                return Outcome::Failed { http_status: None, message: format!("status {status:?}: {e}") }
+            }
+        };
         let req = self
             .http
             .put(format!("{base}/v1/instances/{ns}/{svc}/{id}/status"))
-            .json(&json!({"status": status}));
+            .json(&StatusChange { status });
         self.write(req, timeout).await
     }
 
@@ -175,28 +185,28 @@ fn short_error(e: &reqwest::Error) -> String {
 }
 
 fn error_code(body: &Value) -> String {
-    body.pointer("/error/code").and_then(Value::as_str).map_or_else(|| body.to_string(), str::to_owned)
+    match ErrorBody::deserialize(body) {
+        Ok(e) => e.error.code,
+        Err(_) => body.to_string(),
+    }
 }
 
 /// Parses a discovery answer.
 pub fn parse_view(body: &Value) -> Result<ServiceView, String> {
-    let index = body.get("index").and_then(Value::as_u64).ok_or("answer without index")?;
-    let list = body.get("instances").and_then(Value::as_array).ok_or("answer without instances")?;
-    let mut instances = Vec::with_capacity(list.len());
-    for i in list {
-        let s = |k: &str| {
-            i.get(k).and_then(Value::as_str).map(str::to_owned).ok_or(format!("instance without {k}"))
-        };
-        instances.push(ObservedInstance {
-            id: s("instance_id")?,
-            owner_dc: s("owner_dc")?,
-            seq: i.get("seq").and_then(Value::as_u64).ok_or("instance without seq")?,
-            status: s("status")?,
-            health: s("health")?,
-            stale: i.get("stale").and_then(Value::as_bool).unwrap_or(false),
-        });
-    }
-    Ok(ServiceView { index, instances })
+    let answer = DiscoverAnswer::deserialize(body).map_err(|e| format!("malformed discovery answer: {e}"))?;
+    let instances = answer
+        .instances
+        .into_iter()
+        .map(|i| ObservedInstance {
+            id: i.instance_id.to_string(),
+            owner_dc: i.owner_dc.to_string(),
+            seq: i.seq,
+            status: i.status.as_str().to_owned(),
+            health: i.health.as_str().to_owned(),
+            stale: i.stale,
+        })
+        .collect();
+    Ok(ServiceView { index: answer.index, instances })
 }
 
 /// Parses `/v1/status`.

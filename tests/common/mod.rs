@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tandem::client::Client;
 use tandem::config::{Config, PeerSection, ReplicationSection};
 use tandem::node::Node;
 use tandem_chaos::relay::{Faults, Relay};
+use tandem_client::client::Client;
 
 pub fn free_udp_port() -> u16 {
     std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()

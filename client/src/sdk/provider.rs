@@ -1,12 +1,14 @@
 //! The provider side: keeps one instance registered with its DC's registry.
 //!
-//! [`Provider::register`] registers and starts a heartbeat task: one heartbeat per period
-//! (the configured one, or an eighth of the granted lease) with jitter; after a failed
-//! request it retries with capped, jittered backoff (never later than one period); on a 404
-//! (the registry no longer knows the instance: it expired, was deleted, or the registry lost
-//! its data) it registers again with the same spec and the current status. An instance id
-//! the registry generated is not reused then: the re-registration gets a new one, since the
-//! old instance is gone (see PRODUCT.md: a new process life is a new instance).
+//! [`Provider::register`] registers and hands the instance to the process's heartbeat
+//! batcher ([`super::beats`]): one heartbeat per period (the configured one, or an eighth of
+//! the granted lease) with jitter, sent together with the other instances this process
+//! holds in one `POST /v1/heartbeats`; after a failed beat it retries with capped, jittered
+//! backoff (never later than one period); when the registry reports the instance unknown
+//! (it expired, was deleted, or the registry lost its data) it registers again with the
+//! same spec and the current status. An instance id the registry generated is not reused
+//! then: the re-registration gets a new one, since the old instance is gone (a new process
+//! life is a new instance).
 //!
 //! [`Provider::shutdown`] is the graceful way out: status draining (heartbeats go on), wait
 //! until a discovery read shows the draining status (bounded) and a linger time so that
@@ -19,12 +21,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Value};
-use tokio::sync::{watch, Mutex};
-use tokio::task::JoinHandle;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::model::{Instance, Status};
-use super::{jittered, Backoff, ClientConfig, SdkError};
+use tokio::sync::{watch, Mutex};
+
+use super::beats::{self, Membership};
+use super::model::{Answer, Status};
+use super::{Backoff, ClientConfig, SdkError};
+use crate::api::{RegisterAnswer, RegisterRequest, StatusName};
 use crate::client::{Client, ClientError};
 
 /// What to register.
@@ -107,42 +111,26 @@ impl InstanceSpec {
     }
 
     /// The body of POST /v1/register.
-    fn body(&self, instance_id: Option<&str>, status: Status) -> Value {
-        let mut b = json!({
-            "namespace": self.ns(),
-            "service": self.service,
-            "address": self.address,
-            "port": self.port,
-            "tags": self.tags,
-            "metadata": self.metadata,
-            "status": status.as_str(),
-        });
-        let mut put = |k: &str, v: Value| {
-            b[k] = v;
-        };
-        if let Some(id) = instance_id {
-            put("instance_id", json!(id));
+    fn request(&self, instance_id: Option<&str>, status: StatusName) -> RegisterRequest {
+        RegisterRequest {
+            namespace: Some(self.ns().to_owned()),
+            service: self.service.clone(),
+            instance_id: instance_id.map(str::to_owned),
+            address: self.address.clone(),
+            port: u32::from(self.port),
+            zone: self.zone.clone(),
+            weight: self.weight,
+            version: self.version.clone(),
+            tags: Some(self.tags.clone()),
+            metadata: Some(self.metadata.clone()),
+            ttl_ms: self.ttl.map(|t| t.as_millis() as u64),
+            persistent: self.persistent.then_some(true),
+            status: Some(status),
         }
-        if let Some(z) = &self.zone {
-            put("zone", json!(z));
-        }
-        if let Some(w) = self.weight {
-            put("weight", json!(w));
-        }
-        if let Some(v) = &self.version {
-            put("version", json!(v));
-        }
-        if let Some(t) = self.ttl {
-            put("ttl_ms", json!(t.as_millis() as u64));
-        }
-        if self.persistent {
-            put("persistent", json!(true));
-        }
-        b
     }
 }
 
-/// The provider's state, as its heartbeat task sees it.
+/// The provider's state, as its heartbeats see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProviderState {
     /// Current instance id (a generated one changes on re-registration).
@@ -160,20 +148,22 @@ pub struct ProviderState {
     pub last_error: Option<String>,
 }
 
-struct Shared {
-    client: Client,
-    cfg: ClientConfig,
+pub(crate) struct Shared {
+    pub(crate) client: Client,
+    pub(crate) cfg: ClientConfig,
     spec: InstanceSpec,
-    state: watch::Sender<ProviderState>,
+    pub(crate) state: watch::Sender<ProviderState>,
     /// Serializes writes (register, status, deregister) of this instance.
-    write: Mutex<()>,
+    pub(crate) write: Mutex<()>,
+    /// Set (under `write`) when shutdown deregisters: no re-registration after that.
+    pub(crate) stopped: AtomicBool,
 }
 
-/// One registered instance and its heartbeat task.
+/// One registered instance; its heartbeats go with the process's other instances'.
 pub struct Provider {
     shared: Arc<Shared>,
-    stop: watch::Sender<bool>,
-    task: Option<JoinHandle<()>>,
+    /// Membership in the heartbeat batcher (none for persistent instances).
+    beats: Option<Membership>,
 }
 
 impl Provider {
@@ -189,7 +179,7 @@ impl Provider {
         let mut attempt = 0;
         let resp = loop {
             attempt += 1;
-            match client.register(&spec.body(spec.instance_id.as_deref(), Status::Up)).await {
+            match client.register_instance(&spec.request(spec.instance_id.as_deref(), StatusName::Up)).await {
                 Ok(r) => break r,
                 Err(e) => {
                     let e = SdkError::from(e);
@@ -202,7 +192,7 @@ impl Provider {
                 }
             }
         };
-        let (instance_id, owner_dc, lease_ttl) = parse_registered(&resp)?;
+        let (instance_id, owner_dc, lease_ttl) = parse_registered(resp)?;
         let interval =
             cfg.provider.heartbeat_interval.unwrap_or_else(|| (lease_ttl / 8).max(Duration::from_millis(10)));
         let state = ProviderState {
@@ -219,15 +209,20 @@ impl Provider {
         };
         tracing::info!(instance = %state.instance_id, dc = %state.owner_dc, lease_ms = lease_ttl.as_millis() as u64,
             "registered");
-        let shared =
-            Arc::new(Shared { client, cfg, spec, state: watch::channel(state).0, write: Mutex::new(()) });
-        let (stop, stop_rx) = watch::channel(false);
-        let task = if shared.spec.persistent || lease_ttl.is_zero() {
+        let shared = Arc::new(Shared {
+            client,
+            cfg,
+            spec,
+            state: watch::channel(state).0,
+            write: Mutex::new(()),
+            stopped: AtomicBool::new(false),
+        });
+        let beats = if shared.spec.persistent || lease_ttl.is_zero() {
             None
         } else {
-            Some(tokio::spawn(heartbeat_loop(shared.clone(), stop_rx)))
+            Some(beats::join(shared.clone(), interval))
         };
-        Ok(Provider { shared, stop, task })
+        Ok(Provider { shared, beats })
     }
 
     pub fn instance_id(&self) -> String {
@@ -246,12 +241,12 @@ impl Provider {
     /// Sets the instance's status (up, draining, out_of_service); a later re-registration
     /// carries it.
     pub async fn set_status(&self, status: Status) -> Result<(), SdkError> {
-        if status == Status::Unknown {
+        let Ok(name) = StatusName::try_from(status) else {
             return Err(SdkError::Config("status must be up, draining or out_of_service".into()));
-        }
+        };
         let _w = self.shared.write.lock().await;
         let (ns, svc, id) = self.shared.ids();
-        let res = self.shared.client.set_status(&ns, &svc, &id, status.as_str()).await;
+        let res = self.shared.client.set_status(&ns, &svc, &id, name).await;
         match res {
             Ok(_) => {
                 self.shared.state.send_modify(|s| s.status = status);
@@ -284,11 +279,11 @@ impl Provider {
                 first_err = Some(e);
             }
         }
-        let _ = self.stop.send(true);
-        if let Some(t) = self.task.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
-        }
+        // Out of the batcher; a beat in flight may still answer "unknown", but its
+        // re-registration checks `stopped` under the write lock.
+        drop(self.beats.take());
         let _w = self.shared.write.lock().await;
+        self.shared.stopped.store(true, Ordering::Relaxed);
         let (ns, svc, id) = self.shared.ids();
         match self.shared.client.deregister(&ns, &svc, &id).await {
             Ok(_) | Err(ClientError::Api { status: 404, .. }) => {
@@ -304,31 +299,29 @@ impl Provider {
 
 impl Drop for Provider {
     fn drop(&mut self) {
-        let _ = self.stop.send(true);
-        if let Some(t) = self.task.take() {
-            t.abort();
-        }
+        // Dropping the membership stops the heartbeats; the lease then expires.
+        self.shared.stopped.store(true, Ordering::Relaxed);
     }
 }
 
-fn parse_registered(v: &Value) -> Result<(String, String, Duration), SdkError> {
-    let bad = || SdkError::Registry(ClientError::Decode(format!("unexpected register answer: {v}")));
-    let id = v["instance_id"].as_str().filter(|s| !s.is_empty()).ok_or_else(bad)?.to_owned();
-    let dc = v["owner_dc"].as_str().filter(|s| !s.is_empty()).ok_or_else(bad)?.to_owned();
-    let ttl = v["lease_ttl_ms"].as_u64().ok_or_else(bad)?;
-    Ok((id, dc, Duration::from_millis(ttl)))
+fn parse_registered(a: RegisterAnswer) -> Result<(String, String, Duration), SdkError> {
+    if a.instance_id.is_empty() || a.owner_dc.is_empty() {
+        return Err(SdkError::Registry(ClientError::Decode(format!("unexpected register answer: {a:?}"))));
+    }
+    Ok((a.instance_id, a.owner_dc, Duration::from_millis(a.lease_ttl_ms)))
 }
 
 impl Shared {
-    fn ids(&self) -> (String, String, String) {
+    pub(crate) fn ids(&self) -> (String, String, String) {
         (self.spec.ns().to_owned(), self.spec.service.clone(), self.state.borrow().instance_id.clone())
     }
 
     /// Registers again with the same spec and the current status. The caller holds `write`.
-    async fn reregister(&self) -> Result<(), SdkError> {
-        let status = self.state.borrow().status;
-        let resp = self.client.register(&self.spec.body(self.spec.instance_id.as_deref(), status)).await?;
-        let (id, dc, ttl) = parse_registered(&resp)?;
+    pub(crate) async fn reregister(&self) -> Result<(), SdkError> {
+        let status = StatusName::try_from(self.state.borrow().status).unwrap_or(StatusName::Up);
+        let req = self.spec.request(self.spec.instance_id.as_deref(), status);
+        let resp = self.client.register_instance(&req).await?;
+        let (id, dc, ttl) = parse_registered(resp)?;
         tracing::info!(instance = %id, "registered again");
         self.state.send_modify(|s| {
             s.instance_id = id;
@@ -359,82 +352,21 @@ impl Shared {
             };
             match res {
                 Ok(v) => {
-                    let shown = v["instances"].as_array().and_then(|a| {
-                        a.iter()
-                            .filter_map(|i| serde_json::from_value::<Instance>(i.clone()).ok())
-                            .find(|i| i.instance_id == id && i.owner_dc == dc)
-                    });
+                    let Ok(answer) = Answer::parse(v, &ns, &svc, usize::MAX) else {
+                        tokio::time::sleep(left.min(Duration::from_millis(100))).await;
+                        continue;
+                    };
+                    let shown = answer.instances.iter().find(|i| *i.instance_id == *id && *i.owner_dc == *dc);
                     match shown {
                         Some(i) if i.status != status => {}
                         Some(_) | None => return,
                     }
-                    index = v["index"].as_u64().unwrap_or(0);
+                    index = answer.index;
                 }
                 Err(_) => {
                     tokio::time::sleep(left.min(Duration::from_millis(100))).await;
                 }
             }
-        }
-    }
-}
-
-async fn heartbeat_loop(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
-    let interval = shared.state.borrow().heartbeat_interval;
-    let jitter_pct = shared.cfg.provider.heartbeat_jitter_pct;
-    let retry = super::RetryConfig {
-        initial: shared.cfg.retry.initial.min(interval),
-        max: shared.cfg.retry.max.min(interval),
-    };
-    let mut backoff = Backoff::new(retry);
-    let mut delay = jittered(interval, jitter_pct, &mut rand::thread_rng());
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = stop.changed() => return,
-        }
-        if *stop.borrow() {
-            return;
-        }
-        let (ns, svc, id) = shared.ids();
-        let res = shared.client.heartbeat(&ns, &svc, &id).await;
-        let ok = match res {
-            Ok(_) => true,
-            Err(ClientError::Api { status: 404, .. }) => {
-                tracing::warn!(instance = %id, "registry does not know this instance; registering again");
-                let _w = shared.write.lock().await;
-                // A status change or shutdown may have run meanwhile; only re-register if
-                // the id is still the one that got the 404.
-                if shared.state.borrow().instance_id != id || *stop.borrow() {
-                    true
-                } else {
-                    match shared.reregister().await {
-                        Ok(()) => true,
-                        Err(e) => {
-                            shared.state.send_modify(|s| s.last_error = Some(e.to_string()));
-                            false
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!(instance = %id, error = %e, "heartbeat failed");
-                shared.state.send_modify(|s| s.last_error = Some(e.to_string()));
-                false
-            }
-        };
-        if ok {
-            shared.state.send_modify(|s| {
-                s.heartbeats_ok += 1;
-                s.consecutive_failures = 0;
-            });
-            backoff.reset();
-            delay = jittered(interval, jitter_pct, &mut rand::thread_rng());
-        } else {
-            shared.state.send_modify(|s| {
-                s.heartbeats_failed += 1;
-                s.consecutive_failures = s.consecutive_failures.saturating_add(1);
-            });
-            delay = backoff.next_delay(&mut rand::thread_rng());
         }
     }
 }

@@ -6,108 +6,12 @@
 //! older SDK; missing required fields, wrong types, another service's answer or too many
 //! instances are errors, and the caller keeps its cache.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// One instance as discovery lists it. Serialized only into the SDK's own snapshot file.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Instance {
-    pub instance_id: String,
-    pub owner_dc: String,
-    pub address: String,
-    pub port: u16,
-    #[serde(default)]
-    pub zone: String,
-    #[serde(default = "default_weight")]
-    pub weight: u32,
-    #[serde(default)]
-    pub version: String,
-    #[serde(default)]
-    pub tags: Vec<String>,
-    #[serde(default)]
-    pub metadata: BTreeMap<String, String>,
-    #[serde(default)]
-    pub health: Health,
-    #[serde(default)]
-    pub status: Status,
-    /// A remote copy whose replication link has been silent too long.
-    #[serde(default)]
-    pub stale: bool,
-    #[serde(default)]
-    pub persistent: bool,
-    #[serde(default)]
-    pub damped: bool,
-    /// Seq of the owner DC's event that produced this state.
-    #[serde(default)]
-    pub seq: u64,
-}
-
-fn default_weight() -> u32 {
-    100
-}
-
-impl Instance {
-    /// The identity of an instance: (owner DC, instance id).
-    pub fn key(&self) -> (String, String) {
-        (self.owner_dc.clone(), self.instance_id.clone())
-    }
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Health {
-    Healthy,
-    Suspect,
-    Unhealthy,
-    /// A name this SDK does not know (or none): never preferred.
-    #[default]
-    #[serde(other)]
-    Unknown,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    Up,
-    Draining,
-    OutOfService,
-    /// A name this SDK does not know (or none): never picked.
-    #[default]
-    #[serde(other)]
-    Unknown,
-}
-
-impl Status {
-    /// The name the HTTP API uses.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Up => "up",
-            Status::Draining => "draining",
-            Status::OutOfService => "out_of_service",
-            Status::Unknown => "unknown",
-        }
-    }
-}
-
-/// The `failover` object of an answer: whether remote DCs' instances are in it and why.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct FailoverInfo {
-    #[serde(default)]
-    pub active: bool,
-    #[serde(default)]
-    pub reason: String,
-    #[serde(default)]
-    pub mode: String,
-    #[serde(default)]
-    pub local_healthy: u32,
-    #[serde(default)]
-    pub local_total: u32,
-    /// Remote DCs whose instances are in the answer.
-    #[serde(default)]
-    pub dcs: Vec<String>,
-}
+use crate::api::DiscoverAnswer;
+pub use crate::api::{Failover as FailoverInfo, Health, Instance, Status};
 
 /// A parsed discovery answer.
 #[derive(Clone, Debug, PartialEq)]
@@ -119,20 +23,6 @@ pub struct Answer {
     pub protected: bool,
 }
 
-#[derive(Deserialize)]
-struct RawAnswer {
-    #[serde(default)]
-    namespace: Option<String>,
-    #[serde(default)]
-    service: Option<String>,
-    index: u64,
-    instances: Vec<Value>,
-    #[serde(default)]
-    failover: Option<FailoverInfo>,
-    #[serde(default)]
-    protected: bool,
-}
-
 impl Answer {
     /// Parses the JSON answer for `namespace/service`, refusing answers that list more than
     /// `instances_max` instances, name another service, or hold a malformed instance.
@@ -142,25 +32,23 @@ impl Answer {
         if count > instances_max {
             return Err(format!("answer lists {count} instances, more than instances_max {instances_max}"));
         }
-        let raw: RawAnswer = serde_json::from_value(v).map_err(|e| format!("malformed answer: {e}"))?;
-        if raw.namespace.as_deref().is_some_and(|n| n != namespace)
-            || raw.service.as_deref().is_some_and(|s| s != service)
+        let raw: DiscoverAnswer = serde_json::from_value(v).map_err(|e| format!("malformed answer: {e}"))?;
+        if (!raw.namespace.is_empty() && raw.namespace != namespace)
+            || (!raw.service.is_empty() && raw.service != service)
         {
             return Err(format!(
                 "answer is for {}/{}, not {namespace}/{service}",
-                raw.namespace.unwrap_or_default(),
-                raw.service.unwrap_or_default()
+                raw.namespace, raw.service
             ));
         }
-        let mut instances = Vec::with_capacity(raw.instances.len());
-        for (i, iv) in raw.instances.into_iter().enumerate() {
-            let inst: Instance =
-                serde_json::from_value(iv).map_err(|e| format!("malformed instance #{i}: {e}"))?;
-            if inst.instance_id.is_empty() || inst.owner_dc.is_empty() || inst.address.is_empty() {
-                return Err(format!("instance #{i} lacks an id, an owner DC or an address"));
-            }
-            instances.push(inst);
+        if let Some(i) = raw
+            .instances
+            .iter()
+            .position(|i| i.instance_id.is_empty() || i.owner_dc.is_empty() || i.address.is_empty())
+        {
+            return Err(format!("instance #{i} lacks an id, an owner DC or an address"));
         }
+        let instances = raw.instances;
         Ok(Answer {
             index: raw.index,
             instances: normalize(instances),
@@ -250,7 +138,7 @@ mod tests {
             "protected": false});
         let a = Answer::parse(v, "default", "s", 10).unwrap();
         assert_eq!(a.index, 7);
-        let ids: Vec<&str> = a.instances.iter().map(|i| i.instance_id.as_str()).collect();
+        let ids: Vec<&str> = a.instances.iter().map(|i| &*i.instance_id).collect();
         assert_eq!(ids, ["a", "b", "c"]);
         assert_eq!(a.instances[2].health, Health::Unknown);
         assert_eq!(a.instances[2].status, Status::Unknown);

@@ -3,8 +3,8 @@
 //! and picks instances with outlier ejection.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), tandem::sdk::SdkError> {
-//! use tandem::sdk::{ClientConfig, Consumer, InstanceSpec, Provider};
+//! # async fn demo() -> Result<(), tandem_client::sdk::SdkError> {
+//! use tandem_client::sdk::{ClientConfig, Consumer, InstanceSpec, Provider};
 //! let cfg = ClientConfig::new(["http://127.0.0.1:8500"]);
 //! let provider = Provider::register(cfg.clone(), InstanceSpec::new("orders", "10.0.0.7", 8080)).await?;
 //! let orders = Consumer::watch(cfg, "default", "orders").await?;
@@ -20,7 +20,8 @@
 //! - [`cache`]: the pure cache with push-empty protection (no I/O, no clock).
 //! - [`balance`]: pure selection and outlier ejection (no I/O, no clock).
 //! - [`snapshot`]: the on-disk snapshot of a cache (the only module here that touches files).
-//! - [`provider`], [`consumer`]: thin async drivers around the above.
+//! - [`provider`], [`consumer`]: thin async drivers around the above; `beats` renews every
+//!   instance of the process in one batched request per period.
 //!
 //! What this module must never do: panic on a server's answer (a bad answer is an error and
 //! the cache stays); replace a non-empty cache by an unconfirmed empty answer; retry or
@@ -28,6 +29,7 @@
 //! addresses, which are the local DC's nodes).
 
 pub mod balance;
+mod beats;
 pub mod cache;
 pub mod consumer;
 pub mod model;

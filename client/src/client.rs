@@ -7,7 +7,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::Value;
+
+use crate::api::{
+    ErrorBody, HeartbeatBatchAnswer, RegisterAnswer, RegisterRequest, StatusChange, StatusName,
+};
 
 /// Errors of the client, split by who must react.
 #[derive(Debug, thiserror::Error)]
@@ -78,11 +83,11 @@ impl Client {
         &self.bases
     }
 
-    async fn send(
+    async fn send<B: Serialize + ?Sized>(
         &self,
         method: reqwest::Method,
         path: &str,
-        body: Option<&Value>,
+        body: Option<&B>,
         timeout: Duration,
     ) -> Result<(Value, reqwest::header::HeaderMap), ClientError> {
         if self.bases.is_empty() {
@@ -110,8 +115,10 @@ impl Client {
                     }
                     self.current.store(idx, Ordering::Relaxed);
                     if !status.is_success() {
-                        let code = v["error"]["code"].as_str().unwrap_or("unknown").to_owned();
-                        let message = v["error"]["message"].as_str().unwrap_or("").to_owned();
+                        let (code, message) = match serde_json::from_value::<ErrorBody>(v) {
+                            Ok(b) => (b.error.code, b.error.message),
+                            Err(_) => ("unknown".to_owned(), String::new()),
+                        };
                         return Err(ClientError::Api { status: status.as_u16(), code, message });
                     }
                     return Ok((v, headers));
@@ -122,31 +129,43 @@ impl Client {
         Err(ClientError::Unreachable(last))
     }
 
-    pub async fn call<T: DeserializeOwned>(
+    /// One request; the answer is decoded as `T` (a [`crate::api`] type, or a `Value`).
+    pub async fn call<T: DeserializeOwned, B: Serialize + ?Sized>(
         &self,
         method: reqwest::Method,
         path: &str,
-        body: Option<&Value>,
+        body: Option<&B>,
     ) -> Result<T, ClientError> {
         let (v, _) = self.send(method, path, body, self.request_timeout).await?;
         serde_json::from_value(v).map_err(|e| ClientError::Decode(e.to_string()))
     }
 
-    pub async fn register(&self, body: &Value) -> Result<Value, ClientError> {
+    /// POST /v1/register with any body (the CLI and tests send raw JSON too); the answer
+    /// as JSON.
+    pub async fn register(&self, body: &(impl Serialize + ?Sized)) -> Result<Value, ClientError> {
         self.call(reqwest::Method::POST, "/v1/register", Some(body)).await
     }
 
-    /// POST /v1/heartbeats: `body` is `{"instances": [{namespace?, service, instance_id}, ...]}`.
-    pub async fn heartbeat_batch(&self, body: &Value) -> Result<Value, ClientError> {
-        self.call(reqwest::Method::POST, "/v1/heartbeats", Some(body)).await
+    /// POST /v1/register, typed.
+    pub async fn register_instance(&self, req: &RegisterRequest) -> Result<RegisterAnswer, ClientError> {
+        self.call(reqwest::Method::POST, "/v1/register", Some(req)).await
+    }
+
+    /// POST /v1/heartbeats (at most [`crate::api::HEARTBEAT_BATCH_MAX`] entries): a
+    /// [`crate::api::HeartbeatBatch`], or raw JSON.
+    pub async fn heartbeat_batch(
+        &self,
+        batch: &(impl Serialize + ?Sized),
+    ) -> Result<HeartbeatBatchAnswer, ClientError> {
+        self.call(reqwest::Method::POST, "/v1/heartbeats", Some(batch)).await
     }
 
     pub async fn heartbeat(&self, ns: &str, svc: &str, id: &str) -> Result<Value, ClientError> {
-        self.call(reqwest::Method::PUT, &format!("/v1/heartbeat/{ns}/{svc}/{}", enc(id)), None).await
+        self.call(reqwest::Method::PUT, &format!("/v1/heartbeat/{ns}/{svc}/{}", enc(id)), NO_BODY).await
     }
 
     pub async fn deregister(&self, ns: &str, svc: &str, id: &str) -> Result<Value, ClientError> {
-        self.call(reqwest::Method::DELETE, &format!("/v1/instances/{ns}/{svc}/{}", enc(id)), None).await
+        self.call(reqwest::Method::DELETE, &format!("/v1/instances/{ns}/{svc}/{}", enc(id)), NO_BODY).await
     }
 
     pub async fn set_status(
@@ -154,9 +173,9 @@ impl Client {
         ns: &str,
         svc: &str,
         id: &str,
-        status: &str,
+        status: StatusName,
     ) -> Result<Value, ClientError> {
-        let body = serde_json::json!({ "status": status });
+        let body = StatusChange { status };
         self.call(reqwest::Method::PUT, &format!("/v1/instances/{ns}/{svc}/{}/status", enc(id)), Some(&body))
             .await
     }
@@ -164,20 +183,23 @@ impl Client {
     /// Discovery; `query` is appended as is (e.g. `dc=all&explain=true`).
     pub async fn discover(&self, ns: &str, svc: &str, query: &str) -> Result<Value, ClientError> {
         let q = if query.is_empty() { String::new() } else { format!("?{query}") };
-        self.call(reqwest::Method::GET, &format!("/v1/services/{ns}/{svc}{q}"), None).await
+        self.call(reqwest::Method::GET, &format!("/v1/services/{ns}/{svc}{q}"), NO_BODY).await
     }
 
     /// A blocking query: returns when the service's index passes `index` or after `wait`.
     pub async fn watch(&self, ns: &str, svc: &str, index: u64, wait: Duration) -> Result<Value, ClientError> {
         let path = format!("/v1/services/{ns}/{svc}?index={index}&wait={}ms", wait.as_millis());
-        let (v, _) = self.send(reqwest::Method::GET, &path, None, wait + Duration::from_secs(10)).await?;
+        let (v, _) = self.send(reqwest::Method::GET, &path, NO_BODY, wait + Duration::from_secs(10)).await?;
         Ok(v)
     }
 
     pub async fn status(&self) -> Result<Value, ClientError> {
-        self.call(reqwest::Method::GET, "/v1/status", None).await
+        self.call(reqwest::Method::GET, "/v1/status", NO_BODY).await
     }
 }
+
+/// The body of a request without one.
+const NO_BODY: Option<&Value> = None;
 
 /// Reads a response body of at most [`RESPONSE_BYTES_MAX`] bytes.
 async fn read_body(mut resp: reqwest::Response) -> Result<Vec<u8>, String> {

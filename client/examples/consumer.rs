@@ -3,8 +3,8 @@
 //! Against the two-DC sandbox (`tandem dev`, dc-a on http://127.0.0.1:8500):
 //!
 //! ```text
-//! cargo run --example consumer -- --service orders
-//! cargo run --example consumer -- --service orders --probe --strategy round-robin
+//! cargo run -p tandem-client --example consumer -- --service orders
+//! cargo run -p tandem-client --example consumer -- --service orders --probe --strategy round-robin
 //! ```
 //!
 //! It prints every change of the instance list (owner DC, status, health, stale flag,
@@ -16,51 +16,70 @@
 
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
-use tandem::sdk::{ClientConfig, Consumer, ConsumerStatus, Reported, ServiceView, Strategy, ViewSource};
+use tandem_client::sdk::{
+    ClientConfig, Consumer, ConsumerStatus, Reported, ServiceView, Strategy, ViewSource,
+};
 
-#[derive(Clone, Copy, ValueEnum)]
-enum Pick {
-    Weighted,
-    RoundRobin,
-}
+#[path = "common/args.rs"]
+mod args;
 
-#[derive(Parser)]
-#[command(about = "A tandem SDK consumer: watch, cache, snapshot, pick")]
+const USAGE: &str = "A tandem SDK consumer: watch, cache, snapshot, pick
+
+Options:
+  --addr URLS           registry addresses of this DC, comma-separated; failover in order
+                        [default: http://127.0.0.1:8500]
+  --namespace NAME      [default: default]
+  --service NAME        [default: orders]
+  --snapshot-dir DIR    where the disk snapshot lives [default: .tandem-sdk-cache]
+  --strategy S          weighted or round-robin [default: weighted]
+  --probe               connect to each picked instance over TCP, report success or failure
+  --every-ms MS         pick every this many ms [default: 1000]";
+
 struct Args {
-    /// Registry addresses of this DC (comma-separated; failover in order).
-    #[arg(long, default_value = "http://127.0.0.1:8500", value_delimiter = ',')]
     addr: Vec<String>,
-    #[arg(long, default_value = "default")]
     namespace: String,
-    #[arg(long, default_value = "orders")]
     service: String,
-    /// Where the disk snapshot lives.
-    #[arg(long, default_value = ".tandem-sdk-cache")]
     snapshot_dir: std::path::PathBuf,
-    #[arg(long, value_enum, default_value = "weighted")]
-    strategy: Pick,
-    /// Connect to each picked instance over TCP and report success or failure.
-    #[arg(long)]
+    strategy: Strategy,
     probe: bool,
-    /// Pick every this many ms.
-    #[arg(long, default_value_t = 1_000)]
     every_ms: u64,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+impl Args {
+    fn parse() -> Args {
+        let o = args::Opts::parse(
+            USAGE,
+            &["addr", "namespace", "service", "snapshot-dir", "strategy", "every-ms"],
+            &["probe"],
+        );
+        let strategy = match o.get("strategy", "weighted".to_owned()).as_str() {
+            "weighted" => Strategy::WeightedRandom,
+            "round-robin" => Strategy::RoundRobin,
+            other => {
+                eprintln!("error: --strategy {other:?}: use weighted or round-robin");
+                std::process::exit(2);
+            }
+        };
+        Args {
+            addr: o.get("addr", "http://127.0.0.1:8500".to_owned()).split(',').map(str::to_owned).collect(),
+            namespace: o.get("namespace", "default".to_owned()),
+            service: o.get("service", "orders".to_owned()),
+            snapshot_dir: o.get("snapshot-dir", ".tandem-sdk-cache".into()),
+            strategy,
+            probe: o.flag("probe"),
+            every_ms: o.get("every-ms", 1_000),
+        }
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()))
-        .init();
+    tracing_subscriber::fmt().with_max_level(log_level()).init();
 
     let mut cfg = ClientConfig::new(args.addr.clone());
     cfg.consumer.snapshot_dir = Some(args.snapshot_dir.clone());
-    cfg.consumer.strategy = match args.strategy {
-        Pick::Weighted => Strategy::WeightedRandom,
-        Pick::RoundRobin => Strategy::RoundRobin,
-    };
+    cfg.consumer.strategy = args.strategy;
     cfg.consumer.ejection.consecutive_failures = 3;
     cfg.consumer.ejection.base = Duration::from_secs(10);
 
@@ -175,4 +194,9 @@ fn report_status(before: &ConsumerStatus, now: &ConsumerStatus, cached: usize) {
     if now.snapshot_error.is_some() && now.snapshot_error != before.snapshot_error {
         println!("snapshot: {}", now.snapshot_error.as_deref().unwrap_or_default());
     }
+}
+
+/// The SDK's log level: `RUST_LOG` as one level name (error, warn, info, debug, trace).
+fn log_level() -> tracing::Level {
+    std::env::var("RUST_LOG").ok().and_then(|l| l.parse().ok()).unwrap_or(tracing::Level::ERROR)
 }
