@@ -30,8 +30,9 @@ use crate::checker::{
     ProcessEvent, ServiceView, StatusObservation, StatusView, ViewObservation, ViewScope,
 };
 use crate::cluster::{Cluster, Environment, NodeTuning, SetupError};
+use crate::ledger::{FaultLedger, StepEffect};
 use crate::plan::{plan, Action, DrillKind, Plan};
-use crate::report::{DrillReport, Expectation, FaultWindow, Figures, Quantiles, RecoveryRow, Sample};
+use crate::report::{DrillReport, Expectation, Figures, Quantiles, RecoveryRow, Sample};
 use crate::workload::{schedule, PlannedOp, Scheduled, WorkloadConfig};
 
 /// Timeout of one client write.
@@ -577,47 +578,23 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     ]);
 
     // The fault plan.
-    let mut faults: Vec<FaultWindow> = Vec::new();
-    let mut open: Vec<(String, String, u64)> = Vec::new(); // (key, label, start)
-    let mut cut_active = false;
-    let mut packets_active = false;
-    let mut down = [false; 2];
+    let mut ledger = FaultLedger::new(names.clone());
     let mut last_fault_end: Ms = 0;
     let mut purge_floor_before_heal = [0u64; 2];
-    let close =
-        |open: &mut Vec<(String, String, u64)>, faults: &mut Vec<FaultWindow>, key: &str, end: u64| {
-            if let Some(p) = open.iter().position(|o| o.0 == key) {
-                let (_, label, start) = open.remove(p);
-                faults.push(FaultWindow { label, start_ms: start, end_ms: end });
-            }
-        };
     // Real time runs `shift` behind the plan once the drill waited for a recovery.
     let mut shift: u64 = 0;
     for (i, step) in the_plan.actions.iter().enumerate() {
         tokio::time::sleep_until(ctx.start + Duration::from_millis(step.at_ms + shift)).await;
-        let quiet_before = !cut_active && !packets_active && down == [false; 2];
         let t0 = ctx.now();
-        if step.action.starts_fault() && quiet_before {
+        if ledger.breaks_quiet(step.action) {
             ctx.checker.lock().fault_started(t0);
         }
         // Without control of the processes (targets without a hook) faults are only marked:
         // telling the checker about kills that did not happen would excuse real failures.
         let real = cluster.controls_processes();
-        match step.action {
-            _ if !real => {}
-            Action::Kill { side, wipe } => {
-                ctx.checker.lock().process(&names[side], t0, ProcessEvent::Killed);
-                if wipe {
-                    ctx.checker.lock().process(&names[side], t0, ProcessEvent::HistoryLost);
-                }
-            }
-            Action::Restart { side } => ctx.checker.lock().process(&names[side], t0, ProcessEvent::Spawned),
-            Action::Pause { side } => ctx.checker.lock().process(&names[side], t0, ProcessEvent::Paused),
-            Action::Cut(_)
-            | Action::Heal
-            | Action::Packets(_)
-            | Action::ClearPackets
-            | Action::Resume { .. } => {}
+        let process_events = if real { FaultLedger::process_events(step.action) } else { Default::default() };
+        for (side, ev) in process_events.before {
+            ctx.checker.lock().process(&names[side], t0, ev);
         }
         if matches!(step.action, Action::Heal) {
             for (side, floor) in purge_floor_before_heal.iter_mut().enumerate() {
@@ -628,70 +605,14 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         }
         let note = cluster.apply(step.action).await.with_context(|| format!("fault {:?}", step.action))?;
         let t1 = ctx.now();
-        let (a, b) = (&names[0], &names[1]);
-        let label = match step.action {
-            Action::Cut(c) => format!("partition {}", c.label(a, b)),
-            Action::Heal => "heal".into(),
-            Action::Packets(p) => format!("packets: {p}"),
-            Action::ClearPackets => "packets cleared".into(),
-            Action::Kill { side, wipe: false } => format!("kill -9 {}", names[side]),
-            Action::Kill { side, wipe: true } => format!("kill -9 {} and wipe its data dir", names[side]),
-            Action::Restart { side } => format!("restart {} (ready)", names[side]),
-            Action::Pause { side } => format!("SIGSTOP {}", names[side]),
-            Action::Resume { side } => format!("SIGCONT {}", names[side]),
-        };
+        let label = ledger.label(step.action);
         ctx.say(&format!("fault: {label}{}", note.map(|n| format!(" ({n})")).unwrap_or_default()));
-        let mut recovered = false;
-        match step.action {
-            Action::Cut(c) => {
-                close(&mut open, &mut faults, "cut", t0);
-                open.push(("cut".into(), format!("partition {}", c.label(a, b)), t0));
-                cut_active = true;
-            }
-            Action::Heal => {
-                close(&mut open, &mut faults, "cut", t0);
-                cut_active = false;
-                recovered = true;
-            }
-            Action::Packets(p) => {
-                close(&mut open, &mut faults, "packets", t0);
-                open.push(("packets".into(), format!("packets: {p}"), t0));
-                packets_active = true;
-            }
-            Action::ClearPackets => {
-                close(&mut open, &mut faults, "packets", t0);
-                packets_active = false;
-                recovered = true;
-            }
-            Action::Kill { side, wipe } => {
-                let what = if wipe { "kill -9 + disk loss" } else { "kill -9" };
-                open.push((format!("down{side}"), format!("{what} {}", names[side]), t0));
-                down[side] = true;
-            }
-            Action::Restart { side } => {
-                if real {
-                    ctx.checker.lock().process(&names[side], t1, ProcessEvent::Ready);
-                }
-                close(&mut open, &mut faults, &format!("down{side}"), t1);
-                down[side] = false;
-                recovered = true;
-            }
-            Action::Pause { side } => {
-                open.push((format!("down{side}"), format!("SIGSTOP {}", names[side]), t0));
-                down[side] = true;
-            }
-            Action::Resume { side } => {
-                if real {
-                    ctx.checker.lock().process(&names[side], t1, ProcessEvent::Resumed);
-                }
-                close(&mut open, &mut faults, &format!("down{side}"), t1);
-                down[side] = false;
-                recovered = true;
-            }
+        for (side, ev) in process_events.after {
+            ctx.checker.lock().process(&names[side], t1, ev);
         }
-        if recovered {
+        if let StepEffect::Ended { quiet } = ledger.record(step.action, t0, t1) {
             last_fault_end = t1;
-            if !cut_active && !packets_active && down == [false; 2] {
+            if quiet {
                 ctx.checker.lock().recovery_point(t1, &label);
                 // Measure every recovery: hold the next fault until the DCs caught up (or
                 // the budget ran out). Flapping is about not letting them.
@@ -708,11 +629,7 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
             }
         }
     }
-    let end = ctx.now();
-    for (_, label, start) in open.drain(..) {
-        faults.push(FaultWindow { label, start_ms: start, end_ms: end });
-    }
-    faults.sort_by_key(|f| f.start_ms);
+    let faults = ledger.windows(ctx.now());
 
     // Quiescence: the schedule ends, then the final convergence.
     tokio::time::sleep_until(ctx.start + Duration::from_millis(the_plan.span_ms + shift)).await;
