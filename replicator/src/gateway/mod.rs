@@ -9,6 +9,8 @@
 //! Every frame on a stream is a big-endian u32 length followed by a postcard
 //! [`Envelope`](tandem_schemas::Envelope). Lengths are bounded before anything is read.
 
+mod transport;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -27,7 +29,9 @@ use tracing::{debug, info, warn};
 
 use crate::log::{ApplyReport, EventLog, LogError};
 use crate::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamError, StreamTuning};
-use crate::tls::{self, ReloadableTls, TlsError};
+use crate::tls::{self, ReloadableTls};
+
+pub use transport::TransportTuning;
 
 /// ALPN: the protocol and its major version. A peer speaking another one fails the TLS
 /// handshake before any frame is exchanged.
@@ -82,44 +86,6 @@ pub struct GatewayConfig {
     pub stream: StreamTuning,
     pub backoff_initial_ms: u64,
     pub backoff_max_ms: u64,
-}
-
-/// QUIC transport settings for the replication link.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TransportTuning {
-    /// How often an idle connection sends a keep-alive (so NATs and the idle timer stay
-    /// open, and a dead path is noticed).
-    pub keep_alive_interval: Duration,
-    /// How long without any packet from the peer before the connection is declared dead.
-    /// Must exceed `keep_alive_interval`. quinn uses the smaller of both sides' values.
-    pub idle_timeout: Duration,
-}
-
-impl Default for TransportTuning {
-    fn default() -> Self {
-        // A dead peer is noticed within 3 s (keep-alives every 500 ms keep a live one open).
-        TransportTuning {
-            keep_alive_interval: Duration::from_millis(500),
-            idle_timeout: Duration::from_secs(3),
-        }
-    }
-}
-
-impl TransportTuning {
-    /// The quinn transport config for these settings.
-    pub fn transport_config(&self) -> Result<quinn::TransportConfig, TlsError> {
-        if self.keep_alive_interval.is_zero() {
-            return Err(TlsError::Tuning { reason: "keep_alive_interval must be greater than zero" });
-        }
-        if self.keep_alive_interval >= self.idle_timeout {
-            return Err(TlsError::Tuning { reason: "keep_alive_interval must be shorter than idle_timeout" });
-        }
-        let idle_timeout = quinn::IdleTimeout::try_from(self.idle_timeout)
-            .map_err(|_| TlsError::Tuning { reason: "idle_timeout is too large for QUIC" })?;
-        let mut config = quinn::TransportConfig::default();
-        config.keep_alive_interval(Some(self.keep_alive_interval)).max_idle_timeout(Some(idle_timeout));
-        Ok(config)
-    }
 }
 
 /// Link state of one peer, as users see it in status and metrics.
@@ -736,24 +702,4 @@ async fn receive_session<S: ReplicaStore>(
     // Still holding the turn, so a newer session's "up" is never overwritten.
     stats.with_peer(peer_dc, |p| p.in_connected = false);
     res
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn transport_tuning_rejects_keep_alive_not_below_idle_timeout() {
-        assert!(TransportTuning::default().transport_config().is_ok());
-        let equal = TransportTuning {
-            keep_alive_interval: Duration::from_secs(5),
-            idle_timeout: Duration::from_secs(5),
-        };
-        assert!(matches!(equal.transport_config(), Err(TlsError::Tuning { .. })));
-        let zero = TransportTuning { keep_alive_interval: Duration::ZERO, ..TransportTuning::default() };
-        assert!(matches!(zero.transport_config(), Err(TlsError::Tuning { .. })));
-        let huge =
-            TransportTuning { idle_timeout: Duration::from_secs(u64::MAX), ..TransportTuning::default() };
-        assert!(matches!(huge.transport_config(), Err(TlsError::Tuning { .. })));
-    }
 }
