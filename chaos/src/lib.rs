@@ -5,6 +5,8 @@
 //! - [`checker`]: the invariant checker; pure, fed with operations and observations.
 //! - [`workload`]: the seeded schedule of client operations (pure).
 //! - [`plan`]: the drills and their seeded fault plans (pure).
+//! - [`ledger`]: the fault ledger: which faults a plan's steps start and end, what the
+//!   checker must hear about them, and the fault windows (pure).
 //! - [`api`]: a bounded HTTP client of tandem's API that classifies outcomes for the checker.
 //! - [`cluster`]: the two DCs a drill runs against (child processes behind relays, network
 //!   namespaces, or a user's deployment) and the faults inflicted on them.
@@ -18,6 +20,7 @@ pub mod api;
 pub mod checker;
 pub mod cluster;
 pub mod drills;
+pub mod ledger;
 pub mod plan;
 pub mod relay;
 pub mod report;

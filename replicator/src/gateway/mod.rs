@@ -9,6 +9,8 @@
 //! Every frame on a stream is a big-endian u32 length followed by a postcard
 //! [`Envelope`](tandem_schemas::Envelope). Lengths are bounded before anything is read.
 
+mod transport;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -28,6 +30,8 @@ use tracing::{debug, info, warn};
 use crate::log::{ApplyReport, EventLog, LogError};
 use crate::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamError, StreamTuning};
 use crate::tls::{self, ReloadableTls};
+
+pub use transport::TransportTuning;
 
 /// ALPN: the protocol and its major version. A peer speaking another one fails the TLS
 /// handshake before any frame is exchanged.

@@ -1,14 +1,20 @@
 //! [`RocksLog`]: the event log, the materialized state and the marks of one DC in RocksDB.
 //!
-//! Every verdict comes from [`tandem_replicator::merge`]; this file only turns verdicts
+//! Every verdict comes from [`tandem_replicator::merge`]; this module only turns verdicts
 //! into one synced `WriteBatch` per call and reads state back. The in-memory copies of the
 //! marks, the purge floor and the watch index change only after their batch is durable.
 //!
 //! Must never: decide a merge on its own, log a remote event, panic on stored bytes, or
 //! write without `sync = true` anything whose loss could lose an acknowledged change.
+//!
+//! The [`EventLog`] contract is implemented in `event_log`; the corruption tests are in
+//! `tests`.
 
-use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet};
+mod event_log;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
 use std::fmt;
 use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
@@ -17,13 +23,11 @@ use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DBRecoveryMode, DBWithThreadMode, IteratorMode, Options,
     ReadOptions, SingleThreaded, WriteBatch, WriteOptions,
 };
-use tandem_replicator::log::{
-    check_local_sequence, local_effect, ApplyReport, EventLog, LogError, StateChange,
-};
-use tandem_replicator::merge::{self, Effect, Held, Refusal};
+use tandem_replicator::log::{check_local_sequence, local_effect, EventLog, LogError, StateChange};
+use tandem_replicator::merge::{Effect, Held, Refusal};
 use tandem_schemas::{
-    validate_dc, ChangeEvent, DeregisterReason, InstanceKey, InstanceRecord, Mark, Op, Snapshot,
-    SnapshotInstance, Tombstone, ValidationError, FRAME_BYTES_MAX,
+    validate_dc, ChangeEvent, DeregisterReason, InstanceKey, InstanceRecord, Mark, Op, ValidationError,
+    FRAME_BYTES_MAX,
 };
 
 use super::keys::{
@@ -592,217 +596,6 @@ impl RocksLog {
     }
 }
 
-impl EventLog for RocksLog {
-    fn local_dc(&self) -> &str {
-        &self.dc
-    }
-    fn own_mark(&self) -> Mark {
-        self.own
-    }
-    fn mark_of(&self, origin: &str) -> Option<Mark> {
-        self.marks.get(origin).copied()
-    }
-    fn marks(&self) -> BTreeMap<String, Mark> {
-        self.marks.clone()
-    }
-    fn purge_floor(&self) -> u64 {
-        self.floor
-    }
-
-    fn append_local(&mut self, events: &[ChangeEvent]) -> Result<(), LogError> {
-        self.append_local_with_changes(events).map(drop)
-    }
-
-    fn read_own(&self, after_seq: u64, max: usize) -> Result<Vec<ChangeEvent>, LogError> {
-        if after_seq < self.floor {
-            return Err(LogError::Purged { floor: self.floor });
-        }
-        let Some(first) = after_seq.checked_add(1) else {
-            return Ok(Vec::new());
-        };
-        let want = usize::try_from(self.own.seq.saturating_sub(after_seq)).unwrap_or(usize::MAX).min(max);
-        let mut out = Vec::with_capacity(want.min(4096));
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_lower_bound(seq_key(first).to_vec());
-        for item in self.db.iterator_cf_opt(self.cf(CF_LOG)?, ro, IteratorMode::Start).take(want) {
-            let (k, v) = item.map_err(storage)?;
-            let seq = decode_u64("log key", &k)?;
-            let expected = first + out.len() as u64;
-            if seq != expected {
-                return Err(LogError::Corrupt(format!("log is missing seq {expected} (next stored: {seq})")));
-            }
-            out.push(self.decode_logged(seq, &v)?);
-        }
-        if out.len() != want {
-            return Err(LogError::Corrupt(format!(
-                "log ends at seq {} but the own seq is {}",
-                after_seq + out.len() as u64,
-                self.own.seq
-            )));
-        }
-        Ok(out)
-    }
-
-    fn apply_remote(&mut self, channel_dc: &str, events: &[ChangeEvent]) -> Result<ApplyReport, LogError> {
-        self.check_writable()?;
-        if channel_dc == self.dc {
-            return Err(self.wrong_own_channel(channel_dc));
-        }
-        let mark = self.mark_of(channel_dc);
-        // plan_batch cannot see errors; the first one is kept and the plan discarded.
-        let failure: RefCell<Option<LogError>> = RefCell::new(None);
-        let plan = merge::plan_batch(
-            channel_dc,
-            mark,
-            |k| {
-                self.try_held(k).unwrap_or_else(|e| {
-                    failure.borrow_mut().get_or_insert(e);
-                    Held::Absent
-                })
-            },
-            events,
-        );
-        if let Some(e) = failure.into_inner() {
-            return Err(e);
-        }
-        let mut report = ApplyReport {
-            applied: plan.changes.len(),
-            superseded: plan.superseded,
-            duplicates: plan.duplicates,
-            mark: plan.new_mark.or(mark),
-            refusal: plan.refusal.clone(),
-            changes: Vec::with_capacity(plan.changes.len()),
-        };
-        let mut batch = WriteBatch::default();
-        for change in &plan.changes {
-            report.changes.push(self.stage_effect(&mut batch, change.event, change.effect)?);
-        }
-        if let Some(m) = plan.new_mark {
-            batch.put_cf(self.cf(CF_META)?, meta_name(META_MARK_PREFIX, channel_dc), encode_mark(m));
-        }
-        self.commit(batch)?;
-        if let Some(m) = plan.new_mark {
-            self.marks.insert(channel_dc.to_owned(), m);
-        }
-        Ok(report)
-    }
-
-    fn install_snapshot(&mut self, channel_dc: &str, snap: &Snapshot) -> Result<ApplyReport, LogError> {
-        self.check_writable()?;
-        if channel_dc == self.dc {
-            return Err(self.wrong_own_channel(channel_dc));
-        }
-        let live = self.owner_keys(CF_INSTANCES, channel_dc)?;
-        let tombs = self.owner_keys(CF_TOMBSTONES, channel_dc)?;
-        let plan = merge::plan_snapshot(channel_dc, self.mark_of(channel_dc), &live, &tombs, snap)?;
-        let (inst_cf, tombs_cf) = (self.cf(CF_INSTANCES)?, self.cf(CF_TOMBSTONES)?);
-        let mut report = ApplyReport { mark: Some(plan.new_mark), ..Default::default() };
-        let mut batch = WriteBatch::default();
-        // Which keys are live as the steps below go, so that the reported changes match the
-        // model step for step. Keys of other owners (only in a snapshot that failed
-        // validation) are looked up on demand.
-        let mut live_now: BTreeSet<InstanceKey> = live.into_iter().collect();
-        let mut others: BTreeMap<InstanceKey, bool> = BTreeMap::new();
-        for k in plan.remove {
-            batch.delete_cf(inst_cf, encode_key(&k));
-            live_now.remove(&k);
-            report.changes.push(StateChange::Remove { key: k });
-        }
-        for k in &plan.remove_tombstones {
-            batch.delete_cf(tombs_cf, encode_key(k));
-        }
-        for SnapshotInstance { seq, record } in &snap.instances {
-            let enc = encode_key(&record.key);
-            batch.delete_cf(tombs_cf, &enc);
-            batch.put_cf(inst_cf, &enc, tandem_schemas::encode(&(*seq, record)));
-            if *record.key.owner_dc == *channel_dc {
-                live_now.insert(record.key.clone());
-            } else {
-                others.insert(record.key.clone(), true);
-            }
-            report.changes.push(StateChange::Put { seq: *seq, record: record.clone() });
-        }
-        for t in &snap.tombstones {
-            let enc = encode_key(&t.key);
-            let was_live = if *t.key.owner_dc == *channel_dc {
-                live_now.remove(&t.key)
-            } else {
-                let held_live = match others.get(&t.key) {
-                    Some(live) => *live,
-                    None => matches!(self.try_held(&t.key)?, Held::Live { .. }),
-                };
-                others.insert(t.key.clone(), false);
-                held_live
-            };
-            if was_live {
-                batch.delete_cf(inst_cf, &enc);
-                report.changes.push(StateChange::Remove { key: t.key.clone() });
-            }
-            batch.put_cf(tombs_cf, &enc, tandem_schemas::encode(&(t.seq, t.reason)));
-        }
-        report.applied = snap.instances.len() + snap.tombstones.len();
-        batch.put_cf(self.cf(CF_META)?, meta_name(META_MARK_PREFIX, channel_dc), encode_mark(plan.new_mark));
-        self.commit(batch)?;
-        self.marks.insert(channel_dc.to_owned(), plan.new_mark);
-        Ok(report)
-    }
-
-    fn snapshot_own(&self) -> Result<Snapshot, LogError> {
-        let mut instances = Vec::new();
-        for item in self.scan_owner(CF_INSTANCES, &self.dc)? {
-            let (k, v) = item?;
-            let (seq, record) = decode_instance(&v)?;
-            check_stored_key(&k, &record.key)?;
-            instances.push(SnapshotInstance { seq, record });
-        }
-        let mut tombstones = Vec::new();
-        for item in self.scan_owner(CF_TOMBSTONES, &self.dc)? {
-            let (k, v) = item?;
-            let (seq, reason) = decode_tombstone(&v)?;
-            tombstones.push(Tombstone { key: decode_key(&k)?, seq, reason });
-        }
-        Ok(Snapshot { origin_dc: self.dc.clone(), mark: self.own, instances, tombstones })
-    }
-
-    fn purge_own(&mut self, upto_seq: u64) -> Result<(), LogError> {
-        self.purge_own_reporting(upto_seq).map(drop)
-    }
-
-    fn purge_remote_tombstones(&mut self, origin: &str, upto_seq: u64) -> Result<(), LogError> {
-        self.purge_remote_tombstones_reporting(origin, upto_seq).map(drop)
-    }
-
-    /// A storage or decode error cannot be reported here: it is logged and the key reads
-    /// as absent. The merge paths of this log use [`RocksLog::try_held`] and fail instead.
-    fn held(&self, key: &InstanceKey) -> Held {
-        self.try_held(key).unwrap_or_else(|e| {
-            tracing::error!(?key, error = %e, "event log: cannot read the state of a key");
-            Held::Absent
-        })
-    }
-
-    fn instances(&self) -> Result<Vec<(u64, InstanceRecord)>, LogError> {
-        let mut out = Vec::new();
-        for item in self.scan_all(CF_INSTANCES)? {
-            let (k, v) = item?;
-            let (seq, record) = decode_instance(&v)?;
-            check_stored_key(&k, &record.key)?;
-            out.push((seq, record));
-        }
-        Ok(out)
-    }
-
-    fn tombstones(&self) -> Result<Vec<Tombstone>, LogError> {
-        let mut out = Vec::new();
-        for item in self.scan_all(CF_TOMBSTONES)? {
-            let (k, v) = item?;
-            let (seq, reason) = decode_tombstone(&v)?;
-            out.push(Tombstone { key: decode_key(&k)?, seq, reason });
-        }
-        Ok(out)
-    }
-}
-
 /// Epochs are random within 53 bits so that JSON clients (which read numbers as IEEE
 /// doubles) see them exactly in /v1/status.
 fn random_epoch() -> NonZeroU64 {
@@ -831,164 +624,4 @@ fn check_stored_key(stored: &[u8], key: &InstanceKey) -> Result<(), LogError> {
         return Err(LogError::Corrupt(format!("instance {key:?} stored under another key")));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    //! Corruption: stored bytes that do not decode, or decode to something other than what
-    //! their key says, are `LogError::Corrupt` and never a panic.
-
-    use super::*;
-    use proptest::prelude::*;
-    use tandem_replicator::log::conformance::{dereg, key, reg};
-    use tempfile::TempDir;
-
-    const EPOCH: u64 = 3;
-
-    fn fresh(dir: &TempDir) -> RocksLog {
-        RocksLog::create_with_epoch(dir.path(), "dc-a", NonZeroU64::new(EPOCH).unwrap()).unwrap()
-    }
-
-    fn poke(log: &RocksLog, cf: &str, k: &[u8], v: &[u8]) {
-        log.db.put_cf(log.cf(cf).unwrap(), k, v).unwrap();
-    }
-
-    fn is_corrupt<T: fmt::Debug>(r: Result<T, LogError>) -> bool {
-        matches!(r, Err(LogError::Corrupt(_)))
-    }
-
-    #[test]
-    fn a_corrupt_instance_value_is_reported_not_panicked_on() {
-        let dir = TempDir::new().unwrap();
-        let mut log = fresh(&dir);
-        log.append_local(&[reg("dc-a", EPOCH, 1, "i1")]).unwrap();
-        poke(
-            &log,
-            CF_INSTANCES,
-            &encode_key(&key("dc-a", "i1")),
-            b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff",
-        );
-        assert!(is_corrupt(log.instances()));
-        assert!(is_corrupt(log.try_held(&key("dc-a", "i1"))));
-        assert!(is_corrupt(log.snapshot_own()));
-        assert_eq!(log.held(&key("dc-a", "i1")), Held::Absent);
-        // Survives a reopen the same way.
-        drop(log);
-        let log = RocksLog::open(dir.path(), "dc-a").unwrap();
-        assert!(is_corrupt(log.instances()));
-    }
-
-    #[test]
-    fn a_record_under_another_key_is_corrupt() {
-        let dir = TempDir::new().unwrap();
-        let mut log = fresh(&dir);
-        log.append_local(&[reg("dc-a", EPOCH, 1, "i1")]).unwrap();
-        let record = tandem_replicator::log::conformance::record("dc-a", "i1");
-        poke(&log, CF_INSTANCES, &encode_key(&key("dc-a", "i2")), &tandem_schemas::encode(&(1u64, &record)));
-        assert!(is_corrupt(log.instances()));
-        assert!(is_corrupt(log.try_held(&key("dc-a", "i2"))));
-        poke(&log, CF_INSTANCES, b"not a key", &tandem_schemas::encode(&(1u64, &record)));
-        assert!(is_corrupt(log.instances()));
-    }
-
-    #[test]
-    fn corrupt_tombstones_are_reported() {
-        let dir = TempDir::new().unwrap();
-        let mut log = fresh(&dir);
-        log.append_local(&[reg("dc-a", EPOCH, 1, "i1"), dereg("dc-a", EPOCH, 2, "i1")]).unwrap();
-        poke(&log, CF_TOMBSTONES, &encode_key(&key("dc-a", "i1")), b"\x01\x09");
-        assert!(is_corrupt(log.tombstones()));
-        assert!(is_corrupt(log.try_held(&key("dc-a", "i1"))));
-        assert!(is_corrupt(log.purge_own(2)));
-        assert_eq!(log.purge_floor(), 0, "a failed purge changes nothing");
-        poke(&log, CF_TOMBSTONES, b"\x00\x07", &tandem_schemas::encode(&(2u64, DeregisterReason::Explicit)));
-        assert!(is_corrupt(log.tombstones()));
-    }
-
-    #[test]
-    fn corrupt_log_entries_are_reported() {
-        let dir = TempDir::new().unwrap();
-        let mut log = fresh(&dir);
-        log.append_local(&[
-            reg("dc-a", EPOCH, 1, "i1"),
-            reg("dc-a", EPOCH, 2, "i2"),
-            reg("dc-a", EPOCH, 3, "i3"),
-        ])
-        .unwrap();
-        poke(&log, CF_LOG, &seq_key(1), b"\x00");
-        assert!(is_corrupt(log.read_own(0, 10)));
-        assert!(is_corrupt(log.own_event_time_ms(1)));
-        assert_eq!(log.read_own(1, 10).unwrap().len(), 2);
-        // An event stored under another seq.
-        poke(&log, CF_LOG, &seq_key(2), &tandem_schemas::encode_event(&reg("dc-a", EPOCH, 3, "i3")));
-        assert!(is_corrupt(log.read_own(1, 10)));
-        // A hole in the log.
-        log.db.delete_cf(log.cf(CF_LOG).unwrap(), seq_key(2)).unwrap();
-        assert!(is_corrupt(log.read_own(1, 10)));
-    }
-
-    #[test]
-    fn remote_apply_over_corrupt_state_fails_and_changes_nothing() {
-        let dir = TempDir::new().unwrap();
-        let mut log = fresh(&dir);
-        log.apply_remote("dc-b", &[reg("dc-b", 9, 1, "r1")]).unwrap();
-        poke(&log, CF_INSTANCES, &encode_key(&key("dc-b", "r1")), b"\x05");
-        let syncs = log.sync_writes();
-        assert!(is_corrupt(log.apply_remote("dc-b", &[dereg("dc-b", 9, 2, "r1")])));
-        assert_eq!(log.mark_of("dc-b"), Some(Mark { epoch: 9, seq: 1 }));
-        assert_eq!(log.sync_writes(), syncs);
-        // A snapshot of the origin replaces its state wholesale, the corrupt record too.
-        let empty = Snapshot {
-            origin_dc: "dc-b".into(),
-            mark: Mark { epoch: 9, seq: 5 },
-            instances: vec![],
-            tombstones: vec![],
-        };
-        log.install_snapshot("dc-b", &empty).unwrap();
-        assert_eq!(log.instances().unwrap(), vec![]);
-        assert_eq!(log.held(&key("dc-b", "r1")), Held::Absent);
-    }
-
-    #[test]
-    fn corrupt_or_inconsistent_meta_refuses_to_open() {
-        type Damage = fn(&RocksLog);
-        let cases: [(&str, Damage); 5] = [
-            ("short epoch", |log| poke(log, CF_META, META_EPOCH, b"\x01\x02")),
-            ("zero epoch", |log| poke(log, CF_META, META_EPOCH, &0u64.to_be_bytes())),
-            ("missing own seq", |log| log.db.delete_cf(log.cf(CF_META).unwrap(), META_OWN_SEQ).unwrap()),
-            ("log past own seq", |log| {
-                poke(log, CF_LOG, &seq_key(9), &tandem_schemas::encode_event(&reg("dc-a", EPOCH, 9, "x")))
-            }),
-            ("bad mark", |log| poke(log, CF_META, b"mark/dc-b", b"\x01")),
-        ];
-        for (what, damage) in cases {
-            let dir = TempDir::new().unwrap();
-            let mut log = fresh(&dir);
-            log.append_local(&[reg("dc-a", EPOCH, 1, "i1")]).unwrap();
-            damage(&log);
-            drop(log);
-            let err = RocksLog::open(dir.path(), "dc-a").unwrap_err();
-            assert!(matches!(err, OpenError::Log(LogError::Corrupt(_))), "{what}: {err}");
-        }
-    }
-
-    #[test]
-    fn data_without_an_identity_is_not_mistaken_for_a_new_log() {
-        let dir = TempDir::new().unwrap();
-        let mut log = fresh(&dir);
-        log.append_local(&[reg("dc-a", EPOCH, 1, "i1")]).unwrap();
-        log.db.delete_cf(log.cf(CF_META).unwrap(), META_DC).unwrap();
-        drop(log);
-        let err = RocksLog::open(dir.path(), "dc-a").unwrap_err();
-        assert!(matches!(err, OpenError::Log(LogError::Corrupt(_))), "{err}");
-    }
-
-    proptest! {
-        #[test]
-        fn decoding_arbitrary_stored_values_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
-            let _ = decode_instance(&bytes);
-            let _ = decode_tombstone(&bytes);
-            let _ = decode_mark("m", &bytes);
-        }
-    }
 }

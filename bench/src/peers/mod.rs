@@ -13,19 +13,27 @@
 //!
 //! A peer that is not installed is reported as such and skipped (bench/peers.sh installs
 //! them). Every process started here is killed when its guard drops.
+//!
+//! The runs against each peer are in `etcd` and `rnacos`; this file holds what they share
+//! (processes, readiness, response checks, the table rows) and the targets' verdicts.
+
+mod etcd;
+mod rnacos;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use crate::load::{closed_loop, ms, rate, OpResult, Run};
-use crate::sys::{process_cpu, rss_bytes};
-use crate::{cpu_now, Ctx};
+use crate::load::{ms, rate, OpResult, Run};
+use crate::sys::process_cpu;
+use crate::Ctx;
+
+use etcd::etcd;
+pub(crate) use etcd::start_etcd;
+use rnacos::rnacos;
 
 /// What a peer measured, for ratios.
 #[derive(Clone, Debug, Default)]
@@ -224,197 +232,6 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     targets(ctx, etcd.as_ref(), rnacos.as_ref());
     Ok(())
 }
-
-/// Starts a single-member etcd (WAL fsync on) on loopback, pinned like tandem's server,
-/// and waits until it answers. Returns the process, its client URL and its data dir.
-pub(crate) async fn start_etcd(ctx: &Ctx, bin: &Path) -> anyhow::Result<(Proc, String, tempfile::TempDir)> {
-    let dir = ctx.tempdir("tandem-bench-etcd")?;
-    let (cp, pp) = (free_tcp()?, free_tcp()?);
-    let client_url = format!("http://127.0.0.1:{cp}");
-    let peer_url = format!("http://127.0.0.1:{pp}");
-    let args: Vec<String> = vec![
-        "--name".into(),
-        "bench".into(),
-        "--data-dir".into(),
-        dir.path().join("data").to_string_lossy().into_owned(),
-        "--listen-client-urls".into(),
-        client_url.clone(),
-        "--advertise-client-urls".into(),
-        client_url.clone(),
-        "--listen-peer-urls".into(),
-        peer_url.clone(),
-        "--initial-advertise-peer-urls".into(),
-        peer_url.clone(),
-        "--initial-cluster".into(),
-        format!("bench={peer_url}"),
-        "--log-level".into(),
-        "error".into(),
-        "--logger".into(),
-        "zap".into(),
-    ];
-    let proc = spawn(ctx, "etcd", bin, &args, &[], &dir.path().join("etcd.log"))?;
-    wait_ready(&ctx.http, &format!("{client_url}/health"), Duration::from_secs(20)).await?;
-    Ok((proc, client_url, dir))
-}
-
-async fn etcd(ctx: &mut Ctx, bin: &Path) -> anyhow::Result<PeerFigures> {
-    let (proc, client_url, _dir) = start_etcd(ctx, bin).await?;
-    let version =
-        ctx.http.get(format!("{client_url}/version")).send().await?.text().await.unwrap_or_default();
-    ctx.report
-        .note(format!("etcd {} (WAL fsync on, single member), JSON gateway at {client_url}", version.trim()));
-    let base = Arc::new(client_url);
-    let mut fig = PeerFigures { rss_bytes_empty: rss_bytes(proc.pid()), ..Default::default() };
-
-    // register = lease grant + put with it.
-    for c in [64usize, 256] {
-        let (http, base) = (ctx.http.clone(), base.clone());
-        let (run, cpu) = measured(
-            &proc,
-            ctx.on_load(closed_loop(c, ctx.step(), u64::MAX, cpu_now, move |i| {
-                let (http, base) = (http.clone(), base.clone());
-                async move {
-                    let g = ok_json(
-                        http.post(format!("{base}/v3/lease/grant")).json(&json!({"TTL": 30})).send().await,
-                    )
-                    .await?;
-                    let id = g["ID"].as_str().ok_or("grant without ID")?.to_owned();
-                    let (svc, inst) = (format!("svc-{}", i % 1000), format!("c{c}-i{i}"));
-                    let body = json!({"key": b64(format!("/services/{svc}/{inst}").as_bytes()),
-                                      "value": b64(instance_value(&svc, &inst).as_bytes()), "lease": id});
-                    ok_json(http.post(format!("{base}/v3/kv/put")).json(&body).send().await).await.map(|_| ())
-                }
-            })),
-        )
-        .await?;
-        fig.register_best_per_s = Some(fig.register_best_per_s.unwrap_or(0.0).max(run.per_sec()));
-        row(ctx, "etcd", "register = lease grant + put(lease)", c, &run, cpu);
-    }
-
-    // heartbeat = keep-alive on N leases.
-    let n = ctx.opts.leases.max(1);
-    let ids: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::with_capacity(n as usize)));
-    {
-        let (http, base, ids) = (ctx.http.clone(), base.clone(), ids.clone());
-        let seeded = ctx
-            .on_load(closed_loop(256, Duration::from_secs(300), n, cpu_now, move |_| {
-                let (http, base, ids) = (http.clone(), base.clone(), ids.clone());
-                async move {
-                    let g = ok_json(
-                        http.post(format!("{base}/v3/lease/grant")).json(&json!({"TTL": 300})).send().await,
-                    )
-                    .await?;
-                    ids.lock().push(g["ID"].as_str().ok_or("grant without ID")?.to_owned());
-                    Ok(())
-                }
-            }))
-            .await?;
-        anyhow::ensure!(
-            seeded.ok == n,
-            "etcd: granted {} of {n} leases: {:?}",
-            seeded.ok,
-            seeded.first_error
-        );
-    }
-    let ids = Arc::new(std::mem::take(&mut *ids.lock()));
-    {
-        let (http, base, ids) = (ctx.http.clone(), base.clone(), ids.clone());
-        let (run, cpu) = measured(
-            &proc,
-            ctx.on_load(closed_loop(64, ctx.step(), u64::MAX, cpu_now, move |i| {
-                let (http, base, ids) = (http.clone(), base.clone(), ids.clone());
-                async move {
-                    let id = &ids[(i.wrapping_mul(7_919) % ids.len() as u64) as usize];
-                    let v = ok_json(
-                        http.post(format!("{base}/v3/lease/keepalive")).json(&json!({"ID": id})).send().await,
-                    )
-                    .await?;
-                    if v["result"]["TTL"].is_null() && v["TTL"].is_null() {
-                        return Err(format!("keepalive answer without TTL: {v}"));
-                    }
-                    Ok(())
-                }
-            })),
-        )
-        .await?;
-        fig.keepalive_per_cpu_s = Some(run.ok as f64 / cpu.as_secs_f64().max(1e-9));
-        row(ctx, "etcd", &format!("heartbeat = lease keep-alive ({} leases)", rate(n as f64)), 64, &run, cpu);
-    }
-
-    // discover = serializable prefix range over services x instances. Seeded through a
-    // client of its own, closed before the RSS is read (as tandem's memory step does).
-    let seed_http = crate::http_client()?;
-    let (services, per) = (ctx.opts.services.max(1), ctx.opts.per_service.max(1));
-    {
-        let (http, base) = (seed_http.clone(), base.clone());
-        let seeded = ctx
-            .on_load(closed_loop(256, Duration::from_secs(300), services * per, cpu_now, move |i| {
-                let (http, base) = (http.clone(), base.clone());
-                async move {
-                    let (svc, inst) = (format!("d-{}", i / per), format!("inst-{}", i % per));
-                    let body = json!({"key": b64(format!("/services/{svc}/{inst}").as_bytes()),
-                                      "value": b64(instance_value(&svc, &inst).as_bytes())});
-                    ok_json(http.post(format!("{base}/v3/kv/put")).json(&body).send().await).await.map(|_| ())
-                }
-            }))
-            .await?;
-        anyhow::ensure!(
-            seeded.ok == services * per,
-            "etcd: seeded {} keys: {:?}",
-            seeded.ok,
-            seeded.first_error
-        );
-    }
-    {
-        let (http, base) = (ctx.http.clone(), base.clone());
-        let (run, cpu) = measured(
-            &proc,
-            ctx.on_load(closed_loop(32, ctx.step(), u64::MAX, cpu_now, move |i| {
-                let (http, base) = (http.clone(), base.clone());
-                async move {
-                    let svc = i.wrapping_mul(7_919) % services;
-                    let prefix = format!("/services/d-{svc}/");
-                    let end = format!("/services/d-{svc}0");
-                    let v = ok_json(
-                        http.post(format!("{base}/v3/kv/range"))
-                            .json(&json!({"key": b64(prefix.as_bytes()), "range_end": b64(end.as_bytes()), "serializable": true}))
-                            .send()
-                            .await,
-                    )
-                    .await?;
-                    let n = v["kvs"].as_array().map_or(0, |a| a.len()) as u64;
-                    if n != per {
-                        return Err(format!("range returned {n} keys, expected {per}"));
-                    }
-                    Ok(())
-                }
-            })),
-        )
-        .await?;
-        fig.discover_per_cpu_s = Some(run.ok as f64 / cpu.as_secs_f64().max(1e-9));
-        row(
-            ctx,
-            "etcd",
-            &format!("discover = serializable prefix range ({} services x {per})", rate(services as f64)),
-            32,
-            &run,
-            cpu,
-        );
-    }
-    drop(seed_http);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    fig.rss_bytes_with_dataset = rss_bytes(proc.pid());
-    fig.instances_in_dataset = services * per + n;
-    ctx.report.note(format!(
-        "etcd RSS with {} leases and {} keys: {:.1} MiB",
-        rate(n as f64),
-        rate((services * per) as f64),
-        fig.rss_bytes_with_dataset.unwrap_or(0) as f64 / 1048576.0
-    ));
-    drop(proc);
-    Ok(fig)
-}
-
 fn row(ctx: &mut Ctx, peer: &str, op: &str, conc: usize, run: &Run, cpu: Duration) {
     ctx.report.row(vec![
         peer.into(),
@@ -427,166 +244,6 @@ fn row(ctx: &mut Ctx, peer: &str, op: &str, conc: usize, run: &Run, cpu: Duratio
         errs(run),
     ]);
 }
-
-fn nacos_ip(i: u64) -> String {
-    format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255)
-}
-
-async fn rnacos(ctx: &mut Ctx, bin: &Path) -> anyhow::Result<PeerFigures> {
-    let dir = ctx.tempdir("tandem-bench-rnacos")?;
-    let (hp, gp, cp) = (free_tcp()?, free_tcp()?, free_tcp()?);
-    let env: Vec<(&str, String)> = vec![
-        ("RNACOS_HTTP_PORT", hp.to_string()),
-        ("RNACOS_GRPC_PORT", gp.to_string()),
-        ("RNACOS_HTTP_CONSOLE_PORT", cp.to_string()),
-        ("RNACOS_SDK_HOST", "127.0.0.1".into()),
-        ("RNACOS_CONSOLE_HOST", "127.0.0.1".into()),
-        ("RNACOS_RAFT_NODE_ADDR", format!("127.0.0.1:{gp}")),
-        ("RNACOS_DATA_DIR", dir.path().join("data").to_string_lossy().into_owned()),
-        ("RUST_LOG", "error".into()),
-    ];
-    let proc = spawn(ctx, "r-nacos", bin, &[], &env, &dir.path().join("rnacos.log"))?;
-    let base = Arc::new(format!("http://127.0.0.1:{hp}/nacos/v1/ns"));
-    wait_ready(&ctx.http, &format!("{base}/instance/list?serviceName=probe"), Duration::from_secs(30))
-        .await?;
-    ctx.report.note(format!("r-nacos ({}) at http://127.0.0.1:{hp}", bin.display()));
-    let mut fig = PeerFigures { rss_bytes_empty: rss_bytes(proc.pid()), ..Default::default() };
-
-    // heartbeat: N ephemeral instances, then beats. Seeded through a client of its own,
-    // closed before the RSS is read (as tandem's memory step does).
-    let seed_http = crate::http_client()?;
-    let n = ctx.opts.leases.max(1);
-    {
-        let (http, base) = (seed_http.clone(), base.clone());
-        let seeded = ctx
-            .on_load(closed_loop(256, Duration::from_secs(300), n, cpu_now, move |i| {
-                let (http, base) = (http.clone(), base.clone());
-                async move {
-                    let url = format!(
-                        "{base}/instance?serviceName=hb-{}&ip={}&port=8080&ephemeral=true",
-                        i % 100,
-                        nacos_ip(i)
-                    );
-                    ok_text(http.post(url).send().await).await
-                }
-            }))
-            .await?;
-        anyhow::ensure!(seeded.ok == n, "r-nacos: registered {} of {n}: {:?}", seeded.ok, seeded.first_error);
-    }
-
-    // discover.
-    let (services, per) = (ctx.opts.services.max(1), ctx.opts.per_service.max(1));
-    {
-        let (http, base) = (seed_http.clone(), base.clone());
-        let seeded = ctx
-            .on_load(closed_loop(256, Duration::from_secs(300), services * per, cpu_now, move |i| {
-                let (http, base) = (http.clone(), base.clone());
-                async move {
-                    let url = format!(
-                        "{base}/instance?serviceName=d-{}&ip={}&port=8080&ephemeral=true",
-                        i / per,
-                        nacos_ip(i)
-                    );
-                    ok_text(http.post(url).send().await).await
-                }
-            }))
-            .await?;
-        anyhow::ensure!(
-            seeded.ok == services * per,
-            "r-nacos: seeded {}: {:?}",
-            seeded.ok,
-            seeded.first_error
-        );
-    }
-    drop(seed_http);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    fig.rss_bytes_with_dataset = rss_bytes(proc.pid());
-    fig.instances_in_dataset = services * per + n;
-    ctx.report.note(format!(
-        "r-nacos RSS empty {:.1} MiB, with {} instances {:.1} MiB (before the register steps add more)",
-        fig.rss_bytes_empty.unwrap_or(0) as f64 / 1048576.0,
-        rate(fig.instances_in_dataset as f64),
-        fig.rss_bytes_with_dataset.unwrap_or(0) as f64 / 1048576.0
-    ));
-    {
-        let (http, base) = (ctx.http.clone(), base.clone());
-        let (run, cpu) = measured(
-            &proc,
-            ctx.on_load(closed_loop(64, ctx.step(), u64::MAX, cpu_now, move |i| {
-                let (http, base) = (http.clone(), base.clone());
-                async move {
-                    let k = i.wrapping_mul(7_919) % n;
-                    let url = format!(
-                        "{base}/instance/beat?serviceName=hb-{}&ip={}&port=8080",
-                        k % 100,
-                        nacos_ip(k)
-                    );
-                    ok_text(http.put(url).send().await).await
-                }
-            })),
-        )
-        .await?;
-        fig.keepalive_per_cpu_s = Some(run.ok as f64 / cpu.as_secs_f64().max(1e-9));
-        row(ctx, "r-nacos", &format!("heartbeat = beat ({} instances)", rate(n as f64)), 64, &run, cpu);
-    }
-    {
-        let (http, base) = (ctx.http.clone(), base.clone());
-        let (run, cpu) = measured(
-            &proc,
-            ctx.on_load(closed_loop(32, ctx.step(), u64::MAX, cpu_now, move |i| {
-                let (http, base) = (http.clone(), base.clone());
-                async move {
-                    let svc = i.wrapping_mul(7_919) % services;
-                    let v =
-                        ok_json(http.get(format!("{base}/instance/list?serviceName=d-{svc}")).send().await)
-                            .await?;
-                    let n = v["hosts"].as_array().map_or(0, |a| a.len()) as u64;
-                    if n != per {
-                        return Err(format!("list returned {n} hosts, expected {per}"));
-                    }
-                    Ok(())
-                }
-            })),
-        )
-        .await?;
-        fig.discover_per_cpu_s = Some(run.ok as f64 / cpu.as_secs_f64().max(1e-9));
-        row(
-            ctx,
-            "r-nacos",
-            &format!("discover = instance/list ({} services x {per})", rate(services as f64)),
-            32,
-            &run,
-            cpu,
-        );
-    }
-    for (ephemeral, label) in [(false, "register, persistent (raft)"), (true, "register, ephemeral (memory)")]
-    {
-        let (http, base) = (ctx.http.clone(), base.clone());
-        let offset = if ephemeral { 1u64 << 20 } else { 0 };
-        let (run, cpu) = measured(
-            &proc,
-            ctx.on_load(closed_loop(256, ctx.step(), 1 << 20, cpu_now, move |i| {
-                let (http, base) = (http.clone(), base.clone());
-                async move {
-                    let url = format!(
-                        "{base}/instance?serviceName=reg-{}&ip={}&port=8080&ephemeral={ephemeral}&weight=1",
-                        i % 1000,
-                        nacos_ip(i + offset)
-                    );
-                    ok_text(http.post(url).send().await).await
-                }
-            })),
-        )
-        .await?;
-        if !ephemeral {
-            fig.register_best_per_s = Some(run.per_sec());
-        }
-        row(ctx, "r-nacos", label, 256, &run, cpu);
-    }
-    drop(proc);
-    Ok(fig)
-}
-
 fn verdict(ok: bool) -> &'static str {
     if ok {
         "met"

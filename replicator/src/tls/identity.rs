@@ -1,0 +1,99 @@
+//! DC identity: which names are valid DC names, and which DC a certificate (or the peer of
+//! an established connection) identifies — exactly one DNS subject alternative name.
+
+use rustls::pki_types::{CertificateDer, ServerName};
+
+use super::TlsError;
+
+/// Longest DC name accepted (a DNS label is at most 63 bytes; a DC name may have dots).
+pub const DC_NAME_BYTES_MAX: usize = 253;
+/// At most this many names are copied into an error about a certificate's names.
+const ERROR_NAMES_MAX: usize = 8;
+
+/// Checks that `name` can serve as a DC name: a lowercase DNS name (letters, digits, '-'
+/// and '.'; labels not starting or ending with '-'), not an IP address, and not `ca` (which
+/// would collide with the CA files).
+pub fn validate_dc_name(name: &str) -> Result<(), TlsError> {
+    let invalid = |reason| TlsError::InvalidDcName { name: name.to_owned(), reason };
+    if name.is_empty() || name.len() > DC_NAME_BYTES_MAX {
+        return Err(invalid("must be 1 to 253 bytes"));
+    }
+    if name == "ca" {
+        return Err(invalid("\"ca\" is reserved for the CA files"));
+    }
+    for label in name.split('.') {
+        if label.is_empty() || label.len() > 63 {
+            return Err(invalid("each dot-separated label must be 1 to 63 bytes"));
+        }
+        if !label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+            return Err(invalid("only lowercase letters, digits, '-' and '.' are allowed"));
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err(invalid("a label must not start or end with '-'"));
+        }
+    }
+    match ServerName::try_from(name) {
+        Ok(ServerName::DnsName(_)) => Ok(()),
+        Ok(_) => Err(invalid("an IP address is not a DC name")),
+        Err(_) => Err(invalid("not a valid DNS name")),
+    }
+}
+
+/// The DC on the other end of an established connection: the single DNS subject
+/// alternative name of the peer's end-entity certificate.
+///
+/// The certificate chain was verified against the CA during the handshake (configs from
+/// this module make that mandatory on both sides); this function only reads the name.
+/// The caller must still check the name against its configured peers.
+pub fn peer_dc(conn: &quinn::Connection) -> Result<String, TlsError> {
+    let identity = conn.peer_identity().ok_or(TlsError::NoPeerCertificate)?;
+    let chain =
+        identity.downcast::<Vec<CertificateDer<'static>>>().map_err(|_| TlsError::NoPeerCertificate)?;
+    let end_entity = chain.first().ok_or(TlsError::NoPeerCertificate)?;
+    let names = cert_dns_names(end_entity).map_err(|source| TlsError::PeerCertificate { source })?;
+    single_dc_name(&names).ok_or_else(|| TlsError::PeerDcName { names: capped(names.iter().copied()) })
+}
+
+pub(super) fn cert_dns_names<'a>(der: &'a CertificateDer<'a>) -> Result<Vec<&'a str>, webpki::Error> {
+    let cert = webpki::EndEntityCert::try_from(der)?;
+    // Bounded: a name list longer than this cannot identify a single DC anyway.
+    Ok(cert.valid_dns_names().take(ERROR_NAMES_MAX + 1).collect())
+}
+
+pub(super) fn single_dc_name(names: &[&str]) -> Option<String> {
+    match names {
+        [name] if validate_dc_name(name).is_ok() => Some((*name).to_owned()),
+        _ => None,
+    }
+}
+
+pub(super) fn capped<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    names.take(ERROR_NAMES_MAX).map(str::to_owned).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dc_names_are_lowercase_dns_names_and_not_ca() {
+        for good in ["dc-a", "eu-west-1", "dc1.example", "a"] {
+            assert!(validate_dc_name(good).is_ok(), "{good:?} refused");
+        }
+        let too_long = "a".repeat(DC_NAME_BYTES_MAX + 1);
+        for bad in
+            ["", "ca", "DC-A", "dc_a", "-dc", "dc-", "dc..a", ".dc", "dc.", "10.0.0.1", "*.dc", &too_long]
+        {
+            assert!(validate_dc_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn a_certificate_identifies_a_dc_only_by_exactly_one_valid_name() {
+        assert_eq!(single_dc_name(&["dc-a"]), Some("dc-a".to_owned()));
+        assert_eq!(single_dc_name(&[]), None);
+        assert_eq!(single_dc_name(&["dc-a", "dc-b"]), None);
+        assert_eq!(single_dc_name(&["*.example"]), None);
+        assert_eq!(single_dc_name(&["DC-A"]), None);
+    }
+}

@@ -1,0 +1,211 @@
+//! A DC's TLS material read from its PEM files: where the files are ([`TlsPaths`]), the
+//! loaded and cross-checked certificate chain, key and CA roots ([`TlsMaterial`]), and the
+//! readers that turn files into it with errors naming the file at fault.
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rustls::pki_types::pem::{self, PemObject};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::sign::CertifiedKey;
+use rustls::RootCertStore;
+
+use super::config::ring_provider;
+use super::identity::{capped, cert_dns_names, single_dc_name};
+use super::{FileRole, TlsError};
+
+/// Where a DC's TLS material lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsPaths {
+    /// PEM file with the CA certificate(s) that peers' certificates must chain to.
+    pub ca_cert: PathBuf,
+    /// PEM file with this DC's certificate, end-entity first, then any intermediates.
+    pub cert: PathBuf,
+    /// PEM file with this DC's private key (PKCS#8, SEC1 or PKCS#1).
+    pub key: PathBuf,
+}
+
+/// A DC's loaded and cross-checked TLS material.
+///
+/// Loading checks that each file parses, that the key matches the certificate and that the
+/// certificate names exactly one DC. It does not judge validity dates or the chain to the
+/// CA: [`TlsMaterial::check_chain`] does (and [`ReloadableTls`](super::ReloadableTls) runs
+/// it), so that tests and tools can load a deliberately bad certificate.
+pub struct TlsMaterial {
+    paths: TlsPaths,
+    pub(super) roots: Arc<RootCertStore>,
+    pub(super) chain: Vec<CertificateDer<'static>>,
+    pub(super) key: PrivateKeyDer<'static>,
+    pub(super) dc: String,
+}
+
+impl fmt::Debug for TlsMaterial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The key is deliberately absent.
+        f.debug_struct("TlsMaterial")
+            .field("paths", &self.paths)
+            .field("dc", &self.dc)
+            .field("ca_certs", &self.roots.roots.len())
+            .field("chain_len", &self.chain.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsMaterial {
+    /// Reads and cross-checks the three files.
+    pub fn load(paths: &TlsPaths) -> Result<TlsMaterial, TlsError> {
+        let ca_pem = read_file(FileRole::CaCert, &paths.ca_cert)?;
+        let ca_certs = parse_certs(FileRole::CaCert, &paths.ca_cert, &ca_pem)?;
+        let mut roots = RootCertStore::empty();
+        for der in &ca_certs {
+            let anchor = webpki::anchor_from_trusted_cert(der).map_err(|source| {
+                TlsError::BadCertificate { role: FileRole::CaCert, path: paths.ca_cert.clone(), source }
+            })?;
+            roots.roots.push(anchor.to_owned());
+        }
+
+        let cert_pem = read_file(FileRole::Cert, &paths.cert)?;
+        let chain = parse_certs(FileRole::Cert, &paths.cert, &cert_pem)?;
+        // parse_certs never returns an empty chain.
+        let names = cert_dns_names(&chain[0]).map_err(|source| TlsError::BadCertificate {
+            role: FileRole::Cert,
+            path: paths.cert.clone(),
+            source,
+        })?;
+        let dc = single_dc_name(&names).ok_or_else(|| TlsError::CertDcName {
+            path: paths.cert.clone(),
+            names: capped(names.iter().copied()),
+        })?;
+
+        let key_pem = read_file(FileRole::Key, &paths.key)?;
+        let key = PrivateKeyDer::from_pem_slice(&key_pem)
+            .map_err(|error| pem_error(FileRole::Key, &paths.key, error))?;
+        warn_if_key_exposed(&paths.key);
+        match CertifiedKey::from_der(chain.clone(), key.clone_key(), &ring_provider()) {
+            Ok(_) => {}
+            Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
+                return Err(TlsError::KeyMismatch { cert: paths.cert.clone(), key: paths.key.clone() });
+            }
+            Err(source) => {
+                return Err(TlsError::BadKey { path: paths.key.clone(), source });
+            }
+        }
+
+        Ok(TlsMaterial { paths: paths.clone(), roots: Arc::new(roots), chain, key, dc })
+    }
+
+    /// The files this material was read from.
+    pub fn paths(&self) -> &TlsPaths {
+        &self.paths
+    }
+
+    /// A secret for QUIC stateless resets, derived from this DC's private key: stable
+    /// across restarts, so a restarted node resets the connections its previous process
+    /// left open at peers at once instead of leaving them to the idle timeout.
+    pub fn stateless_reset_secret(&self) -> [u8; 32] {
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        ctx.update(b"tandem stateless reset v1\0");
+        ctx.update(self.key.secret_der());
+        let mut out = [0u8; 32];
+        out.copy_from_slice(ctx.finish().as_ref());
+        out
+    }
+
+    /// The DC this material identifies (the DNS SAN of the own certificate).
+    pub fn dc(&self) -> &str {
+        &self.dc
+    }
+
+    /// The own end-entity certificate.
+    pub fn cert_der(&self) -> &CertificateDer<'static> {
+        &self.chain[0]
+    }
+
+    /// Checks that the own certificate chains to the CA at `now` for both server and client
+    /// authentication (the link uses one certificate in both roles).
+    pub fn check_chain(&self, now: SystemTime) -> Result<(), TlsError> {
+        let end_entity = webpki::EndEntityCert::try_from(&self.chain[0]).map_err(|source| {
+            TlsError::BadCertificate { role: FileRole::Cert, path: self.paths.cert.clone(), source }
+        })?;
+        let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let time = UnixTime::since_unix_epoch(since_epoch);
+        let provider = ring_provider();
+        let usages = [
+            (webpki::KeyUsage::server_auth(), "server authentication"),
+            (webpki::KeyUsage::client_auth(), "client authentication"),
+        ];
+        for (usage, usage_name) in usages {
+            end_entity
+                .verify_for_usage(
+                    provider.signature_verification_algorithms.all,
+                    &self.roots.roots,
+                    &self.chain[1..],
+                    time,
+                    usage,
+                    None,
+                    None,
+                )
+                .map_err(|source| TlsError::CertNotTrusted {
+                    cert: self.paths.cert.clone(),
+                    ca: self.paths.ca_cert.clone(),
+                    usage: usage_name,
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+}
+
+fn read_file(role: FileRole, path: &Path) -> Result<Vec<u8>, TlsError> {
+    fs::read(path).map_err(|source| match source.kind() {
+        io::ErrorKind::NotFound => TlsError::Missing { role, path: path.to_owned() },
+        _ => TlsError::Read { role, path: path.to_owned(), source },
+    })
+}
+
+/// All certificates in a PEM file; never empty on success.
+fn parse_certs(
+    role: FileRole,
+    path: &Path,
+    pem_bytes: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem_bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| pem_error(role, path, error))?;
+    if certs.is_empty() {
+        return Err(TlsError::NoPemItem { role, path: path.to_owned() });
+    }
+    Ok(certs)
+}
+
+fn pem_error(role: FileRole, path: &Path, error: pem::Error) -> TlsError {
+    match error {
+        pem::Error::NoItemsFound => TlsError::NoPemItem { role, path: path.to_owned() },
+        source => TlsError::Pem { role, path: path.to_owned(), source },
+    }
+}
+
+/// Logs a warning if the key file is readable by group or others. Loading goes on: the
+/// operator owns the file system, and refusing would turn a hygiene issue into an outage.
+fn warn_if_key_exposed(path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(metadata) = fs::metadata(path) {
+            let mode = metadata.permissions().mode();
+            if mode & 0o077 != 0 {
+                tracing::warn!(
+                    path = %path.display(),
+                    mode = format_args!("{:o}", mode & 0o777),
+                    "private key file is accessible by group or others; use mode 0600"
+                );
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+}

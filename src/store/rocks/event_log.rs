@@ -1,0 +1,227 @@
+//! [`RocksLog`] as an [`EventLog`]: the replication contract (own events out, remote events
+//! and snapshots in, purges, reads of state) over the write path and readers of `mod.rs`.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+
+use rocksdb::{IteratorMode, ReadOptions, WriteBatch};
+use tandem_replicator::log::{ApplyReport, EventLog, LogError, StateChange};
+use tandem_replicator::merge::{self, Held};
+use tandem_schemas::{ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot, SnapshotInstance, Tombstone};
+
+use super::{
+    check_stored_key, decode_instance, decode_tombstone, meta_name, storage, RocksLog, CF_INSTANCES, CF_LOG,
+    CF_META, CF_TOMBSTONES, META_MARK_PREFIX,
+};
+use crate::store::keys::{decode_key, decode_u64, encode_key, encode_mark, seq_key};
+
+impl EventLog for RocksLog {
+    fn local_dc(&self) -> &str {
+        &self.dc
+    }
+    fn own_mark(&self) -> Mark {
+        self.own
+    }
+    fn mark_of(&self, origin: &str) -> Option<Mark> {
+        self.marks.get(origin).copied()
+    }
+    fn marks(&self) -> BTreeMap<String, Mark> {
+        self.marks.clone()
+    }
+    fn purge_floor(&self) -> u64 {
+        self.floor
+    }
+
+    fn append_local(&mut self, events: &[ChangeEvent]) -> Result<(), LogError> {
+        self.append_local_with_changes(events).map(drop)
+    }
+
+    fn read_own(&self, after_seq: u64, max: usize) -> Result<Vec<ChangeEvent>, LogError> {
+        if after_seq < self.floor {
+            return Err(LogError::Purged { floor: self.floor });
+        }
+        let Some(first) = after_seq.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        let want = usize::try_from(self.own.seq.saturating_sub(after_seq)).unwrap_or(usize::MAX).min(max);
+        let mut out = Vec::with_capacity(want.min(4096));
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_lower_bound(seq_key(first).to_vec());
+        for item in self.db.iterator_cf_opt(self.cf(CF_LOG)?, ro, IteratorMode::Start).take(want) {
+            let (k, v) = item.map_err(storage)?;
+            let seq = decode_u64("log key", &k)?;
+            let expected = first + out.len() as u64;
+            if seq != expected {
+                return Err(LogError::Corrupt(format!("log is missing seq {expected} (next stored: {seq})")));
+            }
+            out.push(self.decode_logged(seq, &v)?);
+        }
+        if out.len() != want {
+            return Err(LogError::Corrupt(format!(
+                "log ends at seq {} but the own seq is {}",
+                after_seq + out.len() as u64,
+                self.own.seq
+            )));
+        }
+        Ok(out)
+    }
+
+    fn apply_remote(&mut self, channel_dc: &str, events: &[ChangeEvent]) -> Result<ApplyReport, LogError> {
+        self.check_writable()?;
+        if channel_dc == self.dc {
+            return Err(self.wrong_own_channel(channel_dc));
+        }
+        let mark = self.mark_of(channel_dc);
+        // plan_batch cannot see errors; the first one is kept and the plan discarded.
+        let failure: RefCell<Option<LogError>> = RefCell::new(None);
+        let plan = merge::plan_batch(
+            channel_dc,
+            mark,
+            |k| {
+                self.try_held(k).unwrap_or_else(|e| {
+                    failure.borrow_mut().get_or_insert(e);
+                    Held::Absent
+                })
+            },
+            events,
+        );
+        if let Some(e) = failure.into_inner() {
+            return Err(e);
+        }
+        let mut report = ApplyReport {
+            applied: plan.changes.len(),
+            superseded: plan.superseded,
+            duplicates: plan.duplicates,
+            mark: plan.new_mark.or(mark),
+            refusal: plan.refusal.clone(),
+            changes: Vec::with_capacity(plan.changes.len()),
+        };
+        let mut batch = WriteBatch::default();
+        for change in &plan.changes {
+            report.changes.push(self.stage_effect(&mut batch, change.event, change.effect)?);
+        }
+        if let Some(m) = plan.new_mark {
+            batch.put_cf(self.cf(CF_META)?, meta_name(META_MARK_PREFIX, channel_dc), encode_mark(m));
+        }
+        self.commit(batch)?;
+        if let Some(m) = plan.new_mark {
+            self.marks.insert(channel_dc.to_owned(), m);
+        }
+        Ok(report)
+    }
+
+    fn install_snapshot(&mut self, channel_dc: &str, snap: &Snapshot) -> Result<ApplyReport, LogError> {
+        self.check_writable()?;
+        if channel_dc == self.dc {
+            return Err(self.wrong_own_channel(channel_dc));
+        }
+        let live = self.owner_keys(CF_INSTANCES, channel_dc)?;
+        let tombs = self.owner_keys(CF_TOMBSTONES, channel_dc)?;
+        let plan = merge::plan_snapshot(channel_dc, self.mark_of(channel_dc), &live, &tombs, snap)?;
+        let (inst_cf, tombs_cf) = (self.cf(CF_INSTANCES)?, self.cf(CF_TOMBSTONES)?);
+        let mut report = ApplyReport { mark: Some(plan.new_mark), ..Default::default() };
+        let mut batch = WriteBatch::default();
+        // Which keys are live as the steps below go, so that the reported changes match the
+        // model step for step. Keys of other owners (only in a snapshot that failed
+        // validation) are looked up on demand.
+        let mut live_now: BTreeSet<InstanceKey> = live.into_iter().collect();
+        let mut others: BTreeMap<InstanceKey, bool> = BTreeMap::new();
+        for k in plan.remove {
+            batch.delete_cf(inst_cf, encode_key(&k));
+            live_now.remove(&k);
+            report.changes.push(StateChange::Remove { key: k });
+        }
+        for k in &plan.remove_tombstones {
+            batch.delete_cf(tombs_cf, encode_key(k));
+        }
+        for SnapshotInstance { seq, record } in &snap.instances {
+            let enc = encode_key(&record.key);
+            batch.delete_cf(tombs_cf, &enc);
+            batch.put_cf(inst_cf, &enc, tandem_schemas::encode(&(*seq, record)));
+            if *record.key.owner_dc == *channel_dc {
+                live_now.insert(record.key.clone());
+            } else {
+                others.insert(record.key.clone(), true);
+            }
+            report.changes.push(StateChange::Put { seq: *seq, record: record.clone() });
+        }
+        for t in &snap.tombstones {
+            let enc = encode_key(&t.key);
+            let was_live = if *t.key.owner_dc == *channel_dc {
+                live_now.remove(&t.key)
+            } else {
+                let held_live = match others.get(&t.key) {
+                    Some(live) => *live,
+                    None => matches!(self.try_held(&t.key)?, Held::Live { .. }),
+                };
+                others.insert(t.key.clone(), false);
+                held_live
+            };
+            if was_live {
+                batch.delete_cf(inst_cf, &enc);
+                report.changes.push(StateChange::Remove { key: t.key.clone() });
+            }
+            batch.put_cf(tombs_cf, &enc, tandem_schemas::encode(&(t.seq, t.reason)));
+        }
+        report.applied = snap.instances.len() + snap.tombstones.len();
+        batch.put_cf(self.cf(CF_META)?, meta_name(META_MARK_PREFIX, channel_dc), encode_mark(plan.new_mark));
+        self.commit(batch)?;
+        self.marks.insert(channel_dc.to_owned(), plan.new_mark);
+        Ok(report)
+    }
+
+    fn snapshot_own(&self) -> Result<Snapshot, LogError> {
+        let mut instances = Vec::new();
+        for item in self.scan_owner(CF_INSTANCES, &self.dc)? {
+            let (k, v) = item?;
+            let (seq, record) = decode_instance(&v)?;
+            check_stored_key(&k, &record.key)?;
+            instances.push(SnapshotInstance { seq, record });
+        }
+        let mut tombstones = Vec::new();
+        for item in self.scan_owner(CF_TOMBSTONES, &self.dc)? {
+            let (k, v) = item?;
+            let (seq, reason) = decode_tombstone(&v)?;
+            tombstones.push(Tombstone { key: decode_key(&k)?, seq, reason });
+        }
+        Ok(Snapshot { origin_dc: self.dc.clone(), mark: self.own, instances, tombstones })
+    }
+
+    fn purge_own(&mut self, upto_seq: u64) -> Result<(), LogError> {
+        self.purge_own_reporting(upto_seq).map(drop)
+    }
+
+    fn purge_remote_tombstones(&mut self, origin: &str, upto_seq: u64) -> Result<(), LogError> {
+        self.purge_remote_tombstones_reporting(origin, upto_seq).map(drop)
+    }
+
+    /// A storage or decode error cannot be reported here: it is logged and the key reads
+    /// as absent. The merge paths of this log use [`RocksLog::try_held`] and fail instead.
+    fn held(&self, key: &InstanceKey) -> Held {
+        self.try_held(key).unwrap_or_else(|e| {
+            tracing::error!(?key, error = %e, "event log: cannot read the state of a key");
+            Held::Absent
+        })
+    }
+
+    fn instances(&self) -> Result<Vec<(u64, InstanceRecord)>, LogError> {
+        let mut out = Vec::new();
+        for item in self.scan_all(CF_INSTANCES)? {
+            let (k, v) = item?;
+            let (seq, record) = decode_instance(&v)?;
+            check_stored_key(&k, &record.key)?;
+            out.push((seq, record));
+        }
+        Ok(out)
+    }
+
+    fn tombstones(&self) -> Result<Vec<Tombstone>, LogError> {
+        let mut out = Vec::new();
+        for item in self.scan_all(CF_TOMBSTONES)? {
+            let (k, v) = item?;
+            let (seq, reason) = decode_tombstone(&v)?;
+            out.push(Tombstone { key: decode_key(&k)?, seq, reason });
+        }
+        Ok(out)
+    }
+}
