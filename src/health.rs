@@ -337,6 +337,11 @@ impl<K: Eq + std::hash::Hash + Ord + Clone> LeaseTable<K> {
         self.map.get(key).map(|s| &s.lease)
     }
 
+    /// Every key that has a lease, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.map.keys().map(|k| &**k)
+    }
+
     /// Adds or replaces the lease of `key`.
     pub fn insert(&mut self, key: K, lease: Lease) {
         let key = std::sync::Arc::new(key);

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
@@ -25,11 +25,12 @@ use tandem_schemas::{
 use tokio::sync::watch;
 use uuid::Uuid;
 
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::failover::{self, Decision, FailoverState, LocalCounts, Policy};
 use crate::health::{HealthConfig, Lease, LeaseTable, LeaseTimes, SelfPreservation, Transition};
-use crate::store::CommitterHandle;
+use crate::store::AppendLocal;
 
 /// Bits of the watch index that count in-memory-only changes (failover switches) between
 /// two durable writes; the higher bits count durable writes. See [`ViewIndex`].
@@ -614,7 +615,7 @@ pub struct Registry {
     pub dc: Name,
     cfg: RwLock<Arc<Config>>,
     health: HealthConfig,
-    committer: CommitterHandle,
+    committer: Arc<dyn AppendLocal>,
     view: Arc<ViewCell>,
     /// Latest minted state of the local instances with writes in flight (see [`Pending`]):
     /// event builders (one at a time, on the committer thread) read and extend it; callers
@@ -627,23 +628,21 @@ pub struct Registry {
     /// Last known staleness of each remote origin, to wake watchers when it flips.
     staleness: Mutex<BTreeMap<String, bool>>,
     pub counters: Arc<Counters>,
-    started: Instant,
+    /// Every time the registry reads (leases, failover, commit times) comes from here.
+    clock: Arc<dyn Clock>,
     stale: RwLock<StaleFn>,
-}
-
-fn wall_ms() -> u64 {
-    tandem_replicator::gateway::wall_ms()
 }
 
 impl Registry {
     pub fn new(
         cfg: Arc<Config>,
-        committer: CommitterHandle,
+        committer: Arc<dyn AppendLocal>,
         view: Arc<ViewCell>,
         counters: Arc<Counters>,
+        clock: Arc<dyn Clock>,
     ) -> Arc<Self> {
         let health = cfg.health_config();
-        let now = 0;
+        let now = clock.now_ms();
         let reg = Arc::new(Registry {
             dc: cfg.dc.as_str().into(),
             health: health.clone(),
@@ -656,7 +655,7 @@ impl Registry {
             failover: Mutex::new(HashMap::new()),
             staleness: Mutex::new(BTreeMap::new()),
             counters,
-            started: Instant::now(),
+            clock,
             stale: RwLock::new(Arc::new(|_| false)),
             cfg: RwLock::new(cfg),
         });
@@ -694,7 +693,7 @@ impl Registry {
     }
 
     pub fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
+        self.clock.now_ms()
     }
 
     pub fn view(&self) -> &Arc<ViewCell> {
@@ -703,6 +702,18 @@ impl Registry {
 
     pub fn lease_count(&self) -> usize {
         self.leases.lock().len()
+    }
+
+    /// Checks the lease invariant (see [`crate::leases::check_invariant`]) against the
+    /// latest minted state: the view, overlaid with the writes in flight. Returns the
+    /// number of leases.
+    pub fn check_lease_invariant(&self) -> Result<usize, String> {
+        let minted = self.minted.lock();
+        let leases = self.leases.lock();
+        let v = self.view.view.read();
+        let in_view = v.services.values().flat_map(|s| s.instances.values()).map(|h| &*h.record);
+        let in_flight = minted.iter().map(|(k, p)| (k, p.record.as_ref()));
+        crate::leases::check_invariant(&self.dc, in_view, in_flight, &leases)
     }
 
     pub fn self_preservation_active(&self) -> bool {
@@ -731,6 +742,7 @@ impl Registry {
         let dc = self.dc.clone();
         let minted = self.minted.clone();
         let view = self.view.clone();
+        let clock = self.clock.clone();
         let outcome: Arc<Mutex<Vec<Option<u64>>>> = Arc::new(Mutex::new(Vec::new()));
         let out = outcome.clone();
         let mine: Arc<Mutex<Vec<(InstanceKey, u64)>>> = Arc::new(Mutex::new(Vec::new()));
@@ -741,8 +753,8 @@ impl Registry {
         let _settle = SettleOnDrop { overlay: self.minted.clone(), mine: mine.clone() };
         let written = self
             .committer
-            .append_local(move |mark: Mark| {
-                let now = wall_ms();
+            .append_local_boxed(Box::new(move |mark: Mark| {
+                let now = clock.wall_ms();
                 let mut minted = minted.lock();
                 let mut seq = mark.seq;
                 let mut events = Vec::new();
@@ -775,7 +787,7 @@ impl Registry {
                     });
                 }
                 events
-            })
+            }))
             .await;
         let events =
             written.map_err(|e| ApiError::unavailable(format!("the event log refused the write: {e}")))?;
