@@ -1,11 +1,144 @@
-//! The lease lifecycle of a registry: every live local ephemeral instance has exactly one
-//! lease, and every lease has its instance ([`check_invariant`]).
+//! The lease lifecycle of a registry. A lease belongs to one registration of an instance:
+//! it is created when that registration is minted (on the committer's sequence, in the
+//! order the events are written), and removed when a deregistration is minted, so the
+//! leases follow the committed history whatever order the callers come back in. Every
+//! decision taken on a lease (a health change, an expiry) names the registration it
+//! judged; a decision about an older registration changes nothing (see `Patch::apply` in
+//! the registry).
+//!
+//! One code path recreates a lease from a record ([`LeaseBook::lease_for`]): at start, after
+//! a failed write, and (later) at a leader failover. It starts from the record's published
+//! health, keeps the slow way back to Healthy, and gives a full TTL of grace.
+//!
+//! The invariant, checked by [`check_invariant`] (the node simulation calls it): every live
+//! local ephemeral instance has exactly one lease, and every lease has its instance.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
-use tandem_schemas::{InstanceKey, InstanceRecord};
+use parking_lot::{Mutex, MutexGuard};
+use tandem_schemas::{InstanceKey, InstanceRecord, Op};
 
-use crate::health::LeaseTable;
+use crate::clock::Clock;
+use crate::health::{HealthConfig, Lease, LeaseTable, LeaseTimes, Transition};
+
+/// The leases of a registry's local ephemeral instances, each tagged with its registration.
+pub struct LeaseBook {
+    table: Mutex<LeaseTable<InstanceKey>>,
+    health: HealthConfig,
+    local_dc: String,
+    clock: Arc<dyn Clock>,
+}
+
+impl LeaseBook {
+    pub fn new(local_dc: &str, health: HealthConfig, clock: Arc<dyn Clock>) -> LeaseBook {
+        LeaseBook { table: Mutex::new(LeaseTable::default()), health, local_dc: local_dc.to_owned(), clock }
+    }
+
+    /// The lease table (for counts and the invariant check).
+    pub fn table(&self) -> MutexGuard<'_, LeaseTable<InstanceKey>> {
+        self.table.lock()
+    }
+
+    /// Whether `record` is an instance this registry holds a lease for.
+    pub fn leased(&self, record: &InstanceRecord) -> bool {
+        *record.key.owner_dc == *self.local_dc && !record.persistent
+    }
+
+    /// The silence thresholds of a record's lease.
+    pub fn times(&self, r: &InstanceRecord) -> LeaseTimes {
+        if u64::from(r.lease_ttl_ms) == self.health.expire_after_ms {
+            self.health.default_times()
+        } else {
+            LeaseTimes::from_ttl(u64::from(r.lease_ttl_ms))
+        }
+    }
+
+    /// The one way a lease is made from a record: registration `version`, just renewed,
+    /// at the record's published health (see [`Lease::resume`]).
+    pub fn lease_for(&self, record: &InstanceRecord, version: u64) -> Lease {
+        Lease::resume(self.clock.now_ms(), self.times(record), &self.health, record.health, record.damped)
+            .with_registration(version)
+    }
+
+    /// At start: a lease for every live local ephemeral instance of the loaded state.
+    pub fn rebuild<'a>(&self, held: impl Iterator<Item = (u64, &'a InstanceRecord)>) {
+        let mut table = self.table.lock();
+        for (seq, r) in held.filter(|(_, r)| self.leased(r)) {
+            table.insert(r.key.clone(), self.lease_for(r, seq));
+        }
+    }
+
+    /// The registration the lease of `key` belongs to, if it has one.
+    pub fn version_of(&self, key: &InstanceKey) -> Option<u64> {
+        self.table.lock().get(key).map(Lease::registration)
+    }
+
+    /// An event was minted for `key` at `seq`. `registration`: it was minted by a
+    /// registration (a new lease replaces the old one); a deregistration removes the lease.
+    /// Called on the commit sequence, in event order.
+    pub fn minted(&self, key: &InstanceKey, registration: bool, op: &Op, seq: u64) {
+        match op {
+            Op::Register(r) | Op::Update(r) if registration => {
+                let mut table = self.table.lock();
+                if self.leased(r) {
+                    table.insert(key.clone(), self.lease_for(r, seq));
+                } else {
+                    table.remove(key);
+                }
+            }
+            Op::Register(_) | Op::Update(_) => {}
+            Op::Deregister { .. } => {
+                self.table.lock().remove(key);
+            }
+        }
+    }
+
+    /// A decision about registration `version` of `key` found the instance gone: drop the
+    /// lease if it is still that registration's.
+    pub fn forget(&self, key: &InstanceKey, version: u64) {
+        let mut table = self.table.lock();
+        if table.get(key).is_some_and(|l| l.registration() == version) {
+            table.remove(key);
+        }
+    }
+
+    /// After a failed write of `key`: the durable state (`held`: seq and record) decides.
+    /// A live instance keeps a working lease (a missing or finished one is recreated from
+    /// the record); a gone one has none.
+    pub fn reconcile(&self, key: &InstanceKey, held: Option<(u64, &InstanceRecord)>) {
+        let mut table = self.table.lock();
+        match held.filter(|(_, r)| self.leased(r)) {
+            Some((seq, r)) => {
+                if table.get(key).is_none_or(Lease::expired) {
+                    table.insert(key.clone(), self.lease_for(r, seq));
+                }
+            }
+            None => {
+                table.remove(key);
+            }
+        }
+    }
+
+    /// A renewal: `None` when `key` has no lease, else its registration and the transition.
+    pub fn heartbeat(&self, key: &InstanceKey, now_ms: u64) -> Option<(u64, Option<Transition>)> {
+        let mut table = self.table.lock();
+        let t = table.heartbeat(key, now_ms)?;
+        Some((table.get(key).map_or(0, Lease::registration), t))
+    }
+
+    /// The lease check: the transitions, each with the registration it judged.
+    pub fn check(&self, now_ms: u64, expiry_paused: bool) -> Vec<(InstanceKey, u64, Transition)> {
+        let mut table = self.table.lock();
+        let due = table.check(now_ms, expiry_paused);
+        due.into_iter()
+            .map(|(k, t)| {
+                let v = table.get(&k).map_or(0, Lease::registration);
+                (k, v, t)
+            })
+            .collect()
+    }
+}
 
 /// Checks the lease invariant: the live local ephemeral instances of the latest minted
 /// state (`in_view`, overlaid with `in_flight`: a key's write in flight, `None` for a

@@ -142,6 +142,10 @@ impl Oracle {
     }
 
     pub fn op_finished(&mut self, client: usize, started_ms: u64, now: u64, r: &OpResult) {
+        if let OpResult::Registered(_) = r {
+            // A registration's lease starts when it is written, by its answer at the latest.
+            self.life_sign(client, now);
+        }
         let (seq, register) = match r {
             OpResult::Registered(Ok(seq)) => (*seq, true),
             OpResult::Deregistered(Ok(seq)) => (*seq, false),
@@ -161,11 +165,12 @@ impl Oracle {
         logs: &[Option<&MemStore>],
         views: &[Option<BTreeMap<(String, String), Seen>>],
         invariant: &[(usize, Result<usize, String>)],
+        quiet: &[bool],
     ) {
         self.own_events(now, notices);
         self.tombstones(now, logs, views);
         self.acks(now, clients, logs);
-        self.silent_not_served(now, clients, started, views);
+        self.silent_not_served(now, clients, started, views, quiet);
         for (dc, r) in invariant {
             match r {
                 Ok(0) => {}
@@ -318,15 +323,21 @@ impl Oracle {
 
     /// Health truth, while running: an instance silent for its unhealthy time (counted
     /// from its last sign of life or its node's restart, whichever is later) is not served
-    /// by its own DC.
+    /// by its own DC. A sign of life: a heartbeat sent, a registration sent or answered.
     fn silent_not_served(
         &mut self,
         now: u64,
         clients: &[Client],
         started: &[u64],
         views: &[Option<BTreeMap<(String, String), Seen>>],
+        quiet: &[bool],
     ) {
         for (c, client) in clients.iter().enumerate() {
+            // Judged when every operation of the DC has been answered (its health events
+            // are written).
+            if !quiet[client.dc] {
+                continue;
+            }
             let Some(Some(view)) = views.get(client.dc) else { continue };
             let Some(seen) = view.get(&(DC_NAMES[client.dc].to_owned(), client.id.clone())) else { continue };
             let since = self.life_ms[c].max(started[client.dc]);

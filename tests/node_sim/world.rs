@@ -758,9 +758,11 @@ impl World {
     pub fn replicated(&self) -> bool {
         (0..self.dcs.len()).all(|o| {
             let Some(own) = self.dcs[o].node.as_ref().map(|n| n.log().own_mark()) else { return false };
-            (0..self.dcs.len())
-                .filter(|p| *p != o)
-                .all(|p| self.dcs[p].node.as_ref().and_then(|n| n.log().mark_of(DC_NAMES[o])) == Some(own))
+            (0..self.dcs.len()).filter(|p| *p != o).all(|p| {
+                let held = self.dcs[p].node.as_ref().map(|n| n.log().mark_of(DC_NAMES[o]));
+                // An origin that never wrote has nothing to ship.
+                held == Some(Some(own)) || (held == Some(None) && own.seq == 0)
+            })
         })
     }
 
@@ -809,7 +811,7 @@ impl World {
         let logs: Vec<Option<&MemStore>> =
             self.dcs.iter().map(|d| d.node.as_ref().map(|n| n.log())).collect();
         let started: Vec<u64> = self.dcs.iter().map(|d| d.started_ms).collect();
-        self.oracle.observe(self.now, &self.clients, &started, &notices, &logs, &views, &invariant);
+        self.oracle.observe(self.now, &self.clients, &started, &notices, &logs, &views, &invariant, &quiet);
     }
 
     fn finish(&mut self) {
