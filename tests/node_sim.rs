@@ -133,3 +133,21 @@ fn regression(seed: u64) {
 fn regression_seed_28_delete_racing_reregistration_keeps_the_new_lease() {
     regression(28);
 }
+
+/// Issue 12 §1: a restart gave every instance a fresh Healthy lease whatever its record
+/// said; an instance Suspect or Unhealthy at the crash then never published its recovery
+/// (caught by health truth: "c0 heartbeats but dc-a shows it suspect" at 39250 ms, with
+/// the old restart rule put back).
+#[test]
+fn regression_seed_6_a_restart_resumes_leases_at_the_records_health() {
+    regression(6);
+}
+
+/// Issue 12 §2: the lease checker's expiry named no registration, so a re-registration
+/// written between the judgement and the expiry's write was removed (caught by
+/// expiry_justified: "expiry seq 67 at 26000 ms removed registration seq 66 started at
+/// 26000 ms", with the version check taken out).
+#[test]
+fn regression_seed_68_an_expiry_removes_only_the_registration_it_judged() {
+    regression(68);
+}
