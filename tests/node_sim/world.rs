@@ -241,11 +241,11 @@ impl World {
             })
             .collect();
         let mut clients = Vec::new();
-        for dc in 0..p.dcs {
+        for (dc, name) in DC_NAMES.iter().enumerate().take(p.dcs) {
             for i in 0..p.ids_per_dc {
                 clients.push(Client {
                     dc,
-                    id: format!("{}{}", &DC_NAMES[dc][3..], i),
+                    id: format!("{}{}", &name[3..], i),
                     ttl_ms: TTLS_MS[rng.gen_range(0..TTLS_MS.len())],
                     alive: false,
                     silent_until_ms: 0,
@@ -516,11 +516,11 @@ impl World {
         self.log_trace(|| format!("{dc} {} done: {r:?}", self.clients[client].id));
         match &r {
             OpResult::Registered(_) => self.clients[client].registering = false,
-            OpResult::Heartbeat(Err("not_found")) => {
-                // The SDK's answer to an unknown instance: register again.
-                if self.clients[client].alive && !self.clients[client].registering {
-                    self.register(client);
-                }
+            // The SDK's answer to an unknown instance: register again.
+            OpResult::Heartbeat(Err("not_found"))
+                if self.clients[client].alive && !self.clients[client].registering =>
+            {
+                self.register(client);
             }
             _ => {}
         }
@@ -614,34 +614,32 @@ impl World {
     fn network(&mut self) {
         let n = self.dcs.len();
         // Dial.
-        for o in 0..n {
-            for p in (0..n).filter(|p| *p != o) {
-                let due = self.dial_at.get(&(o, p)).is_none_or(|t| self.now >= *t);
-                if self.conns.contains_key(&(o, p)) || !due || !self.linked(o, p) {
-                    continue;
-                }
-                let (sender, hello) = {
-                    let log = self.dcs[o].node.as_ref().map(|n| n.log()).expect("linked");
-                    Sender::new(
-                        log,
-                        DC_NAMES[p],
-                        StreamTuning { batch_events_max: 8, window_batches_max: 4, ping_interval_ms: 500 },
-                        self.now,
-                    )
-                };
-                let at = self.now + self.delay();
-                let mut to_peer = VecDeque::new();
-                to_peer.push_back((at, hello));
-                self.conns.insert(
-                    (o, p),
-                    Conn {
-                        sender,
-                        receiver: Receiver::new(DC_NAMES[p], DC_NAMES[o]),
-                        to_peer,
-                        to_origin: VecDeque::new(),
-                    },
-                );
+        for (o, p) in (0..n).flat_map(|o| (0..n).map(move |p| (o, p))).filter(|(o, p)| o != p) {
+            let due = self.dial_at.get(&(o, p)).is_none_or(|t| self.now >= *t);
+            if self.conns.contains_key(&(o, p)) || !due || !self.linked(o, p) {
+                continue;
             }
+            let (sender, hello) = {
+                let log = self.dcs[o].node.as_ref().map(|n| n.log()).expect("linked");
+                Sender::new(
+                    log,
+                    DC_NAMES[p],
+                    StreamTuning { batch_events_max: 8, window_batches_max: 4, ping_interval_ms: 500 },
+                    self.now,
+                )
+            };
+            let at = self.now + self.delay();
+            let mut to_peer = VecDeque::new();
+            to_peer.push_back((at, hello));
+            self.conns.insert(
+                (o, p),
+                Conn {
+                    sender,
+                    receiver: Receiver::new(DC_NAMES[p], DC_NAMES[o]),
+                    to_peer,
+                    to_origin: VecDeque::new(),
+                },
+            );
         }
         let keys: Vec<(usize, usize)> = self.conns.keys().copied().collect();
         for (o, p) in keys {
