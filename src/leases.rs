@@ -164,3 +164,82 @@ pub fn check_invariant<'a>(
     }
     Ok(with_lease.len())
 }
+
+#[cfg(test)]
+mod tests {
+    use tandem_schemas::{DeregisterReason, Health};
+
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn book() -> (LeaseBook, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::new(1_000, 0));
+        (LeaseBook::new("dc-a", HealthConfig::default(), clock.clone()), clock)
+    }
+
+    fn record(health: Health) -> InstanceRecord {
+        let mut r = tandem_replicator::log::conformance::record("dc-a", "i1");
+        r.lease_ttl_ms = 8_000;
+        r.health = health;
+        r
+    }
+
+    #[test]
+    fn a_restart_resumes_at_the_records_health_with_a_full_ttl_of_grace() {
+        // Issue 12 §1: Unhealthy at the restart stays Unhealthy while silent (never
+        // Suspect, so never served), expires a full TTL after the restart, and needs the
+        // recovery heartbeats to be Healthy again.
+        let (book, clock) = book();
+        let r = record(Health::Unhealthy);
+        book.rebuild([(7, &r)].into_iter());
+        assert_eq!(book.version_of(&r.key), Some(7));
+        clock.set(1_000 + 7_999);
+        assert!(book.check(clock.now_ms(), false).is_empty(), "no Suspect, no expiry within the TTL");
+        let (silent, clock2) = self::book();
+        silent.rebuild([(7, &r)].into_iter());
+        clock2.set(1_000 + 8_000);
+        assert_eq!(silent.check(clock2.now_ms(), false), vec![(r.key.clone(), 7, Transition::Expire)]);
+
+        let mut published = vec![];
+        for i in 1..=4 {
+            clock.set(9_000 + i * 1_000);
+            if let Some((7, Some(t))) = book.heartbeat(&r.key, clock.now_ms()) {
+                published.push(t);
+            }
+        }
+        assert_eq!(
+            published,
+            vec![
+                Transition::Health { to: Health::Suspect, damped: false },
+                Transition::Health { to: Health::Healthy, damped: false }
+            ]
+        );
+    }
+
+    #[test]
+    fn leases_follow_the_minted_order_not_the_callers() {
+        // Issue 12 §2: DELETE minted first, the re-registration after: the new
+        // registration keeps its lease whenever the DELETE's caller comes back.
+        let (book, _) = book();
+        let r = record(Health::Healthy);
+        book.minted(&r.key, true, &Op::Register(r.clone()), 1);
+        book.minted(
+            &r.key,
+            false,
+            &Op::Deregister { key: r.key.clone(), reason: DeregisterReason::Explicit },
+            2,
+        );
+        assert_eq!(book.version_of(&r.key), None);
+        book.minted(&r.key, true, &Op::Register(r.clone()), 3);
+        assert_eq!(book.version_of(&r.key), Some(3));
+        // A decision about registration 1 changes nothing; a health update keeps the lease.
+        book.forget(&r.key, 1);
+        book.minted(&r.key, false, &Op::Update(r.clone()), 4);
+        assert_eq!(book.version_of(&r.key), Some(3));
+        // A persistent re-registration has no lease.
+        let mut p = r.clone();
+        p.persistent = true;
+        book.minted(&r.key, true, &Op::Update(p), 5);
+        assert_eq!(book.version_of(&r.key), None);
+    }
+}
