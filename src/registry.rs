@@ -641,6 +641,8 @@ pub struct Registry {
     /// event builders (one at a time, on the committer thread) read and extend it; callers
     /// drop their entries once answered.
     minted: Arc<Mutex<Overlay>>,
+    /// The leases of the local ephemeral instances, changed as their events are minted
+    /// (see [`crate::leases`]).
     leases: Arc<LeaseBook>,
     preservation: Mutex<SelfPreservation>,
     preservation_active: std::sync::atomic::AtomicBool,
