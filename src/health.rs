@@ -337,6 +337,11 @@ impl<K: Eq + std::hash::Hash + Ord + Clone> LeaseTable<K> {
         self.map.get(key).map(|s| &s.lease)
     }
 
+    /// Every key that has a lease, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.map.keys().map(|k| &**k)
+    }
+
     /// Adds or replaces the lease of `key`.
     pub fn insert(&mut self, key: K, lease: Lease) {
         let key = std::sync::Arc::new(key);
@@ -357,19 +362,6 @@ impl<K: Eq + std::hash::Hash + Ord + Clone> LeaseTable<K> {
             self.reschedule(key);
         }
         Some(t)
-    }
-
-    /// Renews the lease of `key`, starting it with `new()` first when there is none (an
-    /// instance known to the view whose lease a restart or a race left out). Returns what
-    /// [`Lease::heartbeat`] returned.
-    pub fn renew(&mut self, key: &K, now_ms: u64, new: impl FnOnce() -> Lease) -> Option<Transition> {
-        if let Some(t) = self.heartbeat(key, now_ms) {
-            return t;
-        }
-        let mut lease = new();
-        let t = lease.heartbeat(now_ms);
-        self.insert(key.clone(), lease);
-        t
     }
 
     /// The lease check at `now_ms`: ticks every lease whose deadline has come and returns
@@ -499,6 +491,8 @@ pub struct Lease {
     /// Flap history, allocated at the first flip (most leases never flip).
     flaps: Option<Box<Flaps>>,
     expired: bool,
+    /// The registration this lease belongs to (the registry's version of it; 0: none).
+    registration: u64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -531,7 +525,43 @@ impl Lease {
             damped: false,
             flaps: None,
             expired: false,
+            registration: 0,
         }
+    }
+
+    /// A lease recreated for an instance whose published health is known (a restart, a
+    /// failover, a failed write): it starts just renewed (a full TTL of grace before it can
+    /// expire), at that health, and keeps the slow way back: an instance not Healthy needs
+    /// `recovery_heartbeats` consecutive heartbeats per step up. A damped record stays
+    /// damped until a flap window passes without a flip. With `Healthy` and not damped this
+    /// is [`Lease::new`].
+    pub fn resume(
+        now_ms: u64,
+        times: LeaseTimes,
+        cfg: &HealthConfig,
+        published: Health,
+        damped: bool,
+    ) -> Lease {
+        let mut lease = Lease::new(now_ms, times, cfg);
+        lease.actual = published;
+        lease.published = published;
+        lease.recovering = published != Health::Healthy;
+        if damped {
+            lease.damped = true;
+            lease.flaps_mut().last_flip_ms = Some(now_ms);
+        }
+        lease
+    }
+
+    /// This lease, belonging to registration `version`.
+    pub fn with_registration(mut self, version: u64) -> Lease {
+        self.registration = version;
+        self
+    }
+
+    /// The registration this lease belongs to.
+    pub fn registration(&self) -> u64 {
+        self.registration
     }
 
     /// A renewal at `now_ms`. Never expires the lease; returns `None` once it has expired.

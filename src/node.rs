@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use tandem_replicator::gateway::{self, Gateway, GatewayConfig, PeerConfig, ReplicaStore};
 use tandem_replicator::log::{ApplyReport, EventLog, LogError};
 use tandem_replicator::protocol::StreamTuning;
+use tandem_replicator::purge;
 use tandem_replicator::tls::{ReloadableTls, TlsPaths};
 use tandem_schemas::{ChangeEvent, Mark, Snapshot};
 use tokio::sync::watch;
@@ -19,7 +20,7 @@ use tokio::sync::watch;
 use crate::config::Config;
 use crate::registry::{Counters, Registry, ViewCell};
 pub use crate::shared::{AnswerCache, LiveMarks, NodeShared};
-use crate::store::{CommitError, CommitNotice, Committed, Committer, CommitterHandle, RocksLog};
+use crate::store::{CommitError, CommitLog, CommitNotice, Committed, Committer, CommitterHandle, RocksLog};
 
 mod metrics;
 pub mod status;
@@ -126,7 +127,13 @@ impl Node {
         )
         .context("cannot start the committer thread")?;
         let cfg = Arc::new(cfg);
-        let registry = Registry::new(cfg.clone(), committer.clone(), view, counters);
+        let registry = Registry::new(
+            cfg.clone(),
+            Arc::new(committer.clone()),
+            view,
+            counters,
+            Arc::new(crate::clock::SystemClock::new()),
+        );
 
         let (shutdown, shut_rx) = watch::channel(false);
         let mut tasks = Vec::new();
@@ -221,7 +228,7 @@ impl Node {
                 loop {
                     tokio::select! {
                         _ = tick.tick() => {
-                            if let Err(e) = purge_once(&committer, &peers, grace_ms).await {
+                            if let Err(e) = purge_once(&committer, &peers, grace_ms, gateway::wall_ms()).await {
                                 tracing::warn!(error = %e, "purge pass failed");
                             }
                         }
@@ -278,37 +285,23 @@ impl Node {
     }
 }
 
-async fn purge_once(committer: &CommitterHandle, peers: &[String], grace_ms: u64) -> Result<(), LogError> {
+/// One pass of the purge task: own log entries and tombstones every peer acknowledged and
+/// older than `grace_ms` go (the rule is [`tandem_replicator::purge`]). `now_wall_ms` is the
+/// wall clock the events' commit times are compared with.
+pub async fn purge_once<L: CommitLog + Send + 'static>(
+    committer: &CommitterHandle<L>,
+    peers: &[String],
+    grace_ms: u64,
+    now_wall_ms: u64,
+) -> Result<(), LogError> {
     let peers = peers.to_vec();
-    let cutoff = gateway::wall_ms().saturating_sub(grace_ms);
+    let cutoff = now_wall_ms.saturating_sub(grace_ms);
     let upto = committer
-        .with_log(move |log: &mut RocksLog| -> Result<u64, LogError> {
+        .with_log(move |log: &mut L| -> Result<u64, LogError> {
             let own = log.own_mark();
             let acks = log.peer_acks();
-            let mut floor = own.seq;
-            for p in &peers {
-                match acks.get(p) {
-                    Some(m) if m.epoch == own.epoch => floor = floor.min(m.seq),
-                    Some(_) | None => floor = 0,
-                }
-            }
-            // Walk forward from the purge floor while entries are older than the grace.
-            let mut upto = log.purge_floor();
-            let mut scanned = 0usize;
-            while upto < floor && scanned < 65_536 {
-                let batch = log.read_own(upto, 1_024)?;
-                if batch.is_empty() {
-                    break;
-                }
-                for ev in &batch {
-                    if ev.seq > floor || ev.commit_time_ms > cutoff {
-                        return Ok(upto);
-                    }
-                    upto = ev.seq;
-                }
-                scanned += batch.len();
-            }
-            Ok(upto)
+            let acked = purge::acked_floor(own, peers.iter().map(|p| acks.get(p).copied()));
+            purge::purge_upto(log.purge_floor(), acked, cutoff, |after, max| log.read_own(after, max))
         })
         .await
         .map_err(log_err)??;

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use tandem_replicator::log::StateChange;
@@ -24,11 +24,13 @@ use tandem_schemas::{
 use tokio::sync::watch;
 use uuid::Uuid;
 
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::failover::{self, Decision, FailoverState, LocalCounts, Policy};
-use crate::health::{HealthConfig, Lease, LeaseTable, LeaseTimes, SelfPreservation, Transition};
-use crate::store::CommitterHandle;
+use crate::health::{HealthConfig, SelfPreservation, Transition};
+use crate::leases::LeaseBook;
+use crate::store::AppendLocal;
 
 /// Bits of the watch index that count in-memory-only changes (failover switches) between
 /// two durable writes; the higher bits count durable writes. See [`ViewIndex`].
@@ -174,12 +176,16 @@ enum Patch {
     /// Register or replace the whole record (client-set fields; health starts Healthy).
     Register(Box<InstanceRecord>),
     Status(Status),
+    /// A health change judged on the lease of registration `version`.
     Health {
         health: Health,
         damped: bool,
+        version: u64,
     },
-    Damped(bool),
-    Deregister(DeregisterReason),
+    Damped(bool, u64),
+    /// `Some(version)`: removes that registration only (a lease expiry); `None`: whatever
+    /// registration is current (an explicit deregistration).
+    Deregister(DeregisterReason, Option<u64>),
 }
 
 /// What a committed patch did, as its caller sees it. Short-lived and rare: size is fine.
@@ -215,16 +221,31 @@ struct Pending {
 type Overlay = HashMap<InstanceKey, Pending, foldhash::fast::RandomState>;
 
 impl Patch {
+    /// The registration this patch was judged on, if it names one.
+    fn judged(&self) -> Option<u64> {
+        match self {
+            Patch::Health { version, .. } | Patch::Damped(_, version) => Some(*version),
+            Patch::Deregister(_, version) => *version,
+            Patch::Register(_) | Patch::Status(_) => None,
+        }
+    }
+
     /// The event this patch mints given the latest state of its key, which is the
     /// overlay's in-flight state if there is one, else `base` (the view). On `Op`, the
-    /// overlay records the new state under `seq`.
+    /// overlay records the new state under `seq`. `lease`: the registration the key's
+    /// lease belongs to now; a patch judged on another registration is `Gone` (it was about
+    /// an instance that has been replaced or removed since).
     fn apply(
         self,
         key: &InstanceKey,
         overlay: &mut Overlay,
         seq: u64,
         base: impl FnOnce(&InstanceKey) -> Option<InstanceRecord>,
+        lease: Option<u64>,
     ) -> Minted {
+        if self.judged().is_some_and(|v| lease != Some(v)) {
+            return Minted::Gone;
+        }
         let current = match overlay.get(key) {
             Some(p) => p.record.clone(),
             None => base(key),
@@ -235,7 +256,7 @@ impl Patch {
                     if current.is_some() { Op::Update((*r).clone()) } else { Op::Register((*r).clone()) };
                 (Minted::Op(op), Some(*r))
             }
-            Patch::Deregister(reason) => match current {
+            Patch::Deregister(reason, _) => match current {
                 Some(_) => (Minted::Op(Op::Deregister { key: key.clone(), reason }), None),
                 None => return Minted::Gone,
             },
@@ -244,13 +265,13 @@ impl Patch {
                 r.status = status;
                 changed
             }),
-            Patch::Health { health, damped } => Self::modify(current, |r| {
+            Patch::Health { health, damped, .. } => Self::modify(current, |r| {
                 let changed = r.health != health || r.damped != damped;
                 r.health = health;
                 r.damped = damped;
                 changed
             }),
-            Patch::Damped(damped) => Self::modify(current, |r| {
+            Patch::Damped(damped, _) => Self::modify(current, |r| {
                 let changed = r.damped != damped;
                 r.damped = damped;
                 changed
@@ -478,68 +499,59 @@ pub struct Registry {
     pub dc: Name,
     cfg: RwLock<Arc<Config>>,
     health: HealthConfig,
-    committer: CommitterHandle,
+    committer: Arc<dyn AppendLocal>,
     view: Arc<ViewCell>,
     /// Latest minted state of the local instances with writes in flight (see [`Pending`]):
     /// event builders (one at a time, on the committer thread) read and extend it; callers
     /// drop their entries once answered.
     minted: Arc<Mutex<Overlay>>,
-    leases: Mutex<LeaseTable<InstanceKey>>,
+    /// The leases of the local ephemeral instances, changed as their events are minted
+    /// (see [`crate::leases`]).
+    leases: Arc<LeaseBook>,
     preservation: Mutex<SelfPreservation>,
     preservation_active: std::sync::atomic::AtomicBool,
     failover: Mutex<HashMap<ServiceId, FailoverState>>,
     /// Last known staleness of each remote origin, to wake watchers when it flips.
     staleness: Mutex<BTreeMap<String, bool>>,
     pub counters: Arc<Counters>,
-    started: Instant,
+    /// Every time the registry reads (leases, failover, commit times) comes from here.
+    clock: Arc<dyn Clock>,
     stale: RwLock<StaleFn>,
-}
-
-fn wall_ms() -> u64 {
-    tandem_replicator::gateway::wall_ms()
 }
 
 impl Registry {
     pub fn new(
         cfg: Arc<Config>,
-        committer: CommitterHandle,
+        committer: Arc<dyn AppendLocal>,
         view: Arc<ViewCell>,
         counters: Arc<Counters>,
+        clock: Arc<dyn Clock>,
     ) -> Arc<Self> {
         let health = cfg.health_config();
-        let now = 0;
+        let now = clock.now_ms();
         let reg = Arc::new(Registry {
             dc: cfg.dc.as_str().into(),
             health: health.clone(),
             committer,
             minted: Arc::new(Mutex::new(Overlay::default())),
             view,
-            leases: Mutex::new(LeaseTable::default()),
+            leases: Arc::new(LeaseBook::new(cfg.dc.as_str(), health.clone(), clock.clone())),
             preservation: Mutex::new(SelfPreservation::new(now, &health)),
             preservation_active: Default::default(),
             failover: Mutex::new(HashMap::new()),
             staleness: Mutex::new(BTreeMap::new()),
             counters,
-            started: Instant::now(),
+            clock,
             stale: RwLock::new(Arc::new(|_| false)),
             cfg: RwLock::new(cfg),
         });
-        // Every local ephemeral instance found at start gets a fresh lease: a restart must
-        // never expire instances that kept heartbeating elsewhere meanwhile.
-        let now = reg.now_ms();
+        // Every local ephemeral instance found at start gets its lease back, at the health
+        // its record published, with a full TTL of grace: a restart must never expire
+        // instances that kept heartbeating elsewhere meanwhile, nor revive dead ones.
         {
             let v = reg.view.view.read();
-            let mut leases = reg.leases.lock();
-            for svc in v.services.values() {
-                for h in svc.instances.values() {
-                    if *h.record.key.owner_dc == *reg.dc && !h.record.persistent {
-                        leases.insert(
-                            h.record.key.clone(),
-                            Lease::new(now, reg.lease_times(&h.record), &reg.health),
-                        );
-                    }
-                }
-            }
+            reg.leases
+                .rebuild(v.services.values().flat_map(|s| s.instances.values()).map(|h| (h.seq, &*h.record)));
         }
         reg
     }
@@ -558,7 +570,7 @@ impl Registry {
     }
 
     pub fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
+        self.clock.now_ms()
     }
 
     pub fn view(&self) -> &Arc<ViewCell> {
@@ -566,7 +578,19 @@ impl Registry {
     }
 
     pub fn lease_count(&self) -> usize {
-        self.leases.lock().len()
+        self.leases.table().len()
+    }
+
+    /// Checks the lease invariant (see [`crate::leases::check_invariant`]) against the
+    /// latest minted state: the view, overlaid with the writes in flight. Returns the
+    /// number of leases.
+    pub fn check_lease_invariant(&self) -> Result<usize, String> {
+        let minted = self.minted.lock();
+        let leases = self.leases.table();
+        let v = self.view.view.read();
+        let in_view = v.services.values().flat_map(|s| s.instances.values()).map(|h| &*h.record);
+        let in_flight = minted.iter().map(|(k, p)| (k, p.record.as_ref()));
+        crate::leases::check_invariant(&self.dc, in_view, in_flight, &leases)
     }
 
     pub fn self_preservation_active(&self) -> bool {
@@ -578,14 +602,6 @@ impl Registry {
         (p.renewals_last_window(), p.expected_last_window())
     }
 
-    fn lease_times(&self, r: &InstanceRecord) -> LeaseTimes {
-        if u64::from(r.lease_ttl_ms) == self.health.expire_after_ms {
-            self.health.default_times()
-        } else {
-            LeaseTimes::from_ttl(u64::from(r.lease_ttl_ms))
-        }
-    }
-
     /// Makes `patches` durable as events, in order. Each patch is turned into an event on
     /// the committer thread against the latest minted state of its key, so concurrent
     /// writers of one instance (a status change racing a health change) never overwrite
@@ -595,6 +611,9 @@ impl Registry {
         let dc = self.dc.clone();
         let minted = self.minted.clone();
         let view = self.view.clone();
+        let clock = self.clock.clone();
+        let leases = self.leases.clone();
+        let keys: Vec<InstanceKey> = patches.iter().map(|(k, _)| k.clone()).collect();
         let outcome: Arc<Mutex<Vec<Option<u64>>>> = Arc::new(Mutex::new(Vec::new()));
         let out = outcome.clone();
         let mine: Arc<Mutex<Vec<(InstanceKey, u64)>>> = Arc::new(Mutex::new(Vec::new()));
@@ -605,28 +624,37 @@ impl Registry {
         let _settle = SettleOnDrop { overlay: self.minted.clone(), mine: mine.clone() };
         let written = self
             .committer
-            .append_local(move |mark: Mark| {
-                let now = wall_ms();
+            .append_local_boxed(Box::new(move |mark: Mark| {
+                let now = clock.wall_ms();
                 let mut minted = minted.lock();
                 let mut seq = mark.seq;
                 let mut events = Vec::new();
                 let mut outcome = out.lock();
                 let mut mine = mine_in.lock();
                 for (key, patch) in patches {
-                    let op = match patch.apply(&key, &mut minted, seq + 1, |k| {
-                        view.get(k).map(|h| Arc::unwrap_or_clone(h.record))
-                    }) {
+                    let registration = matches!(patch, Patch::Register(_));
+                    let judged = patch.judged();
+                    let lease = leases.version_of(&key);
+                    let base = |k: &InstanceKey| view.get(k).map(|h| Arc::unwrap_or_clone(h.record));
+                    let op = match patch.apply(&key, &mut minted, seq + 1, base, lease) {
                         Minted::Op(op) => op,
                         Minted::Unchanged => {
                             outcome.push(Some(0));
                             continue;
                         }
                         Minted::Gone => {
+                            // A decision about a registration that is gone: its lease too.
+                            if let Some(v) = judged {
+                                leases.forget(&key, v);
+                            }
                             outcome.push(None);
                             continue;
                         }
                     };
                     seq += 1;
+                    // The leases follow the minted sequence: a registration's lease starts
+                    // with its event, a deregistration's removal with its tombstone.
+                    leases.minted(&key, registration, &op, seq);
                     outcome.push(Some(seq));
                     mine.push((key, seq));
                     events.push(ChangeEvent {
@@ -639,10 +667,18 @@ impl Registry {
                     });
                 }
                 events
-            })
+            }))
             .await;
-        let events =
-            written.map_err(|e| ApiError::unavailable(format!("the event log refused the write: {e}")))?;
+        let events = match written {
+            Ok(events) => events,
+            Err(e) => {
+                // Nothing of this call is durable: the durable state decides the leases.
+                for key in &keys {
+                    self.leases.reconcile(key, self.view.get(key).as_ref().map(|h| (h.seq, &*h.record)));
+                }
+                return Err(ApiError::unavailable(format!("the event log refused the write: {e}")));
+            }
+        };
         let outcome = std::mem::take(&mut *outcome.lock());
         Ok(outcome
             .into_iter()
@@ -731,20 +767,9 @@ impl Registry {
         };
         tandem_schemas::validate_record(&record).map_err(ApiError::invalid)?;
         self.preservation.lock().record_renewal(self.now_ms());
-        if !persistent {
-            // The lease starts before the write so that a heartbeat racing the ack is kept.
-            self.leases
-                .lock()
-                .insert(key.clone(), Lease::new(self.now_ms(), self.lease_times(&record), &self.health));
-        } else {
-            self.leases.lock().remove(&key);
-        }
-        let events =
-            self.commit(vec![(key.clone(), Patch::Register(Box::new(record)))]).await.inspect_err(|_| {
-                if self.view.get(&key).is_none() {
-                    self.leases.lock().remove(&key);
-                }
-            })?;
+        // The lease starts when the registration is minted (before the ack, so a heartbeat
+        // racing the ack is kept), in the order of the events.
+        let events = self.commit(vec![(key.clone(), Patch::Register(Box::new(record)))]).await?;
         self.counters.registrations.fetch_add(1, Ordering::Relaxed);
         let Some(Outcome::Written(ev)) = events.into_iter().next() else {
             return Err(ApiError::unavailable("the registration was not written"));
@@ -796,8 +821,8 @@ impl Registry {
         }
         self.counters.heartbeat_batches.fetch_add(1, Ordering::Relaxed);
         let mut answer = HeartbeatBatchAnswer::default();
-        // (key, lease times) of the ephemeral instances to renew.
-        let mut renew: Vec<(InstanceKey, LeaseTimes)> = Vec::with_capacity(items.len());
+        // (position, key) of the ephemeral instances to renew.
+        let mut renew: Vec<(usize, InstanceKey)> = Vec::with_capacity(items.len());
         {
             let v = self.view.view.read();
             for (i, it) in items.iter().enumerate() {
@@ -807,26 +832,29 @@ impl Registry {
                     Some(h) => {
                         answer.renewed += 1;
                         if !h.record.persistent {
-                            renew.push((h.record.key.clone(), self.lease_times(&h.record)));
+                            renew.push((i, h.record.key.clone()));
                         }
                     }
                 }
             }
         }
         let now = self.now_ms();
+        let mut transitions = Vec::new();
+        for (i, key) in renew {
+            match self.leases.heartbeat(&key, now) {
+                Some((version, Some(t))) => transitions.push((key, version, t)),
+                Some((_, None)) => {}
+                // No lease: its deregistration is in flight. Unknown: register again.
+                None => {
+                    answer.renewed -= 1;
+                    answer.unknown.push(i);
+                }
+            }
+        }
+        answer.unknown.sort_unstable();
         self.preservation.lock().record_renewals(now, answer.renewed as u64);
         self.counters.heartbeats.fetch_add(answer.renewed as u64, Ordering::Relaxed);
         self.counters.heartbeats_unknown.fetch_add(answer.unknown.len() as u64, Ordering::Relaxed);
-        let transitions: Vec<(InstanceKey, Transition)> = {
-            let mut leases = self.leases.lock();
-            renew
-                .into_iter()
-                .filter_map(|(key, times)| {
-                    let t = leases.renew(&key, now, || Lease::new(now, times, &self.health))?;
-                    Some((key, t))
-                })
-                .collect()
-        };
         self.apply_transitions(transitions).await?;
         Ok(answer)
     }
@@ -842,46 +870,53 @@ impl Registry {
             }
         };
         let now = self.now_ms();
-        self.preservation.lock().record_renewal(now);
-        self.counters.heartbeats.fetch_add(1, Ordering::Relaxed);
         if held.record.persistent {
+            self.preservation.lock().record_renewal(now);
+            self.counters.heartbeats.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
-        let transition = self
-            .leases
-            .lock()
-            .renew(&key, now, || Lease::new(now, self.lease_times(&held.record), &self.health));
+        let Some((version, transition)) = self.leases.heartbeat(&key, now) else {
+            // The view still shows it, but its deregistration is minted: it is gone.
+            self.counters.heartbeats_unknown.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::not_found(format!("instance {id} of {ns}/{svc} is being deregistered")));
+        };
+        self.preservation.lock().record_renewal(now);
+        self.counters.heartbeats.fetch_add(1, Ordering::Relaxed);
         if let Some(t) = transition {
-            self.apply_transitions(vec![(key, t)]).await?;
+            self.apply_transitions(vec![(key, version, t)]).await?;
         }
         Ok(())
     }
 
     /// Makes the transitions of heartbeats durable as events (none: nothing to write).
-    async fn apply_transitions(&self, transitions: Vec<(InstanceKey, Transition)>) -> Result<(), ApiError> {
+    async fn apply_transitions(
+        &self,
+        transitions: Vec<(InstanceKey, u64, Transition)>,
+    ) -> Result<(), ApiError> {
         if transitions.is_empty() {
             return Ok(());
         }
         self.counters.health_events.fetch_add(transitions.len() as u64, Ordering::Relaxed);
         let patches = transitions
             .into_iter()
-            .map(|(key, t)| {
-                let patch = self.transition_patch(&key, t);
+            .map(|(key, version, t)| {
+                let patch = self.transition_patch(&key, version, t);
                 (key, patch)
             })
             .collect();
         self.commit(patches).await.map(|_| ())
     }
 
-    fn transition_patch(&self, key: &InstanceKey, t: Transition) -> Patch {
+    /// The patch of a lease transition judged on registration `version`; the lease itself
+    /// changes only when the patch is minted (see [`LeaseBook::minted`]).
+    fn transition_patch(&self, key: &InstanceKey, version: u64, t: Transition) -> Patch {
         match t {
-            Transition::Health { to, damped } => Patch::Health { health: to, damped },
-            Transition::Damped(damped) => Patch::Damped(damped),
+            Transition::Health { to, damped } => Patch::Health { health: to, damped, version },
+            Transition::Damped(damped) => Patch::Damped(damped, version),
             Transition::Expire => {
-                self.leases.lock().remove(key);
                 self.counters.expirations.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(instance = %key.instance_id, service = %key.service, "lease expired");
-                Patch::Deregister(DeregisterReason::LeaseExpired)
+                Patch::Deregister(DeregisterReason::LeaseExpired, Some(version))
             }
         }
     }
@@ -889,8 +924,9 @@ impl Registry {
     /// DELETE /v1/instances: explicit deregistration; returns the tombstone's seq.
     pub async fn deregister(&self, ns: &str, svc: &str, id: &str) -> Result<u64, ApiError> {
         let (key, _) = self.local_key(ns, svc, id)?;
-        let events = self.commit(vec![(key.clone(), Patch::Deregister(DeregisterReason::Explicit))]).await?;
-        self.leases.lock().remove(&key);
+        // The lease goes when the deregistration is minted, not when this call resumes: a
+        // registration minted after it (a racing re-registration) keeps its own lease.
+        let events = self.commit(vec![(key, Patch::Deregister(DeregisterReason::Explicit, None))]).await?;
         match events.into_iter().next() {
             Some(Outcome::Written(ev)) => {
                 self.counters.deregistrations.fetch_add(1, Ordering::Relaxed);
@@ -931,14 +967,10 @@ impl Registry {
                 tracing::info!("self-preservation released: lease expiry resumed");
             }
         }
-        let transitions = self.leases.lock().check(now, paused);
+        let transitions = self.leases.check(now, paused);
         let mut patches = Vec::new();
-        for (key, t) in transitions {
-            if self.view.get(&key).is_none() {
-                self.leases.lock().remove(&key);
-                continue;
-            }
-            let patch = self.transition_patch(&key, t);
+        for (key, version, t) in transitions {
+            let patch = self.transition_patch(&key, version, t);
             patches.push((key, patch));
         }
         if !patches.is_empty() {
@@ -1349,16 +1381,17 @@ mod tests {
         let mut minted = Overlay::default();
         let none = |_: &InstanceKey| None;
         assert!(matches!(
-            Patch::Register(Box::new(rec())).apply(&key, &mut minted, 1, none),
+            Patch::Register(Box::new(rec())).apply(&key, &mut minted, 1, none, Some(1)),
             Minted::Op(Op::Register(_))
         ));
-        let Minted::Op(Op::Update(a)) = Patch::Status(Status::Draining).apply(&key, &mut minted, 2, none)
+        let Minted::Op(Op::Update(a)) =
+            Patch::Status(Status::Draining).apply(&key, &mut minted, 2, none, Some(1))
         else {
             panic!()
         };
         assert_eq!(a.status, Status::Draining);
-        let Minted::Op(Op::Update(b)) =
-            Patch::Health { health: Health::Suspect, damped: false }.apply(&key, &mut minted, 3, none)
+        let Minted::Op(Op::Update(b)) = Patch::Health { health: Health::Suspect, damped: false, version: 1 }
+            .apply(&key, &mut minted, 3, none, Some(1))
         else {
             panic!()
         };
@@ -1368,18 +1401,21 @@ mod tests {
             "status kept by the health update"
         );
         assert!(matches!(
-            Patch::Status(Status::Draining).apply(&key, &mut minted, 4, none),
+            Patch::Status(Status::Draining).apply(&key, &mut minted, 4, none, Some(1)),
             Minted::Unchanged
         ));
         assert!(matches!(
-            Patch::Deregister(DeregisterReason::Explicit).apply(&key, &mut minted, 4, none),
+            Patch::Deregister(DeregisterReason::Explicit, None).apply(&key, &mut minted, 4, none, Some(1)),
             Minted::Op(_)
         ));
         // A deregistration in flight hides what the (older) view still holds.
         let stale = |_: &InstanceKey| Some(rec());
-        assert!(matches!(Patch::Status(Status::Up).apply(&key, &mut minted, 5, stale), Minted::Gone));
         assert!(matches!(
-            Patch::Deregister(DeregisterReason::Explicit).apply(&key, &mut minted, 5, stale),
+            Patch::Status(Status::Up).apply(&key, &mut minted, 5, stale, Some(1)),
+            Minted::Gone
+        ));
+        assert!(matches!(
+            Patch::Deregister(DeregisterReason::Explicit, None).apply(&key, &mut minted, 5, stale, Some(1)),
             Minted::Gone
         ));
     }
@@ -1389,8 +1425,14 @@ mod tests {
         let key = rec().key;
         let mut minted = Overlay::default();
         let none = |_: &InstanceKey| None;
-        assert!(matches!(Patch::Register(Box::new(rec())).apply(&key, &mut minted, 1, none), Minted::Op(_)));
-        assert!(matches!(Patch::Status(Status::Draining).apply(&key, &mut minted, 2, none), Minted::Op(_)));
+        assert!(matches!(
+            Patch::Register(Box::new(rec())).apply(&key, &mut minted, 1, none, Some(1)),
+            Minted::Op(_)
+        ));
+        assert!(matches!(
+            Patch::Status(Status::Draining).apply(&key, &mut minted, 2, none, Some(1)),
+            Minted::Op(_)
+        ));
         // The first write is answered while the second is still in flight: the entry stays.
         settle(&mut minted, &[(key.clone(), 1)]);
         assert_eq!(minted.get(&key).map(|p| p.seq), Some(2));
@@ -1401,12 +1443,32 @@ mod tests {
         in_view.status = Status::Draining;
         in_view.weight = 7;
         let from_view = |_: &InstanceKey| Some(in_view.clone());
-        let Minted::Op(Op::Update(r)) =
-            Patch::Health { health: Health::Suspect, damped: false }.apply(&key, &mut minted, 3, from_view)
+        let Minted::Op(Op::Update(r)) = Patch::Health { health: Health::Suspect, damped: false, version: 1 }
+            .apply(&key, &mut minted, 3, from_view, Some(1))
         else {
             panic!()
         };
         assert_eq!((r.status, r.weight, r.health), (Status::Draining, 7, Health::Suspect));
+    }
+
+    #[test]
+    fn decisions_about_another_registration_change_nothing() {
+        // Issue 12 §2: an expiry (or a health change) judged on registration 1 must not
+        // touch registration 2 of the same id, acknowledged in between.
+        let key = rec().key;
+        let mut minted = Overlay::default();
+        let live = |_: &InstanceKey| Some(rec());
+        let expire = Patch::Deregister(DeregisterReason::LeaseExpired, Some(1));
+        assert!(matches!(expire.clone().apply(&key, &mut minted, 5, live, Some(2)), Minted::Gone));
+        let health = Patch::Health { health: Health::Unhealthy, damped: false, version: 1 };
+        assert!(matches!(health.apply(&key, &mut minted, 5, live, Some(2)), Minted::Gone));
+        assert!(matches!(Patch::Damped(true, 1).apply(&key, &mut minted, 5, live, None), Minted::Gone));
+        assert!(minted.is_empty());
+        // On its own registration, the expiry writes the tombstone.
+        assert!(matches!(
+            expire.apply(&key, &mut minted, 5, live, Some(1)),
+            Minted::Op(Op::Deregister { .. })
+        ));
     }
 
     #[test]

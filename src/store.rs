@@ -1,6 +1,8 @@
 //! The durable event log of a DC: [`RocksLog`], the RocksDB implementation of
-//! [`tandem_replicator::log::EventLog`], and [`Committer`], the single sequencer thread that
-//! owns it and shares one fsync among concurrent writers (group commit).
+//! [`tandem_replicator::log::EventLog`], and [`Committer`], the single sequencer that owns
+//! a [`CommitLog`] and shares one fsync among concurrent writers (group commit). The
+//! committer runs on its own thread in production, or inline on its owner's schedule
+//! ([`InlineCommitter`]) over [`MemStore`], the in-memory log of the node simulation.
 //!
 //! What lives where on disk (one RocksDB per data dir, one data dir per DC):
 //! - column family `log`: the own origin's change events, keyed by seq (u64 big-endian).
@@ -26,13 +28,17 @@
 //! - This module never reads a clock and never decides an ordering: seqs come from the
 //!   caller's events, checked against the own mark.
 
+mod commit_log;
 mod committer;
 mod keys;
+mod mem;
 mod rocks;
 
+pub use commit_log::CommitLog;
 pub use committer::{
-    BuildEvents, CommitError, CommitNotice, CommitStats, Committed, Committer, CommitterHandle,
-    CommitterLimits, OnCommit, Reply, Request, WithLogFn, GROUP_SIZE_BUCKETS, LINGER_GAP_US_DEFAULT,
-    LINGER_MAX_US_DEFAULT, LINGER_TARGET_DEFAULT,
+    AppendLocal, BuildEvents, CommitError, CommitNotice, CommitStats, Committed, Committer, CommitterHandle,
+    CommitterLimits, InlineCommitter, OnCommit, Reply, Request, WithLogFn, GROUP_SIZE_BUCKETS,
+    LINGER_GAP_US_DEFAULT, LINGER_MAX_US_DEFAULT, LINGER_TARGET_DEFAULT,
 };
+pub use mem::MemStore;
 pub use rocks::{OpenError, RocksLog, WRITE_BUFFER_MIB_DEFAULT};

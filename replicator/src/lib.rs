@@ -2,6 +2,7 @@
 //!
 //! - [`merge`]: the merge rules as pure functions (no I/O, no clock).
 //! - [`log`]: the event-log contract, its in-memory model and the conformance suite.
+//! - [`purge`]: the purge rule (how far a DC may purge its own log), a pure function.
 //! - [`protocol`]: the sans-IO sender and receiver state machines of the replication stream.
 //! - [`tls`]: certificates, mutual TLS and peer identity for the QUIC gateway.
 //! - [`gateway`]: the thin QUIC driver that runs the protocol over quinn.
@@ -13,4 +14,5 @@ pub mod gateway;
 pub mod log;
 pub mod merge;
 pub mod protocol;
+pub mod purge;
 pub mod tls;

@@ -78,6 +78,7 @@ use tandem_replicator::log::conformance::{ev, key, record};
 use tandem_replicator::log::{ApplyReport, EventLog, LogError, MemLog, StateChange};
 use tandem_replicator::merge::{Held, Refusal};
 use tandem_replicator::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamError, StreamTuning};
+use tandem_replicator::purge;
 use tandem_schemas::{
     decode_frame, encode_frame, ChangeEvent, DeregisterReason, Frame, InstanceRecord, Mark, Op, RefuseCode,
     FRAME_BYTES_MAX, SNAPSHOT_FRAME_BYTES_MAX,
@@ -970,27 +971,19 @@ impl World {
     fn purge(&mut self, dc: usize) {
         let d = &self.dcs[dc];
         let own = d.log.own_mark();
-        let mut floor = own.seq;
-        for peer in (0..self.p.dcs).filter(|p| *p != dc) {
-            if let PurgePolicy::DropSilentPeers { silent_ms } = self.p.purge {
-                let last = d.last_ack_ms.get(&peer).copied().unwrap_or(d.started_ms).max(d.started_ms);
-                if self.now.saturating_sub(last) > silent_ms {
-                    continue;
-                }
+        // The peers that count: all of them, or (stress) those heard from lately.
+        let counted = (0..self.p.dcs).filter(|p| *p != dc).filter(|peer| match self.p.purge {
+            PurgePolicy::AllPeersAcked => true,
+            PurgePolicy::DropSilentPeers { silent_ms } => {
+                let last = d.last_ack_ms.get(peer).copied().unwrap_or(d.started_ms).max(d.started_ms);
+                self.now.saturating_sub(last) <= silent_ms
             }
-            match d.acks.get(&peer) {
-                Some(m) if m.epoch == own.epoch => floor = floor.min(m.seq),
-                Some(_) | None => floor = 0,
-            }
-        }
+        });
+        let acked = purge::acked_floor(own, counted.map(|peer| d.acks.get(&peer).copied()));
         let cutoff = self.now.saturating_sub(self.p.grace_ms);
-        let mut upto = d.log.purge_floor();
-        for e in d.log.read_own(upto, usize::MAX).unwrap() {
-            if e.seq > floor || e.commit_time_ms > cutoff {
-                break;
-            }
-            upto = e.seq;
-        }
+        let upto =
+            purge::purge_upto(d.log.purge_floor(), acked, cutoff, |after, max| d.log.read_own(after, max))
+                .unwrap();
         if upto > d.log.purge_floor() {
             self.trace(|| format!("{dc} purges up to {upto}"));
             self.stats.purges += 1;

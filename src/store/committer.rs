@@ -1,6 +1,12 @@
 //! [`Committer`]: the single sequencer of a DC's writes, with group commit.
 //!
-//! One OS thread owns the [`RocksLog`]. Requests arrive over a bounded channel; the thread
+//! The committer owns the log, a [`CommitLog`]: the [`RocksLog`] in production, or the
+//! in-memory [`MemStore`](super::MemStore) in the node simulation. It runs in one of two
+//! modes with the same rounds: on its own OS thread ([`Committer::spawn`]), or inline
+//! ([`Committer::inline`]), where the owner runs each round when it chooses
+//! ([`InlineCommitter::run_round`]), so a simulation decides every interleaving.
+//!
+//! One OS thread owns the log. Requests arrive over a bounded channel; the thread
 //! takes every request already waiting (up to [`CommitterLimits::group_requests_max`]) and
 //! serves them in arrival order. Consecutive local appends are combined: each request's
 //! builder is called with the own mark so far (the thread assigns the seqs), and the
@@ -21,12 +27,13 @@ use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use parking_lot::Mutex;
-use tandem_replicator::log::{check_local_sequence, ApplyReport, EventLog, LogError, StateChange};
+use tandem_replicator::log::{check_local_sequence, ApplyReport, LogError, StateChange};
 use tandem_schemas::{ChangeEvent, InstanceKey, Mark, Snapshot};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::RocksLog;
+use super::{CommitLog, RocksLog};
 
 /// Builds the events of one local append. Called on the committer thread with the own mark
 /// as it will stand before these events (earlier requests of the same group included); the
@@ -41,7 +48,7 @@ pub type BuildEvents = Box<dyn FnOnce(Mark) -> Vec<ChangeEvent> + Send>;
 /// Runs on the committer thread with the log, between two writes. Meant for reads that
 /// must see a consistent log (`snapshot_own`, `read_own`, …); a mutation made here is
 /// durable but is not reported to `on_commit`.
-pub type WithLogFn = Box<dyn FnOnce(&mut RocksLog) + Send>;
+pub type WithLogFn<L = RocksLog> = Box<dyn FnOnce(&mut L) + Send>;
 
 /// Called on the committer thread after every durable write, in commit order, before any
 /// caller of that write is answered. It must be quick and must not wait for the committer.
@@ -54,7 +61,7 @@ pub type Reply<T> = oneshot::Sender<Result<T, CommitError>>;
 pub const GROUP_SIZE_BUCKETS: usize = 11;
 
 /// A request to the committer thread. [`CommitterHandle`] has one method per variant.
-pub enum Request {
+pub enum Request<L = RocksLog> {
     /// Append own events; answered with the events as written.
     LocalAppend { build: BuildEvents, reply: Reply<Vec<ChangeEvent>> },
     /// [`EventLog::apply_remote`] of a batch received over the channel of `channel_dc`.
@@ -68,7 +75,7 @@ pub enum Request {
     /// [`RocksLog::record_peer_ack`].
     PeerAck { peer: String, mark: Mark, reply: Reply<()> },
     /// Run a function with the log (see [`WithLogFn`]).
-    WithLog(WithLogFn),
+    WithLog(WithLogFn<L>),
     /// Serve what came before, close the log, then answer. Requests after it are dropped
     /// unanswered: their callers get [`CommitError::Stopped`].
     Shutdown { reply: oneshot::Sender<()> },
@@ -184,9 +191,9 @@ pub struct CommitStats {
 }
 
 /// The committer thread's state. Fields drop in order: the log closes before the channel.
-pub struct Committer {
-    log: RocksLog,
-    rx: mpsc::Receiver<Request>,
+pub struct Committer<L = RocksLog> {
+    log: L,
+    rx: mpsc::Receiver<Request<L>>,
     on_commit: OnCommit,
     own_seq: watch::Sender<u64>,
     stats: Arc<Mutex<CommitStats>>,
@@ -197,11 +204,16 @@ pub struct Committer {
 }
 
 /// A cloneable handle to the committer. When every handle is dropped the thread stops.
-#[derive(Clone)]
-pub struct CommitterHandle {
-    tx: mpsc::Sender<Request>,
+pub struct CommitterHandle<L = RocksLog> {
+    tx: mpsc::Sender<Request<L>>,
     own_seq: watch::Receiver<u64>,
     stats: Arc<Mutex<CommitStats>>,
+}
+
+impl<L> Clone for CommitterHandle<L> {
+    fn clone(&self) -> Self {
+        CommitterHandle { tx: self.tx.clone(), own_seq: self.own_seq.clone(), stats: self.stats.clone() }
+    }
 }
 
 /// Local appends taken so far in this round, not yet written.
@@ -211,19 +223,38 @@ struct Group {
     members: Vec<(Range<usize>, Reply<Vec<ChangeEvent>>)>,
 }
 
-impl Committer {
+impl<L: CommitLog + Send + 'static> Committer<L> {
     /// Starts the committer thread with default limits. It serves requests until
     /// [`CommitterHandle::shutdown`] or until every handle is dropped.
-    pub fn spawn(log: RocksLog, on_commit: OnCommit) -> io::Result<CommitterHandle> {
+    pub fn spawn(log: L, on_commit: OnCommit) -> io::Result<CommitterHandle<L>> {
         Self::spawn_with_limits(log, on_commit, CommitterLimits::default())
     }
 
     /// Starts the committer thread with the given bounds.
     pub fn spawn_with_limits(
-        log: RocksLog,
+        log: L,
         on_commit: OnCommit,
         limits: CommitterLimits,
-    ) -> io::Result<CommitterHandle> {
+    ) -> io::Result<CommitterHandle<L>> {
+        let (committer, handle) = Self::new(log, on_commit, limits);
+        std::thread::Builder::new().name("tandem-committer".into()).spawn(move || committer.run())?;
+        Ok(handle)
+    }
+
+    /// A committer that runs no thread: its rounds run when the owner of the returned
+    /// [`InlineCommitter`] calls [`InlineCommitter::run_round`], on the owner's schedule
+    /// (the node simulation). Same requests, same rounds, same group commit; no linger.
+    pub fn inline(
+        log: L,
+        on_commit: OnCommit,
+        limits: CommitterLimits,
+    ) -> (InlineCommitter<L>, CommitterHandle<L>) {
+        let limits = CommitterLimits { linger_max: std::time::Duration::ZERO, ..limits };
+        let (committer, handle) = Self::new(log, on_commit, limits);
+        (InlineCommitter { committer, stopped: false }, handle)
+    }
+
+    fn new(log: L, on_commit: OnCommit, limits: CommitterLimits) -> (Self, CommitterHandle<L>) {
         let (tx, rx) = mpsc::channel(limits.queue_requests_max.get());
         let (own_seq_tx, own_seq_rx) = watch::channel(log.own_mark().seq);
         let stats = Arc::new(Mutex::new(CommitStats::default()));
@@ -237,12 +268,11 @@ impl Committer {
             stats: Arc::clone(&stats),
             limits,
         };
-        std::thread::Builder::new().name("tandem-committer".into()).spawn(move || committer.run())?;
-        Ok(CommitterHandle { tx, own_seq: own_seq_rx, stats })
+        (committer, CommitterHandle { tx, own_seq: own_seq_rx, stats })
     }
 
     fn run(mut self) {
-        let mut round: Vec<Request> = Vec::with_capacity(self.limits.group_requests_max.get());
+        let mut round: Vec<Request<L>> = Vec::with_capacity(self.limits.group_requests_max.get());
         let mut shutdown_replies = Vec::new();
         while shutdown_replies.is_empty() {
             let Some(first) = self.rx.blocking_recv() else {
@@ -265,7 +295,7 @@ impl Committer {
     }
 
     /// Moves the requests already waiting into `round`, up to the round limit.
-    fn take_waiting(&mut self, round: &mut Vec<Request>) {
+    fn take_waiting(&mut self, round: &mut Vec<Request<L>>) {
         while round.len() < self.limits.group_requests_max.get() {
             match self.rx.try_recv() {
                 Ok(req) => round.push(req),
@@ -281,7 +311,7 @@ impl Committer {
     /// waits; a few writers wait only until all of them are in, so no empty time is
     /// added; many writers fill the round up to the target. The thread sleeps (it does
     /// not spin), which leaves the core to the request handlers producing the next writes.
-    fn linger(&mut self, round: &mut Vec<Request>) {
+    fn linger(&mut self, round: &mut Vec<Request<L>>) {
         let l = self.limits;
         let want = self.last_round.min(l.linger_target).min(l.group_requests_max.get());
         if l.linger_max.is_zero() || round.len() < 2 {
@@ -297,7 +327,7 @@ impl Committer {
         }
     }
 
-    fn serve_round(&mut self, round: &mut Vec<Request>, shutdown_replies: &mut Vec<oneshot::Sender<()>>) {
+    fn serve_round(&mut self, round: &mut Vec<Request<L>>, shutdown_replies: &mut Vec<oneshot::Sender<()>>) {
         let mut group = Group::default();
         for req in round.drain(..) {
             if !shutdown_replies.is_empty() {
@@ -472,7 +502,7 @@ impl Committer {
     }
 }
 
-impl CommitterHandle {
+impl<L: CommitLog + Send + 'static> CommitterHandle<L> {
     /// Appends own events built on the committer thread (see [`BuildEvents`]); returns them
     /// once durable and reported to `on_commit`.
     pub async fn append_local<F>(&self, build: F) -> Result<Vec<ChangeEvent>, CommitError>
@@ -520,10 +550,10 @@ impl CommitterHandle {
     pub async fn with_log<R, F>(&self, f: F) -> Result<R, CommitError>
     where
         R: Send + 'static,
-        F: FnOnce(&mut RocksLog) -> R + Send + 'static,
+        F: FnOnce(&mut L) -> R + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
-        let run: WithLogFn = Box::new(move |log| {
+        let run: WithLogFn<L> = Box::new(move |log| {
             let _ = tx.send(f(log));
         });
         self.send(Request::WithLog(run)).await?;
@@ -531,7 +561,7 @@ impl CommitterHandle {
     }
 
     /// Queues a raw request (waits while the queue is full).
-    pub async fn send(&self, req: Request) -> Result<(), CommitError> {
+    pub async fn send(&self, req: Request<L>) -> Result<(), CommitError> {
         self.tx.send(req).await.map_err(|_| CommitError::Stopped)
     }
 
@@ -559,10 +589,90 @@ impl CommitterHandle {
         self.tx.max_capacity() - self.tx.capacity()
     }
 
-    async fn call<R>(&self, make: impl FnOnce(Reply<R>) -> Request) -> Result<R, CommitError> {
+    async fn call<R>(&self, make: impl FnOnce(Reply<R>) -> Request<L>) -> Result<R, CommitError> {
         let (tx, rx) = oneshot::channel();
         self.send(make(tx)).await?;
         rx.await.map_err(|_| CommitError::Stopped)?
+    }
+}
+
+/// A committer run on its owner's schedule (see [`Committer::inline`]): no thread; each
+/// [`run_round`](Self::run_round) serves the requests waiting at that moment as one round,
+/// exactly as the thread would (without lingering). Deterministic: what a round contains
+/// depends only on what was queued before it.
+pub struct InlineCommitter<L> {
+    committer: Committer<L>,
+    stopped: bool,
+}
+
+impl<L: CommitLog + Send + 'static> InlineCommitter<L> {
+    /// Serves the requests waiting now (up to the round limit) as one round; returns how
+    /// many it took.
+    pub fn run_round(&mut self) -> usize {
+        if self.stopped {
+            return 0;
+        }
+        let mut round = Vec::new();
+        self.committer.take_waiting(&mut round);
+        let taken = round.len();
+        let mut shutdown_replies = Vec::new();
+        self.committer.serve_round(&mut round, &mut shutdown_replies);
+        if !shutdown_replies.is_empty() {
+            self.stopped = true;
+            self.committer.rx.close();
+            while self.committer.rx.try_recv().is_ok() {}
+            for reply in shutdown_replies {
+                let _ = reply.send(());
+            }
+        }
+        taken
+    }
+
+    /// Runs rounds until no request waits; returns how many requests were served.
+    pub fn run_until_idle(&mut self) -> usize {
+        let mut served = 0;
+        loop {
+            let n = self.run_round();
+            if n == 0 {
+                return served;
+            }
+            served += n;
+        }
+    }
+
+    /// The log, between two rounds.
+    pub fn log(&self) -> &L {
+        &self.committer.log
+    }
+
+    /// Stops as a crash would: requests still waiting are dropped unanswered (their
+    /// callers get [`CommitError::Stopped`]); returns the log, which holds exactly what
+    /// was made durable.
+    pub fn into_log(self) -> L {
+        let Committer { log, mut rx, .. } = self.committer;
+        rx.close();
+        while rx.try_recv().is_ok() {}
+        log
+    }
+}
+
+/// The one committer request the registry makes, whatever log stands behind the
+/// committer (the registry is not generic over it).
+pub trait AppendLocal: Send + Sync {
+    /// [`CommitterHandle::append_local`].
+    fn append_local_boxed(
+        &self,
+        build: BuildEvents,
+    ) -> BoxFuture<'static, Result<Vec<ChangeEvent>, CommitError>>;
+}
+
+impl<L: CommitLog + Send + 'static> AppendLocal for CommitterHandle<L> {
+    fn append_local_boxed(
+        &self,
+        build: BuildEvents,
+    ) -> BoxFuture<'static, Result<Vec<ChangeEvent>, CommitError>> {
+        let handle = self.clone();
+        Box::pin(async move { handle.call(|reply| Request::LocalAppend { build, reply }).await })
     }
 }
 

@@ -1,0 +1,245 @@
+//! The lease lifecycle of a registry. A lease belongs to one registration of an instance:
+//! it is created when that registration is minted (on the committer's sequence, in the
+//! order the events are written), and removed when a deregistration is minted, so the
+//! leases follow the committed history whatever order the callers come back in. Every
+//! decision taken on a lease (a health change, an expiry) names the registration it
+//! judged; a decision about an older registration changes nothing (see `Patch::apply` in
+//! the registry).
+//!
+//! One code path recreates a lease from a record ([`LeaseBook::lease_for`]): at start, after
+//! a failed write, and (later) at a leader failover. It starts from the record's published
+//! health, keeps the slow way back to Healthy, and gives a full TTL of grace.
+//!
+//! The invariant, checked by [`check_invariant`] (the node simulation calls it): every live
+//! local ephemeral instance has exactly one lease, and every lease has its instance.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
+use tandem_schemas::{InstanceKey, InstanceRecord, Op};
+
+use crate::clock::Clock;
+use crate::health::{HealthConfig, Lease, LeaseTable, LeaseTimes, Transition};
+
+/// The leases of a registry's local ephemeral instances, each tagged with its registration.
+pub struct LeaseBook {
+    table: Mutex<LeaseTable<InstanceKey>>,
+    health: HealthConfig,
+    local_dc: String,
+    clock: Arc<dyn Clock>,
+}
+
+impl LeaseBook {
+    pub fn new(local_dc: &str, health: HealthConfig, clock: Arc<dyn Clock>) -> LeaseBook {
+        LeaseBook { table: Mutex::new(LeaseTable::default()), health, local_dc: local_dc.to_owned(), clock }
+    }
+
+    /// The lease table (for counts and the invariant check).
+    pub fn table(&self) -> MutexGuard<'_, LeaseTable<InstanceKey>> {
+        self.table.lock()
+    }
+
+    /// Whether `record` is an instance this registry holds a lease for.
+    pub fn leased(&self, record: &InstanceRecord) -> bool {
+        *record.key.owner_dc == *self.local_dc && !record.persistent
+    }
+
+    /// The silence thresholds of a record's lease.
+    pub fn times(&self, r: &InstanceRecord) -> LeaseTimes {
+        if u64::from(r.lease_ttl_ms) == self.health.expire_after_ms {
+            self.health.default_times()
+        } else {
+            LeaseTimes::from_ttl(u64::from(r.lease_ttl_ms))
+        }
+    }
+
+    /// The one way a lease is made from a record: registration `version`, just renewed,
+    /// at the record's published health (see [`Lease::resume`]).
+    pub fn lease_for(&self, record: &InstanceRecord, version: u64) -> Lease {
+        Lease::resume(self.clock.now_ms(), self.times(record), &self.health, record.health, record.damped)
+            .with_registration(version)
+    }
+
+    /// At start: a lease for every live local ephemeral instance of the loaded state.
+    pub fn rebuild<'a>(&self, held: impl Iterator<Item = (u64, &'a InstanceRecord)>) {
+        let mut table = self.table.lock();
+        for (seq, r) in held.filter(|(_, r)| self.leased(r)) {
+            table.insert(r.key.clone(), self.lease_for(r, seq));
+        }
+    }
+
+    /// The registration the lease of `key` belongs to, if it has one.
+    pub fn version_of(&self, key: &InstanceKey) -> Option<u64> {
+        self.table.lock().get(key).map(Lease::registration)
+    }
+
+    /// An event was minted for `key` at `seq`. `registration`: it was minted by a
+    /// registration (a new lease replaces the old one); a deregistration removes the lease.
+    /// Called on the commit sequence, in event order.
+    pub fn minted(&self, key: &InstanceKey, registration: bool, op: &Op, seq: u64) {
+        match op {
+            Op::Register(r) | Op::Update(r) if registration => {
+                let mut table = self.table.lock();
+                if self.leased(r) {
+                    table.insert(key.clone(), self.lease_for(r, seq));
+                } else {
+                    table.remove(key);
+                }
+            }
+            Op::Register(_) | Op::Update(_) => {}
+            Op::Deregister { .. } => {
+                self.table.lock().remove(key);
+            }
+        }
+    }
+
+    /// A decision about registration `version` of `key` found the instance gone: drop the
+    /// lease if it is still that registration's.
+    pub fn forget(&self, key: &InstanceKey, version: u64) {
+        let mut table = self.table.lock();
+        if table.get(key).is_some_and(|l| l.registration() == version) {
+            table.remove(key);
+        }
+    }
+
+    /// After a failed write of `key`: the durable state (`held`: seq and record) decides.
+    /// A live instance keeps a working lease (a missing or finished one is recreated from
+    /// the record); a gone one has none.
+    pub fn reconcile(&self, key: &InstanceKey, held: Option<(u64, &InstanceRecord)>) {
+        let mut table = self.table.lock();
+        match held.filter(|(_, r)| self.leased(r)) {
+            Some((seq, r)) => {
+                if table.get(key).is_none_or(Lease::expired) {
+                    table.insert(key.clone(), self.lease_for(r, seq));
+                }
+            }
+            None => {
+                table.remove(key);
+            }
+        }
+    }
+
+    /// A renewal: `None` when `key` has no lease, else its registration and the transition.
+    pub fn heartbeat(&self, key: &InstanceKey, now_ms: u64) -> Option<(u64, Option<Transition>)> {
+        let mut table = self.table.lock();
+        let t = table.heartbeat(key, now_ms)?;
+        Some((table.get(key).map_or(0, Lease::registration), t))
+    }
+
+    /// The lease check: the transitions, each with the registration it judged.
+    pub fn check(&self, now_ms: u64, expiry_paused: bool) -> Vec<(InstanceKey, u64, Transition)> {
+        let mut table = self.table.lock();
+        let due = table.check(now_ms, expiry_paused);
+        due.into_iter()
+            .map(|(k, t)| {
+                let v = table.get(&k).map_or(0, Lease::registration);
+                (k, v, t)
+            })
+            .collect()
+    }
+}
+
+/// Checks the lease invariant: the live local ephemeral instances of the latest minted
+/// state (`in_view`, overlaid with `in_flight`: a key's write in flight, `None` for a
+/// deregistration) are exactly the keys of `leases`. Returns the number of leases.
+pub fn check_invariant<'a>(
+    local_dc: &str,
+    in_view: impl Iterator<Item = &'a InstanceRecord>,
+    in_flight: impl Iterator<Item = (&'a InstanceKey, Option<&'a InstanceRecord>)>,
+    leases: &LeaseTable<InstanceKey>,
+) -> Result<usize, String> {
+    let leased = |r: &InstanceRecord| *r.key.owner_dc == *local_dc && !r.persistent;
+    let flight: Vec<(&InstanceKey, Option<&InstanceRecord>)> = in_flight.collect();
+    let overlaid: BTreeSet<&InstanceKey> = flight.iter().map(|(k, _)| *k).collect();
+    let mut live: BTreeSet<&InstanceKey> =
+        in_view.filter(|r| leased(r) && !overlaid.contains(&r.key)).map(|r| &r.key).collect();
+    live.extend(flight.iter().filter_map(|(k, r)| r.filter(|r| leased(r)).map(|_| *k)));
+    let with_lease: BTreeSet<&InstanceKey> = leases.keys().collect();
+    if let Some(k) = live.difference(&with_lease).next() {
+        return Err(format!("live instance {} has no lease", k.instance_id));
+    }
+    if let Some(k) = with_lease.difference(&live).next() {
+        return Err(format!("lease of {} has no live instance", k.instance_id));
+    }
+    Ok(with_lease.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use tandem_schemas::{DeregisterReason, Health};
+
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn book() -> (LeaseBook, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::new(1_000, 0));
+        (LeaseBook::new("dc-a", HealthConfig::default(), clock.clone()), clock)
+    }
+
+    fn record(health: Health) -> InstanceRecord {
+        let mut r = tandem_replicator::log::conformance::record("dc-a", "i1");
+        r.lease_ttl_ms = 8_000;
+        r.health = health;
+        r
+    }
+
+    #[test]
+    fn a_restart_resumes_at_the_records_health_with_a_full_ttl_of_grace() {
+        // Issue 12 §1: Unhealthy at the restart stays Unhealthy while silent (never
+        // Suspect, so never served), expires a full TTL after the restart, and needs the
+        // recovery heartbeats to be Healthy again.
+        let (book, clock) = book();
+        let r = record(Health::Unhealthy);
+        book.rebuild([(7, &r)].into_iter());
+        assert_eq!(book.version_of(&r.key), Some(7));
+        clock.set(1_000 + 7_999);
+        assert!(book.check(clock.now_ms(), false).is_empty(), "no Suspect, no expiry within the TTL");
+        let (silent, clock2) = self::book();
+        silent.rebuild([(7, &r)].into_iter());
+        clock2.set(1_000 + 8_000);
+        assert_eq!(silent.check(clock2.now_ms(), false), vec![(r.key.clone(), 7, Transition::Expire)]);
+
+        let mut published = vec![];
+        for i in 1..=4 {
+            clock.set(9_000 + i * 1_000);
+            if let Some((7, Some(t))) = book.heartbeat(&r.key, clock.now_ms()) {
+                published.push(t);
+            }
+        }
+        assert_eq!(
+            published,
+            vec![
+                Transition::Health { to: Health::Suspect, damped: false },
+                Transition::Health { to: Health::Healthy, damped: false }
+            ]
+        );
+    }
+
+    #[test]
+    fn leases_follow_the_minted_order_not_the_callers() {
+        // Issue 12 §2: DELETE minted first, the re-registration after: the new
+        // registration keeps its lease whenever the DELETE's caller comes back.
+        let (book, _) = book();
+        let r = record(Health::Healthy);
+        book.minted(&r.key, true, &Op::Register(r.clone()), 1);
+        book.minted(
+            &r.key,
+            false,
+            &Op::Deregister { key: r.key.clone(), reason: DeregisterReason::Explicit },
+            2,
+        );
+        assert_eq!(book.version_of(&r.key), None);
+        book.minted(&r.key, true, &Op::Register(r.clone()), 3);
+        assert_eq!(book.version_of(&r.key), Some(3));
+        // A decision about registration 1 changes nothing; a health update keeps the lease.
+        book.forget(&r.key, 1);
+        book.minted(&r.key, false, &Op::Update(r.clone()), 4);
+        assert_eq!(book.version_of(&r.key), Some(3));
+        // A persistent re-registration has no lease.
+        let mut p = r.clone();
+        p.persistent = true;
+        book.minted(&r.key, true, &Op::Update(p), 5);
+        assert_eq!(book.version_of(&r.key), None);
+    }
+}

@@ -1,0 +1,68 @@
+//! [`CommitLog`]: what the [`Committer`](super::Committer) needs of the log it owns, on top
+//! of the [`EventLog`] contract: the watch index written with each durable write, a count of
+//! durable writes, the peers' acknowledgements, and mutations that report what they changed.
+//!
+//! Implemented by [`RocksLog`] (production) and by [`MemStore`](super::MemStore), the
+//! in-memory reference log of the node simulation.
+
+use std::collections::BTreeMap;
+
+use tandem_replicator::log::{EventLog, LogError, StateChange};
+use tandem_schemas::{ChangeEvent, InstanceKey, Mark};
+
+use super::RocksLog;
+
+/// The log a committer owns. Every mutation is atomic and durable when it returns `Ok`.
+pub trait CommitLog: EventLog {
+    /// The watch index persisted by the last durable write.
+    fn index(&self) -> u64;
+    /// Stages a watch index for the next durable write (never moves backwards).
+    fn set_next_index(&mut self, idx: u64);
+    /// Durable (synced) writes since the log was opened.
+    fn sync_writes(&self) -> u64;
+    /// The own marks the peers acknowledged, as last recorded.
+    fn peer_acks(&self) -> BTreeMap<String, Mark>;
+    /// Records that `peer` durably holds the own origin up to `mark`.
+    fn record_peer_ack(&mut self, peer: &str, mark: Mark) -> Result<(), LogError>;
+    /// [`EventLog::append_local`], returning the changes to state in order.
+    fn append_local_with_changes(&mut self, events: &[ChangeEvent]) -> Result<Vec<StateChange>, LogError>;
+    /// [`EventLog::purge_own`], returning the keys of the own tombstones it removed.
+    fn purge_own_reporting(&mut self, upto_seq: u64) -> Result<Vec<InstanceKey>, LogError>;
+    /// [`EventLog::purge_remote_tombstones`], returning the keys it removed.
+    fn purge_remote_tombstones_reporting(
+        &mut self,
+        origin: &str,
+        upto_seq: u64,
+    ) -> Result<Vec<InstanceKey>, LogError>;
+}
+
+impl CommitLog for RocksLog {
+    fn index(&self) -> u64 {
+        RocksLog::index(self)
+    }
+    fn set_next_index(&mut self, idx: u64) {
+        RocksLog::set_next_index(self, idx);
+    }
+    fn sync_writes(&self) -> u64 {
+        RocksLog::sync_writes(self)
+    }
+    fn peer_acks(&self) -> BTreeMap<String, Mark> {
+        RocksLog::peer_acks(self)
+    }
+    fn record_peer_ack(&mut self, peer: &str, mark: Mark) -> Result<(), LogError> {
+        RocksLog::record_peer_ack(self, peer, mark)
+    }
+    fn append_local_with_changes(&mut self, events: &[ChangeEvent]) -> Result<Vec<StateChange>, LogError> {
+        RocksLog::append_local_with_changes(self, events)
+    }
+    fn purge_own_reporting(&mut self, upto_seq: u64) -> Result<Vec<InstanceKey>, LogError> {
+        RocksLog::purge_own_reporting(self, upto_seq)
+    }
+    fn purge_remote_tombstones_reporting(
+        &mut self,
+        origin: &str,
+        upto_seq: u64,
+    ) -> Result<Vec<InstanceKey>, LogError> {
+        RocksLog::purge_remote_tombstones_reporting(self, origin, upto_seq)
+    }
+}
