@@ -1,0 +1,172 @@
+//! One DC's registry: the in-memory view every discovery reads, the leases every heartbeat
+//! renews, and the write path that turns client requests into durable change events. This
+//! file holds the [`Registry`] struct, its construction and settings, the counters, and the
+//! re-exports; the work is split by job:
+//! - `view`: [`ViewCell`], the view of every held instance, the watch index;
+//! - `write`: patches, the overlay of writes in flight, commit, register, deregister, status;
+//! - `leases`: heartbeats (single and batched), lease transitions, the lease checker,
+//!   self-preservation (the lease lifecycle itself is [`crate::leases`]);
+//! - `discovery`: discover and explain, protect threshold, failover, blocking-query waits.
+//!
+//! Write path: a request is validated, turned into a [`ChangeEvent`] by a closure that the
+//! committer runs with the current own mark (so seqs are assigned behind one boundary,
+//! which a Raft group can later replace), made durable in one synced RocksDB batch shared
+//! with concurrent writers, folded into the view by the commit callback, and only then
+//! acknowledged. Replicated events from peers take the same callback, so the view always
+//! equals the durable state.
+//!
+//! What this module must never do: write to disk on a heartbeat; decide the order of
+//! events by wall-clock time; drop a remote DC's instances because its link broke.
+//!
+//! [`ChangeEvent`]: tandem_schemas::ChangeEvent
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use tandem_schemas::Name;
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::failover::FailoverState;
+use crate::health::{HealthConfig, SelfPreservation};
+use crate::leases::LeaseBook;
+use crate::store::AppendLocal;
+
+mod discovery;
+mod leases;
+mod view;
+mod write;
+
+#[cfg(test)]
+mod tests;
+
+pub use discovery::validate_query;
+pub use view::{Held, ViewCell, ViewIndex};
+
+use view::ServiceId;
+use write::Overlay;
+
+/// Counters shown in /metrics and /v1/status.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub heartbeats: AtomicU64,
+    pub heartbeats_unknown: AtomicU64,
+    pub registrations: AtomicU64,
+    pub deregistrations: AtomicU64,
+    pub expirations: AtomicU64,
+    pub health_events: AtomicU64,
+    pub events_local: AtomicU64,
+    pub events_remote: AtomicU64,
+    pub discover_requests: AtomicU64,
+    pub watch_wakeups: AtomicU64,
+    /// Streaming watches open now (a gauge).
+    pub watch_streams: AtomicU64,
+    /// POST /v1/heartbeats requests (their entries count in `heartbeats`).
+    pub heartbeat_batches: AtomicU64,
+}
+
+/// Tells whether a remote origin's copies are stale (its link silent too long).
+pub type StaleFn = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+pub use tandem_client::api::{
+    DiscoverAnswer, ExplainLine, Failover, HeartbeatBatchAnswer, HeartbeatItem, Instance as InstanceView,
+    RegisterAnswer, RegisterRequest, StatusName, Threshold, HEARTBEAT_BATCH_MAX,
+};
+
+/// How discovery selects instances.
+#[derive(Clone, Debug, Default)]
+pub enum DcFilter {
+    /// Local instances plus remote ones as the failover policy says.
+    #[default]
+    Policy,
+    /// Only this owner DC's instances, no policy.
+    Only(String),
+    /// Every DC's instances, no policy.
+    All,
+}
+
+/// The registry of one DC node.
+pub struct Registry {
+    pub dc: Name,
+    cfg: RwLock<Arc<Config>>,
+    health: HealthConfig,
+    committer: Arc<dyn AppendLocal>,
+    view: Arc<ViewCell>,
+    /// Latest minted state of the local instances with writes in flight (see
+    /// [`Pending`](write::Pending)): event builders (one at a time, on the committer
+    /// thread) read and extend it; callers drop their entries once answered.
+    minted: Arc<Mutex<Overlay>>,
+    /// The leases of the local ephemeral instances, changed as their events are minted
+    /// (see [`crate::leases`]).
+    leases: Arc<LeaseBook>,
+    preservation: Mutex<SelfPreservation>,
+    preservation_active: std::sync::atomic::AtomicBool,
+    failover: Mutex<HashMap<ServiceId, FailoverState>>,
+    /// Last known staleness of each remote origin, to wake watchers when it flips.
+    staleness: Mutex<BTreeMap<String, bool>>,
+    pub counters: Arc<Counters>,
+    /// Every time the registry reads (leases, failover, commit times) comes from here.
+    clock: Arc<dyn Clock>,
+    stale: RwLock<StaleFn>,
+}
+
+impl Registry {
+    pub fn new(
+        cfg: Arc<Config>,
+        committer: Arc<dyn AppendLocal>,
+        view: Arc<ViewCell>,
+        counters: Arc<Counters>,
+        clock: Arc<dyn Clock>,
+    ) -> Arc<Self> {
+        let health = cfg.health_config();
+        let now = clock.now_ms();
+        let reg = Arc::new(Registry {
+            dc: cfg.dc.as_str().into(),
+            health: health.clone(),
+            committer,
+            minted: Arc::new(Mutex::new(Overlay::default())),
+            view,
+            leases: Arc::new(LeaseBook::new(cfg.dc.as_str(), health.clone(), clock.clone())),
+            preservation: Mutex::new(SelfPreservation::new(now, &health)),
+            preservation_active: Default::default(),
+            failover: Mutex::new(HashMap::new()),
+            staleness: Mutex::new(BTreeMap::new()),
+            counters,
+            clock,
+            stale: RwLock::new(Arc::new(|_| false)),
+            cfg: RwLock::new(cfg),
+        });
+        // Every local ephemeral instance found at start gets its lease back, at the health
+        // its record published, with a full TTL of grace: a restart must never expire
+        // instances that kept heartbeating elsewhere meanwhile, nor revive dead ones.
+        {
+            let v = reg.view.view.read();
+            reg.leases
+                .rebuild(v.services.values().flat_map(|s| s.instances.values()).map(|h| (h.seq, &*h.record)));
+        }
+        reg
+    }
+
+    pub fn set_stale_fn(&self, f: StaleFn) {
+        *self.stale.write() = f;
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.cfg.read().clone()
+    }
+
+    /// Replaces the failover policy (and other reloadable settings) at runtime.
+    pub fn set_config(&self, cfg: Arc<Config>) {
+        *self.cfg.write() = cfg;
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    pub fn view(&self) -> &Arc<ViewCell> {
+        &self.view
+    }
+}

@@ -1,0 +1,109 @@
+//! Unit tests of the registry: patches minted against the overlay, the overlay settling,
+//! decisions judged on another registration, and the watch index.
+
+use tandem_schemas::{DeregisterReason, Health, InstanceKey, InstanceRecord, Op, Status};
+
+use super::write::{settle, Minted, Overlay, Patch};
+use super::ViewIndex;
+
+fn rec() -> InstanceRecord {
+    tandem_replicator::log::conformance::record("dc-a", "i1")
+}
+
+#[test]
+fn concurrent_patches_of_one_instance_keep_each_others_fields() {
+    // A status change and a health change minted back to back (as two requests of one
+    // commit group would be) must both survive: each builds on the other.
+    let key = rec().key;
+    let mut minted = Overlay::default();
+    let none = |_: &InstanceKey| None;
+    assert!(matches!(
+        Patch::Register(Box::new(rec())).apply(&key, &mut minted, 1, none, Some(1)),
+        Minted::Op(Op::Register(_))
+    ));
+    let Minted::Op(Op::Update(a)) =
+        Patch::Status(Status::Draining).apply(&key, &mut minted, 2, none, Some(1))
+    else {
+        panic!()
+    };
+    assert_eq!(a.status, Status::Draining);
+    let Minted::Op(Op::Update(b)) = Patch::Health { health: Health::Suspect, damped: false, version: 1 }
+        .apply(&key, &mut minted, 3, none, Some(1))
+    else {
+        panic!()
+    };
+    assert_eq!((b.status, b.health), (Status::Draining, Health::Suspect), "status kept by the health update");
+    assert!(matches!(
+        Patch::Status(Status::Draining).apply(&key, &mut minted, 4, none, Some(1)),
+        Minted::Unchanged
+    ));
+    assert!(matches!(
+        Patch::Deregister(DeregisterReason::Explicit, None).apply(&key, &mut minted, 4, none, Some(1)),
+        Minted::Op(_)
+    ));
+    // A deregistration in flight hides what the (older) view still holds.
+    let stale = |_: &InstanceKey| Some(rec());
+    assert!(matches!(Patch::Status(Status::Up).apply(&key, &mut minted, 5, stale, Some(1)), Minted::Gone));
+    assert!(matches!(
+        Patch::Deregister(DeregisterReason::Explicit, None).apply(&key, &mut minted, 5, stale, Some(1)),
+        Minted::Gone
+    ));
+}
+
+#[test]
+fn the_overlay_holds_only_writes_in_flight() {
+    let key = rec().key;
+    let mut minted = Overlay::default();
+    let none = |_: &InstanceKey| None;
+    assert!(matches!(
+        Patch::Register(Box::new(rec())).apply(&key, &mut minted, 1, none, Some(1)),
+        Minted::Op(_)
+    ));
+    assert!(matches!(
+        Patch::Status(Status::Draining).apply(&key, &mut minted, 2, none, Some(1)),
+        Minted::Op(_)
+    ));
+    // The first write is answered while the second is still in flight: the entry stays.
+    settle(&mut minted, &[(key.clone(), 1)]);
+    assert_eq!(minted.get(&key).map(|p| p.seq), Some(2));
+    settle(&mut minted, &[(key.clone(), 2)]);
+    assert!(minted.is_empty());
+    // Settled: the next patch builds on the view's record.
+    let mut in_view = rec();
+    in_view.status = Status::Draining;
+    in_view.weight = 7;
+    let from_view = |_: &InstanceKey| Some(in_view.clone());
+    let Minted::Op(Op::Update(r)) = Patch::Health { health: Health::Suspect, damped: false, version: 1 }
+        .apply(&key, &mut minted, 3, from_view, Some(1))
+    else {
+        panic!()
+    };
+    assert_eq!((r.status, r.weight, r.health), (Status::Draining, 7, Health::Suspect));
+}
+
+#[test]
+fn decisions_about_another_registration_change_nothing() {
+    // Issue 12 §2: an expiry (or a health change) judged on registration 1 must not
+    // touch registration 2 of the same id, acknowledged in between.
+    let key = rec().key;
+    let mut minted = Overlay::default();
+    let live = |_: &InstanceKey| Some(rec());
+    let expire = Patch::Deregister(DeregisterReason::LeaseExpired, Some(1));
+    assert!(matches!(expire.clone().apply(&key, &mut minted, 5, live, Some(2)), Minted::Gone));
+    let health = Patch::Health { health: Health::Unhealthy, damped: false, version: 1 };
+    assert!(matches!(health.apply(&key, &mut minted, 5, live, Some(2)), Minted::Gone));
+    assert!(matches!(Patch::Damped(true, 1).apply(&key, &mut minted, 5, live, None), Minted::Gone));
+    assert!(minted.is_empty());
+    // On its own registration, the expiry writes the tombstone.
+    assert!(matches!(expire.apply(&key, &mut minted, 5, live, Some(1)), Minted::Op(Op::Deregister { .. })));
+}
+
+#[test]
+fn the_view_index_moves_past_every_bump_after_a_durable_write() {
+    let base = ViewIndex::from_durable(7);
+    let mut i = base;
+    for _ in 0..1000 {
+        i = i.bumped();
+    }
+    assert!(ViewIndex::from_durable(8) > i);
+}

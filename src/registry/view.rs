@@ -1,0 +1,275 @@
+//! The in-memory view of one DC's registry: every held instance by service (records shared,
+//! their repeated names interned per service), the watch index that blocking queries wait
+//! on, and [`ViewCell`], which the commit callback folds every durable write into.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use tandem_replicator::log::StateChange;
+use tandem_schemas::{InstanceKey, InstanceRecord, Name};
+use tokio::sync::watch;
+
+use super::Counters;
+
+/// Bits of the watch index that count in-memory-only changes (failover switches) between
+/// two durable writes; the higher bits count durable writes. See [`ViewIndex`].
+const INDEX_BUMP_BITS: u32 = 20;
+
+/// The watch index: `durable_writes << 20 | bumps`. Durable writes are counted in the
+/// store (persisted in the same batch), and a restart counts as one, so the index never
+/// goes backwards across restarts even though failover bumps are not persisted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ViewIndex(pub u64);
+
+impl ViewIndex {
+    pub fn from_durable(count: u64) -> Self {
+        ViewIndex(count << INDEX_BUMP_BITS)
+    }
+    pub(super) fn bumped(self) -> Self {
+        let mask = (1u64 << INDEX_BUMP_BITS) - 1;
+        if self.0 & mask == mask {
+            self
+        } else {
+            ViewIndex(self.0 + 1)
+        }
+    }
+}
+
+/// One instance as held in the view. The record is shared: discovery and explain take
+/// a reference count, not a copy.
+#[derive(Clone, Debug)]
+pub struct Held {
+    pub seq: u64,
+    pub record: Arc<InstanceRecord>,
+}
+
+pub(super) struct Service {
+    /// This service's names; every record held here shares them.
+    pub(super) names: ServiceId,
+    pub(super) index: u64,
+    pub(super) instances: BTreeMap<InstanceKey, Held>,
+    pub(super) notify: watch::Sender<u64>,
+    /// The most recently removed instances, newest last (bounded), for `explain`.
+    pub(super) removed: std::collections::VecDeque<InstanceKey>,
+    /// Owner DCs that ever held an instance of this service (a handful).
+    pub(super) owners: Vec<Name>,
+    /// Zones and application versions seen in this service, shared by its records
+    /// (at most `INTERNED_MAX` each; further values are kept per record).
+    zones: Vec<Name>,
+    versions: Vec<Name>,
+}
+
+/// Most distinct zones (and versions) a service shares among its records.
+const INTERNED_MAX: usize = 16;
+
+/// The shared copy of `name` from `seen`, adding it while there is room.
+fn intern(seen: &mut Vec<Name>, name: &Name) -> Name {
+    if let Some(shared) = seen.iter().find(|n| **n == *name) {
+        return shared.clone();
+    }
+    if seen.len() < INTERNED_MAX {
+        seen.push(name.clone());
+    }
+    name.clone()
+}
+
+impl Service {
+    fn new(index: u64, names: ServiceId) -> Self {
+        Service {
+            names,
+            index,
+            instances: BTreeMap::new(),
+            notify: watch::channel(index).0,
+            removed: Default::default(),
+            owners: Vec::new(),
+            zones: Vec::new(),
+            versions: Vec::new(),
+        }
+    }
+
+    /// Holds `record`, with its names interned: the namespace, service and owner DC are
+    /// the ones every instance of the service shares, and a replaced instance keeps its id
+    /// allocation, so a record costs its own fields only.
+    fn put(&mut self, seq: u64, mut record: InstanceRecord) {
+        let key = &mut record.key;
+        key.namespace = self.names.0.clone();
+        key.service = self.names.1.clone();
+        match self.owners.iter().find(|o| **o == key.owner_dc) {
+            Some(owner) => key.owner_dc = owner.clone(),
+            None => self.owners.push(key.owner_dc.clone()),
+        }
+        if let Some((held_key, _)) = self.instances.get_key_value(key) {
+            key.instance_id = held_key.instance_id.clone();
+        }
+        record.zone = intern(&mut self.zones, &record.zone);
+        record.app_version = intern(&mut self.versions, &record.app_version);
+        self.removed.retain(|k| k != &record.key);
+        self.instances.insert(record.key.clone(), Held { seq, record: Arc::new(record) });
+    }
+}
+
+/// How many removed instances a service remembers for `explain`.
+const REMOVED_REMEMBERED_MAX: usize = 32;
+
+pub(super) type ServiceId = (Name, Name);
+
+/// Looks a [`ServiceId`] up by borrowed names, without building one. Hashes exactly as
+/// the tuple does (field by field, each as a `str`).
+#[derive(Hash)]
+pub(super) struct SvcRef<'a>(pub(super) &'a str, pub(super) &'a str);
+
+impl hashbrown::Equivalent<ServiceId> for SvcRef<'_> {
+    fn equivalent(&self, key: &ServiceId) -> bool {
+        *key.0 == *self.0 && *key.1 == *self.1
+    }
+}
+
+#[derive(Default)]
+pub(super) struct View {
+    pub(super) index: u64,
+    pub(super) services: hashbrown::HashMap<ServiceId, Service>,
+}
+
+/// State shared with the commit callback.
+pub struct ViewCell {
+    pub(super) view: RwLock<View>,
+    pub(super) global: watch::Sender<u64>,
+    counters: Arc<Counters>,
+    local_dc: Name,
+}
+
+impl ViewCell {
+    pub fn new(local_dc: &str, durable_writes: u64, counters: Arc<Counters>) -> Arc<Self> {
+        let idx = ViewIndex::from_durable(durable_writes).0;
+        Arc::new(ViewCell {
+            view: RwLock::new(View { index: idx, services: Default::default() }),
+            global: watch::channel(idx).0,
+            counters,
+            local_dc: local_dc.into(),
+        })
+    }
+
+    /// Loads the durable state at start.
+    pub fn load(&self, instances: Vec<(u64, InstanceRecord)>) {
+        let mut v = self.view.write();
+        let idx = v.index;
+        for (seq, record) in instances {
+            let sid = (record.key.namespace.clone(), record.key.service.clone());
+            v.services.entry(sid.clone()).or_insert_with(|| Service::new(idx, sid)).put(seq, record);
+        }
+    }
+
+    /// Folds one durable write into the view. `durable_writes` is the store's count of
+    /// durable writes including this one.
+    pub fn apply(&self, durable_writes: u64, changes: &[StateChange]) {
+        if changes.is_empty() {
+            return;
+        }
+        let mut v = self.view.write();
+        let idx = ViewIndex::from_durable(durable_writes).0.max(v.index + 1);
+        v.index = idx;
+        let mut touched: Vec<ServiceId> = Vec::new();
+        for ch in changes {
+            match ch {
+                StateChange::Put { seq, record } => {
+                    if *record.key.owner_dc == *self.local_dc {
+                        self.counters.events_local.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        self.counters.events_remote.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let sid = (record.key.namespace.clone(), record.key.service.clone());
+                    let svc = v.services.entry(sid.clone()).or_insert_with(|| Service::new(idx, sid.clone()));
+                    svc.put(*seq, record.clone());
+                    svc.index = idx;
+                    touched.push(sid);
+                }
+                StateChange::Remove { key } => {
+                    let sid = (key.namespace.clone(), key.service.clone());
+                    if let Some(svc) = v.services.get_mut(&SvcRef(&key.namespace, &key.service)) {
+                        if svc.instances.remove(key).is_some() {
+                            svc.removed.retain(|k| k != key);
+                            if svc.removed.len() >= REMOVED_REMEMBERED_MAX {
+                                svc.removed.pop_front();
+                            }
+                            svc.removed.push_back(key.clone());
+                        }
+                        svc.index = idx;
+                        touched.push(sid);
+                    }
+                }
+            }
+        }
+        touched.sort();
+        touched.dedup();
+        for sid in touched {
+            if let Some(svc) = v.services.get(&sid) {
+                svc.notify.send_replace(idx);
+            }
+        }
+        drop(v);
+        self.global.send_replace(idx);
+    }
+
+    /// Bumps a service's index without a durable write (failover switched) and wakes
+    /// its watchers.
+    pub(super) fn bump(&self, sid: &ServiceId) {
+        let mut v = self.view.write();
+        let idx = ViewIndex(v.index).bumped().0;
+        v.index = idx;
+        if let Some(svc) = v.services.get_mut(sid) {
+            svc.index = idx;
+            svc.notify.send_replace(idx);
+        }
+        drop(v);
+        self.global.send_replace(idx);
+    }
+
+    pub fn index(&self) -> u64 {
+        self.view.read().index
+    }
+
+    pub fn instance_count(&self) -> usize {
+        self.view.read().services.values().map(|s| s.instances.len()).sum()
+    }
+
+    pub(super) fn get(&self, key: &InstanceKey) -> Option<Held> {
+        let v = self.view.read();
+        v.services.get(&SvcRef(&key.namespace, &key.service))?.instances.get(key).cloned()
+    }
+
+    /// The shared names of a service the view holds.
+    pub(super) fn names(&self, ns: &str, svc: &str) -> Option<ServiceId> {
+        self.view.read().services.get(&SvcRef(ns, svc)).map(|s| s.names.clone())
+    }
+
+    /// Finds an instance by (namespace, service, id) whatever its owner.
+    /// O(owners x log n): a heartbeat must not scan the service.
+    pub(super) fn find(&self, ns: &str, svc: &str, id: &str) -> Option<Held> {
+        let v = self.view.read();
+        self.find_in(&v, ns, svc, id).cloned()
+    }
+
+    pub(super) fn find_in<'v>(&self, v: &'v View, ns: &str, svc: &str, id: &str) -> Option<&'v Held> {
+        let s = v.services.get(&SvcRef(ns, svc))?;
+        let mut key = InstanceKey {
+            owner_dc: self.local_dc.clone(),
+            namespace: s.names.0.clone(),
+            service: s.names.1.clone(),
+            instance_id: id.into(),
+        };
+        if let Some(h) = s.instances.get(&key) {
+            return Some(h);
+        }
+        for owner in &s.owners {
+            if owner != &self.local_dc {
+                key.owner_dc.clone_from(owner);
+                if let Some(h) = s.instances.get(&key) {
+                    return Some(h);
+                }
+            }
+        }
+        None
+    }
+}

@@ -1,0 +1,398 @@
+//! The write path of the registry: patches (a change to one local instance) minted into
+//! events on the committer thread against the overlay of writes still in flight (else the
+//! view), and the requests that write: register, deregister, set status.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tandem_schemas::{
+    ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Op, Status, LIMITS,
+};
+use uuid::Uuid;
+
+use super::view::Held;
+use super::{RegisterAnswer, RegisterRequest, Registry};
+use crate::error::ApiError;
+
+/// A change to one local instance, turned into an event against the latest minted state.
+#[derive(Clone, Debug)]
+pub(super) enum Patch {
+    /// Register or replace the whole record (client-set fields; health starts Healthy).
+    Register(Box<InstanceRecord>),
+    Status(Status),
+    /// A health change judged on the lease of registration `version`.
+    Health {
+        health: Health,
+        damped: bool,
+        version: u64,
+    },
+    Damped(bool, u64),
+    /// `Some(version)`: removes that registration only (a lease expiry); `None`: whatever
+    /// registration is current (an explicit deregistration).
+    Deregister(DeregisterReason, Option<u64>),
+}
+
+/// What a committed patch did, as its caller sees it. Short-lived and rare: size is fine.
+#[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Outcome {
+    Written(ChangeEvent),
+    Unchanged,
+    Gone,
+}
+
+/// What a patch did.
+#[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Minted {
+    Op(Op),
+    /// The instance exists and already has the value.
+    Unchanged,
+    /// The instance is not (or no longer) live.
+    Gone,
+}
+
+/// The latest minted state of a local instance whose write is still in flight: its seq
+/// and its record (`None`: deregistered). Entries leave the overlay once their write has
+/// been answered, by then the view holds the same state; so the overlay holds only the
+/// instances with writes in flight, not a second copy of every record.
+#[derive(Clone, Debug)]
+pub(super) struct Pending {
+    pub(super) seq: u64,
+    pub(super) record: Option<InstanceRecord>,
+}
+
+pub(super) type Overlay = HashMap<InstanceKey, Pending, foldhash::fast::RandomState>;
+
+impl Patch {
+    /// The registration this patch was judged on, if it names one.
+    pub(super) fn judged(&self) -> Option<u64> {
+        match self {
+            Patch::Health { version, .. } | Patch::Damped(_, version) => Some(*version),
+            Patch::Deregister(_, version) => *version,
+            Patch::Register(_) | Patch::Status(_) => None,
+        }
+    }
+
+    /// The event this patch mints given the latest state of its key, which is the
+    /// overlay's in-flight state if there is one, else `base` (the view). On `Op`, the
+    /// overlay records the new state under `seq`. `lease`: the registration the key's
+    /// lease belongs to now; a patch judged on another registration is `Gone` (it was about
+    /// an instance that has been replaced or removed since).
+    pub(super) fn apply(
+        self,
+        key: &InstanceKey,
+        overlay: &mut Overlay,
+        seq: u64,
+        base: impl FnOnce(&InstanceKey) -> Option<InstanceRecord>,
+        lease: Option<u64>,
+    ) -> Minted {
+        if self.judged().is_some_and(|v| lease != Some(v)) {
+            return Minted::Gone;
+        }
+        let current = match overlay.get(key) {
+            Some(p) => p.record.clone(),
+            None => base(key),
+        };
+        let (minted, after) = match self {
+            Patch::Register(r) => {
+                let op =
+                    if current.is_some() { Op::Update((*r).clone()) } else { Op::Register((*r).clone()) };
+                (Minted::Op(op), Some(*r))
+            }
+            Patch::Deregister(reason, _) => match current {
+                Some(_) => (Minted::Op(Op::Deregister { key: key.clone(), reason }), None),
+                None => return Minted::Gone,
+            },
+            Patch::Status(status) => Self::modify(current, |r| {
+                let changed = r.status != status;
+                r.status = status;
+                changed
+            }),
+            Patch::Health { health, damped, .. } => Self::modify(current, |r| {
+                let changed = r.health != health || r.damped != damped;
+                r.health = health;
+                r.damped = damped;
+                changed
+            }),
+            Patch::Damped(damped, _) => Self::modify(current, |r| {
+                let changed = r.damped != damped;
+                r.damped = damped;
+                changed
+            }),
+        };
+        if matches!(minted, Minted::Op(_)) {
+            overlay.insert(key.clone(), Pending { seq, record: after });
+        }
+        minted
+    }
+
+    fn modify(
+        current: Option<InstanceRecord>,
+        f: impl FnOnce(&mut InstanceRecord) -> bool,
+    ) -> (Minted, Option<InstanceRecord>) {
+        match current {
+            None => (Minted::Gone, None),
+            Some(mut r) => {
+                if f(&mut r) {
+                    (Minted::Op(Op::Update(r.clone())), Some(r))
+                } else {
+                    (Minted::Unchanged, None)
+                }
+            }
+        }
+    }
+}
+
+struct SettleOnDrop {
+    overlay: Arc<Mutex<Overlay>>,
+    mine: Arc<Mutex<Vec<(InstanceKey, u64)>>>,
+}
+
+impl Drop for SettleOnDrop {
+    fn drop(&mut self) {
+        let mine = std::mem::take(&mut *self.mine.lock());
+        settle(&mut self.overlay.lock(), &mine);
+    }
+}
+
+/// Drops the overlay entries that `settled` (key, seq) pairs left, unless a later write
+/// of the same key has been minted since.
+pub(super) fn settle(overlay: &mut Overlay, settled: &[(InstanceKey, u64)]) {
+    for (key, seq) in settled {
+        if overlay.get(key).is_some_and(|p| p.seq == *seq) {
+            overlay.remove(key);
+        }
+    }
+}
+
+impl Registry {
+    /// Makes `patches` durable as events, in order. Each patch is turned into an event on
+    /// the committer thread against the latest minted state of its key, so concurrent
+    /// writers of one instance (a status change racing a health change) never overwrite
+    /// each other's fields. Returns one entry per patch: `Written(event)`, `Unchanged`, or
+    /// `Gone` when the instance is not live any more.
+    pub(super) async fn commit(&self, patches: Vec<(InstanceKey, Patch)>) -> Result<Vec<Outcome>, ApiError> {
+        let dc = self.dc.clone();
+        let minted = self.minted.clone();
+        let view = self.view.clone();
+        let clock = self.clock.clone();
+        let leases = self.leases.clone();
+        let keys: Vec<InstanceKey> = patches.iter().map(|(k, _)| k.clone()).collect();
+        let outcome: Arc<Mutex<Vec<Option<u64>>>> = Arc::new(Mutex::new(Vec::new()));
+        let out = outcome.clone();
+        let mine: Arc<Mutex<Vec<(InstanceKey, u64)>>> = Arc::new(Mutex::new(Vec::new()));
+        let mine_in = mine.clone();
+        // Once answered, the view holds what was written (or, on failure, the durable state
+        // stands), so this call's in-flight entries leave the overlay; also when the caller
+        // goes away mid-write.
+        let _settle = SettleOnDrop { overlay: self.minted.clone(), mine: mine.clone() };
+        let written = self
+            .committer
+            .append_local_boxed(Box::new(move |mark: Mark| {
+                let now = clock.wall_ms();
+                let mut minted = minted.lock();
+                let mut seq = mark.seq;
+                let mut events = Vec::new();
+                let mut outcome = out.lock();
+                let mut mine = mine_in.lock();
+                for (key, patch) in patches {
+                    let registration = matches!(patch, Patch::Register(_));
+                    let judged = patch.judged();
+                    let lease = leases.version_of(&key);
+                    let base = |k: &InstanceKey| view.get(k).map(|h| Arc::unwrap_or_clone(h.record));
+                    let op = match patch.apply(&key, &mut minted, seq + 1, base, lease) {
+                        Minted::Op(op) => op,
+                        Minted::Unchanged => {
+                            outcome.push(Some(0));
+                            continue;
+                        }
+                        Minted::Gone => {
+                            // A decision about a registration that is gone: its lease too.
+                            if let Some(v) = judged {
+                                leases.forget(&key, v);
+                            }
+                            outcome.push(None);
+                            continue;
+                        }
+                    };
+                    seq += 1;
+                    // The leases follow the minted sequence: a registration's lease starts
+                    // with its event, a deregistration's removal with its tombstone.
+                    leases.minted(&key, registration, &op, seq);
+                    outcome.push(Some(seq));
+                    mine.push((key, seq));
+                    events.push(ChangeEvent {
+                        event_id: Uuid::now_v7(),
+                        origin_dc: dc.to_string(),
+                        origin_epoch: mark.epoch,
+                        seq,
+                        commit_time_ms: now,
+                        op,
+                    });
+                }
+                events
+            }))
+            .await;
+        let events = match written {
+            Ok(events) => events,
+            Err(e) => {
+                // Nothing of this call is durable: the durable state decides the leases.
+                for key in &keys {
+                    self.leases.reconcile(key, self.view.get(key).as_ref().map(|h| (h.seq, &*h.record)));
+                }
+                return Err(ApiError::unavailable(format!("the event log refused the write: {e}")));
+            }
+        };
+        let outcome = std::mem::take(&mut *outcome.lock());
+        Ok(outcome
+            .into_iter()
+            .map(|o| match o {
+                None => Outcome::Gone,
+                Some(0) => Outcome::Unchanged,
+                Some(seq) => {
+                    events.iter().find(|e| e.seq == seq).cloned().map_or(Outcome::Gone, Outcome::Written)
+                }
+            })
+            .collect())
+    }
+
+    /// POST /v1/register.
+    pub async fn register(&self, req: RegisterRequest) -> Result<RegisterAnswer, ApiError> {
+        let namespace = req.namespace.unwrap_or_else(|| "default".into());
+        tandem_schemas::validate_name("namespace", &namespace).map_err(ApiError::invalid)?;
+        tandem_schemas::validate_name("service", &req.service).map_err(ApiError::invalid)?;
+        tandem_schemas::validate_address(&req.address).map_err(ApiError::invalid)?;
+        let port = u16::try_from(req.port)
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| ApiError::invalid_field("port", "must be 1 to 65535"))?;
+        let persistent = req.persistent.unwrap_or(false);
+        let ttl_ms = match (persistent, req.ttl_ms) {
+            (true, Some(_)) => {
+                return Err(ApiError::invalid_field("ttl_ms", "persistent instances have no lease"))
+            }
+            (true, None) => 0,
+            (false, None) => self.health.expire_after_ms,
+            (false, Some(t)) => {
+                let min = crate::health::LEASE_TTL_MS_MIN;
+                if t < min || t > u64::from(LIMITS.lease_ttl_ms_max) {
+                    return Err(ApiError::invalid_field(
+                        "ttl_ms",
+                        format!("must be {min} to {}", LIMITS.lease_ttl_ms_max),
+                    ));
+                }
+                t
+            }
+        };
+        let instance_id = match req.instance_id {
+            Some(id) => id,
+            None => {
+                let host = if req.address.contains(':') {
+                    format!("[{}]", req.address)
+                } else {
+                    req.address.clone()
+                };
+                format!("{}#{}:{}#{}", req.service, host, port, Uuid::new_v4())
+            }
+        };
+        // The service's shared names when it exists, so the lease shares them too.
+        let (ns_name, svc_name) = self
+            .view
+            .names(&namespace, &req.service)
+            .unwrap_or_else(|| (namespace.as_str().into(), req.service.as_str().into()));
+        let key = InstanceKey {
+            owner_dc: self.dc.clone(),
+            namespace: ns_name,
+            service: svc_name,
+            instance_id: instance_id.as_str().into(),
+        };
+        if let Some(other) = self.view.find(&namespace, &req.service, &instance_id) {
+            if *other.record.key.owner_dc != *self.dc {
+                return Err(ApiError::conflict(format!(
+                    "instance {instance_id} is owned by DC {}; deregister it there first",
+                    other.record.key.owner_dc
+                )));
+            }
+        }
+        let record = InstanceRecord {
+            key: key.clone(),
+            address: req.address.into(),
+            port,
+            zone: req.zone.unwrap_or_default().into(),
+            weight: req.weight.unwrap_or(100),
+            app_version: req.version.unwrap_or_default().into(),
+            tags: req.tags.unwrap_or_default(),
+            metadata: req.metadata.unwrap_or_default(),
+            persistent,
+            lease_ttl_ms: u32::try_from(ttl_ms).unwrap_or(u32::MAX),
+            status: req.status.map(Status::from).unwrap_or(Status::Up),
+            health: Health::Healthy,
+            damped: false,
+        };
+        tandem_schemas::validate_record(&record).map_err(ApiError::invalid)?;
+        self.preservation.lock().record_renewal(self.now_ms());
+        // The lease starts when the registration is minted (before the ack, so a heartbeat
+        // racing the ack is kept), in the order of the events.
+        let events = self.commit(vec![(key.clone(), Patch::Register(Box::new(record)))]).await?;
+        self.counters.registrations.fetch_add(1, Ordering::Relaxed);
+        let Some(Outcome::Written(ev)) = events.into_iter().next() else {
+            return Err(ApiError::unavailable("the registration was not written"));
+        };
+        Ok(RegisterAnswer {
+            instance_id,
+            owner_dc: self.dc.to_string(),
+            version: ev.seq,
+            epoch: ev.origin_epoch,
+            lease_ttl_ms: ttl_ms,
+        })
+    }
+
+    pub(super) fn local_key(&self, ns: &str, svc: &str, id: &str) -> Result<(InstanceKey, Held), ApiError> {
+        tandem_schemas::validate_name("namespace", ns).map_err(ApiError::invalid)?;
+        tandem_schemas::validate_name("service", svc).map_err(ApiError::invalid)?;
+        tandem_schemas::validate_instance_id(id).map_err(ApiError::invalid)?;
+        let held = self
+            .view
+            .find(ns, svc, id)
+            .ok_or_else(|| ApiError::not_found(format!("no instance {id} of {ns}/{svc}")))?;
+        if *held.record.key.owner_dc != *self.dc {
+            return Err(ApiError::conflict(format!(
+                "instance {id} is owned by DC {}; only its owner may change it",
+                held.record.key.owner_dc
+            )));
+        }
+        Ok((held.record.key.clone(), held))
+    }
+
+    /// DELETE /v1/instances: explicit deregistration; returns the tombstone's seq.
+    pub async fn deregister(&self, ns: &str, svc: &str, id: &str) -> Result<u64, ApiError> {
+        let (key, _) = self.local_key(ns, svc, id)?;
+        // The lease goes when the deregistration is minted, not when this call resumes: a
+        // registration minted after it (a racing re-registration) keeps its own lease.
+        let events = self.commit(vec![(key, Patch::Deregister(DeregisterReason::Explicit, None))]).await?;
+        match events.into_iter().next() {
+            Some(Outcome::Written(ev)) => {
+                self.counters.deregistrations.fetch_add(1, Ordering::Relaxed);
+                Ok(ev.seq)
+            }
+            Some(Outcome::Unchanged | Outcome::Gone) | None => {
+                Err(ApiError::not_found(format!("instance {id} of {ns}/{svc} is already gone")))
+            }
+        }
+    }
+
+    /// PUT /v1/instances/../status.
+    pub async fn set_status(&self, ns: &str, svc: &str, id: &str, status: Status) -> Result<u64, ApiError> {
+        let (key, held) = self.local_key(ns, svc, id)?;
+        match self.commit(vec![(key, Patch::Status(status))]).await?.into_iter().next() {
+            Some(Outcome::Written(ev)) => Ok(ev.seq),
+            Some(Outcome::Unchanged) => Ok(held.seq),
+            Some(Outcome::Gone) | None => {
+                Err(ApiError::not_found(format!("instance {id} of {ns}/{svc} is already gone")))
+            }
+        }
+    }
+}
