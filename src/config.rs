@@ -74,7 +74,7 @@ impl Default for HealthSection {
 }
 
 /// Server-side protection against collapsed answers.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProtectionSection {
     pub self_preservation: bool,

@@ -2,7 +2,7 @@
 //!
 //! Every handler validates its input and answers errors as
 //! `{"error":{"code":"...","message":"..."}}`; bodies are size-limited before parsing.
-//! This module holds no state of its own: it translates HTTP to [`Registry`] calls.
+//! This module holds no state of its own: it translates HTTP to [`Registry`](crate::registry::Registry) calls.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -546,3 +546,53 @@ async fn streaming_watches_are_bounded_and_a_closed_one_frees_its_place() {
     .await;
     node.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_reload_that_changes_answers_moves_the_index_and_drops_cached_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node.toml");
+    let base = format!(
+        "dc = \"dc-a\"\ndata_dir = \"{}\"\nhttp_addr = \"127.0.0.1:0\"\n",
+        dir.path().join("d").display()
+    );
+    std::fs::write(&path, format!("{base}[protection]\nprotect_threshold = 0.0\n")).unwrap();
+    let node = Node::start(tandem::config::Config::load(&path).unwrap(), Some(path.clone())).await.unwrap();
+    let c = client(&node);
+    for i in 0..4 {
+        c.register(&json!({"service": "p", "instance_id": format!("i{i}"), "address": "10.0.0.1", "port": 1,
+            "ttl_ms": if i == 0 { 30_000 } else { 900 }}))
+            .await
+            .unwrap();
+    }
+    eventually(Duration::from_secs(5), "three unhealthy", || async {
+        let _ = c.heartbeat("default", "p", "i0").await;
+        let d = c.discover("default", "p", "dc=all").await.unwrap();
+        d["instances"].as_array().unwrap().iter().filter(|i| i["health"] == "unhealthy").count() == 3
+    })
+    .await;
+    // Unprotected: the plain answer (now cached at its index) offers the healthy one only.
+    let before = c.discover("default", "p", "").await.unwrap();
+    assert_eq!(ids(&before), vec!["i0"], "{before}");
+    let index = before["index"].as_u64().unwrap();
+
+    // Raise the protect threshold: every answer of the service changes.
+    std::fs::write(&path, format!("{base}[protection]\nprotect_threshold = 0.5\n")).unwrap();
+    node.shared.reload().unwrap();
+    let after = c.discover("default", "p", "").await.unwrap();
+    assert!(
+        after["index"].as_u64().unwrap() > index,
+        "a reload that changes answers moves the index: {after}"
+    );
+    assert_eq!(after["protected"], true, "the plain answer follows the new threshold: {after}");
+    assert_eq!(ids(&after).len(), 4);
+    let explained = c.discover("default", "p", "explain=true").await.unwrap();
+    assert_eq!(ids(&explained), ids(&after), "plain and explain answers agree");
+    // A watcher at the old index wakes at once instead of waiting out its `wait`.
+    let woke = tokio::time::timeout(
+        Duration::from_secs(2),
+        c.discover("default", "p", &format!("index={index}&wait=10s")),
+    )
+    .await;
+    assert!(woke.is_ok(), "the watcher at the old index woke");
+    node.shutdown().await;
+}

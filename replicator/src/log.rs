@@ -324,5 +324,5 @@ impl EventLog for MemLog {
 
 // The conformance suite is for tests: it is built only under `cfg(test)` or with the
 // `conformance` feature, which the workspace's test builds turn on (dev-dependencies).
-#[cfg(any(test, feature = "conformance"))]
+#[cfg(any(test, doc, feature = "conformance"))]
 pub mod conformance;

@@ -158,8 +158,14 @@ impl Registry {
     }
 
     /// Replaces the failover policy (and other reloadable settings) at runtime.
+    /// A change of the settings answers depend on (protection, failover) moves every
+    /// service's index, so watchers wake and no answer cached under the old settings is
+    /// served again.
     pub fn set_config(&self, cfg: Arc<Config>) {
-        *self.cfg.write() = cfg;
+        let old = std::mem::replace(&mut *self.cfg.write(), cfg.clone());
+        if old.protection != cfg.protection || old.failover != cfg.failover {
+            self.view.bump_all();
+        }
     }
 
     pub fn now_ms(&self) -> u64 {

@@ -226,6 +226,21 @@ impl ViewCell {
         self.global.send_replace(idx);
     }
 
+    /// Bumps every service's index at once without a durable write (a reload changed how
+    /// answers are computed) and wakes every watcher: cached answers are keyed by index, so
+    /// none of them is served again.
+    pub(super) fn bump_all(&self) {
+        let mut v = self.view.write();
+        let idx = ViewIndex(v.index).bumped().0;
+        v.index = idx;
+        for svc in v.services.values_mut() {
+            svc.index = idx;
+            svc.notify.send_replace(idx);
+        }
+        drop(v);
+        self.global.send_replace(idx);
+    }
+
     pub fn index(&self) -> u64 {
         self.view.read().index
     }

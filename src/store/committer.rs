@@ -64,13 +64,13 @@ pub const GROUP_SIZE_BUCKETS: usize = 11;
 pub enum Request<L = RocksLog> {
     /// Append own events; answered with the events as written.
     LocalAppend { build: BuildEvents, reply: Reply<Vec<ChangeEvent>> },
-    /// [`EventLog::apply_remote`] of a batch received over the channel of `channel_dc`.
+    /// [`EventLog::apply_remote`](tandem_replicator::log::EventLog::apply_remote) of a batch received over the channel of `channel_dc`.
     RemoteApply { channel_dc: String, events: Vec<ChangeEvent>, reply: Reply<ApplyReport> },
-    /// [`EventLog::install_snapshot`].
+    /// [`EventLog::install_snapshot`](tandem_replicator::log::EventLog::install_snapshot).
     InstallSnapshot { channel_dc: String, snapshot: Snapshot, reply: Reply<ApplyReport> },
-    /// [`EventLog::purge_own`]; answered with the purge floor after it.
+    /// [`EventLog::purge_own`](tandem_replicator::log::EventLog::purge_own); answered with the purge floor after it.
     PurgeOwn { upto_seq: u64, reply: Reply<u64> },
-    /// [`EventLog::purge_remote_tombstones`].
+    /// [`EventLog::purge_remote_tombstones`](tandem_replicator::log::EventLog::purge_remote_tombstones).
     PurgeRemoteTombstones { origin: String, upto_seq: u64, reply: Reply<()> },
     /// [`RocksLog::record_peer_ack`].
     PeerAck { peer: String, mark: Mark, reply: Reply<()> },

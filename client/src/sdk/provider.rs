@@ -1,7 +1,7 @@
 //! The provider side: keeps one instance registered with its DC's registry.
 //!
 //! [`Provider::register`] registers and hands the instance to the process's heartbeat
-//! batcher ([`super::beats`]): one heartbeat per period (the configured one, or an eighth of
+//! batcher (`sdk/beats.rs`): one heartbeat per period (the configured one, or an eighth of
 //! the granted lease) with jitter, sent together with the other instances this process
 //! holds in one `POST /v1/heartbeats`; after a failed beat it retries with capped, jittered
 //! backoff (never later than one period); when the registry reports the instance unknown
