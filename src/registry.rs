@@ -28,7 +28,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::failover::{self, Decision, FailoverState, LocalCounts, Policy};
-use crate::health::{HealthConfig, SelfPreservation, Transition};
+use crate::health::{HealthConfig, NamespacePreservation, Transition};
 use crate::leases::LeaseBook;
 use crate::store::AppendLocal;
 
@@ -508,8 +508,6 @@ pub struct Registry {
     /// The leases of the local ephemeral instances, changed as their events are minted
     /// (see [`crate::leases`]).
     leases: Arc<LeaseBook>,
-    preservation: Mutex<SelfPreservation>,
-    preservation_active: std::sync::atomic::AtomicBool,
     failover: Mutex<HashMap<ServiceId, FailoverState>>,
     /// Last known staleness of each remote origin, to wake watchers when it flips.
     staleness: Mutex<BTreeMap<String, bool>>,
@@ -528,7 +526,6 @@ impl Registry {
         clock: Arc<dyn Clock>,
     ) -> Arc<Self> {
         let health = cfg.health_config();
-        let now = clock.now_ms();
         let reg = Arc::new(Registry {
             dc: cfg.dc.as_str().into(),
             health: health.clone(),
@@ -536,8 +533,6 @@ impl Registry {
             minted: Arc::new(Mutex::new(Overlay::default())),
             view,
             leases: Arc::new(LeaseBook::new(cfg.dc.as_str(), health.clone(), clock.clone())),
-            preservation: Mutex::new(SelfPreservation::new(now, &health)),
-            preservation_active: Default::default(),
             failover: Mutex::new(HashMap::new()),
             staleness: Mutex::new(BTreeMap::new()),
             counters,
@@ -593,13 +588,9 @@ impl Registry {
         crate::leases::check_invariant(&self.dc, in_view, in_flight, &leases)
     }
 
-    pub fn self_preservation_active(&self) -> bool {
-        self.preservation_active.load(Ordering::Relaxed)
-    }
-
-    pub fn preservation_figures(&self) -> (u64, u64) {
-        let p = self.preservation.lock();
-        (p.renewals_last_window(), p.expected_last_window())
+    /// Self-preservation per namespace, and the pauses the cap ended.
+    pub fn preservation(&self) -> (Vec<NamespacePreservation>, u64) {
+        self.leases.preservation()
     }
 
     /// Makes `patches` durable as events, in order. Each patch is turned into an event on
@@ -766,7 +757,6 @@ impl Registry {
             damped: false,
         };
         tandem_schemas::validate_record(&record).map_err(ApiError::invalid)?;
-        self.preservation.lock().record_renewal(self.now_ms());
         // The lease starts when the registration is minted (before the ack, so a heartbeat
         // racing the ack is kept), in the order of the events.
         let events = self.commit(vec![(key.clone(), Patch::Register(Box::new(record)))]).await?;
@@ -852,7 +842,6 @@ impl Registry {
             }
         }
         answer.unknown.sort_unstable();
-        self.preservation.lock().record_renewals(now, answer.renewed as u64);
         self.counters.heartbeats.fetch_add(answer.renewed as u64, Ordering::Relaxed);
         self.counters.heartbeats_unknown.fetch_add(answer.unknown.len() as u64, Ordering::Relaxed);
         self.apply_transitions(transitions).await?;
@@ -871,7 +860,6 @@ impl Registry {
         };
         let now = self.now_ms();
         if held.record.persistent {
-            self.preservation.lock().record_renewal(now);
             self.counters.heartbeats.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
@@ -880,7 +868,6 @@ impl Registry {
             self.counters.heartbeats_unknown.fetch_add(1, Ordering::Relaxed);
             return Err(ApiError::not_found(format!("instance {id} of {ns}/{svc} is being deregistered")));
         };
-        self.preservation.lock().record_renewal(now);
         self.counters.heartbeats.fetch_add(1, Ordering::Relaxed);
         if let Some(t) = transition {
             self.apply_transitions(vec![(key, version, t)]).await?;
@@ -955,19 +942,8 @@ impl Registry {
     /// with time. Called every `check_interval_ms`.
     pub async fn check_leases(&self) {
         let now = self.now_ms();
-        let lease_count = self.lease_count();
-        let paused = {
-            let mut sp = self.preservation.lock();
-            sp.evaluate(now, lease_count, &self.health)
-        };
-        if paused != self.preservation_active.swap(paused, Ordering::Relaxed) {
-            if paused {
-                tracing::warn!(leases = lease_count, "self-preservation engaged: lease expiry paused");
-            } else {
-                tracing::info!("self-preservation released: lease expiry resumed");
-            }
-        }
-        let transitions = self.leases.check(now, paused);
+        self.leases.evaluate_preservation(now);
+        let transitions = self.leases.check(now, false);
         let mut patches = Vec::new();
         for (key, version, t) in transitions {
             let patch = self.transition_patch(&key, version, t);
