@@ -14,12 +14,18 @@
 //! client slower than `S` (Suspect anyway) counts less.
 //!
 //! Both sides are kept per namespace in [`SELF_PRESERVATION_BUCKETS`] buckets covering the
-//! window: *renewals* (the credit of each renewal, in the bucket of its time) and
-//! *expected* (the time integral of `Σ 1 / S` over the counted leases). A lease that stops
-//! being counted stops adding to the expectation, and what it added leaves with the window.
-//! A regularly renewing lease's credit runs ahead of its expectation (its renewal covers
-//! the silence before it), so a namespace of healthy clients is at about 100%; in steady
-//! state, the window edges put it within `1 ± g / window`.
+//! window: *renewals* (the credit of each renewal) and *expected*, booked as follows so
+//! that a lease renewing on time adds the same to both, in the same bucket, whatever the
+//! phase of its heartbeats against the window (no noise from the window's edges):
+//!
+//! - a renewal that ends a silence `g` of a lease not overdue expects `g / S`;
+//! - a counted lease the lease check finds silent for `S` or more becomes *overdue*: it
+//!   expects its whole silence `/ S` at once, then `1 / S` per ms, continuously, until it
+//!   renews (expecting nothing more), parks, expires or is removed;
+//! - the renewal that makes a lease counted (its first since registration, or a parked
+//!   lease's return) expects what it earns.
+//!
+//! What a lease added leaves with the window.
 //!
 //! # The decision, per namespace
 //!
@@ -117,8 +123,9 @@ impl Ring {
 struct Namespace {
     ring: Ring,
     leases: usize,
-    /// Counted leases by suspect time (ms): the expectation's rate is `Σ count / S`.
-    counted: BTreeMap<u64, usize>,
+    counted: usize,
+    /// Overdue leases by suspect time (ms): the expectation's rate is `Σ count / S`.
+    overdue: BTreeMap<u64, usize>,
     /// Up to when the expectation has been accrued.
     accrued_ms: u64,
     paused_since_ms: Option<u64>,
@@ -130,10 +137,28 @@ struct Namespace {
 
 impl Namespace {
     fn rate_per_ms(&self) -> f64 {
-        self.counted.iter().map(|(s, n)| *n as f64 / *s as f64).sum()
+        self.overdue.iter().map(|(s, n)| *n as f64 / *s as f64).sum()
     }
 
-    /// Adds the expectation of the counted leases from `accrued_ms` to `now_ms`, split over
+    fn book_expected(&mut self, now_ms: u64, bucket_ms: u64, expected: f64) {
+        self.ring.advance(now_ms / bucket_ms);
+        if let Some(slot) = self.ring.slot(now_ms / bucket_ms) {
+            self.ring.expected[slot] += expected;
+        }
+    }
+
+    fn set_overdue(&mut self, suspect_ms: u64, overdue: bool) {
+        if overdue {
+            *self.overdue.entry(suspect_ms).or_default() += 1;
+        } else if let Some(n) = self.overdue.get_mut(&suspect_ms) {
+            *n -= 1;
+            if *n == 0 {
+                self.overdue.remove(&suspect_ms);
+            }
+        }
+    }
+
+    /// Adds the expectation of the overdue leases from `accrued_ms` to `now_ms`, split over
     /// the buckets it covers.
     fn accrue(&mut self, now_ms: u64, bucket_ms: u64) {
         self.ring.advance(now_ms / bucket_ms);
@@ -191,7 +216,8 @@ impl SelfPreservation {
             let ns = Namespace {
                 ring: Ring::new(now_ms / bucket_ms),
                 leases: 0,
-                counted: BTreeMap::new(),
+                counted: 0,
+                overdue: BTreeMap::new(),
                 accrued_ms: now_ms,
                 paused_since_ms: None,
                 capped: false,
@@ -219,31 +245,54 @@ impl SelfPreservation {
         }
     }
 
-    /// A lease with suspect time `suspect_ms` enters (`true`) or leaves the expectation.
-    pub fn set_counted(&mut self, namespace: &str, suspect_ms: u64, counted: bool, now_ms: u64) {
+    /// A renewal of a lease with suspect time `suspect_ms` after a silence of `silence_ms`.
+    /// `counted`: the lease was counted before (else it is from now on); `overdue`: it
+    /// was overdue. Earns `min(1, silence / suspect)`; see the module docs for what it
+    /// expects.
+    pub fn renewed(&mut self, namespace: &str, now_ms: u64, silence_ms: u64, suspect_ms: u64, counted: bool, overdue: bool) {
         let bucket_ms = self.bucket_ms;
-        let ns = self.entry(namespace, now_ms);
-        ns.accrue(now_ms, bucket_ms);
         let s = suspect_ms.max(1);
-        if counted {
-            *ns.counted.entry(s).or_default() += 1;
-        } else if let Some(n) = ns.counted.get_mut(&s) {
-            *n -= 1;
-            if *n == 0 {
-                ns.counted.remove(&s);
-            }
+        let ns = self.entry(namespace, now_ms);
+        let ratio = silence_ms as f64 / s as f64;
+        let earned = ratio.min(1.0);
+        if overdue {
+            ns.accrue(now_ms, bucket_ms);
+            ns.set_overdue(s, false);
+        }
+        let expected = match (counted, overdue) {
+            (false, _) => earned,
+            (true, false) => ratio,
+            (true, true) => 0.0,
+        };
+        if !counted {
+            ns.counted += 1;
+        }
+        ns.book_expected(now_ms, bucket_ms, expected);
+        if let Some(slot) = ns.ring.slot(now_ms / bucket_ms) {
+            ns.ring.renewals[slot] += earned;
         }
     }
 
-    /// A renewal of a counted lease with suspect time `suspect_ms`, after a silence of
-    /// `silence_ms`: earns `min(1, silence / suspect)`.
-    pub fn renewed(&mut self, namespace: &str, now_ms: u64, silence_ms: u64, suspect_ms: u64) {
+    /// The lease check found a counted lease silent for `silence_ms >= suspect_ms`: it is
+    /// overdue from now on.
+    pub fn overdue(&mut self, namespace: &str, now_ms: u64, silence_ms: u64, suspect_ms: u64) {
+        let bucket_ms = self.bucket_ms;
+        let s = suspect_ms.max(1);
+        let ns = self.entry(namespace, now_ms);
+        ns.accrue(now_ms, bucket_ms);
+        ns.book_expected(now_ms, bucket_ms, silence_ms as f64 / s as f64);
+        ns.set_overdue(s, true);
+    }
+
+    /// A counted lease leaves the expectation (parked, expired or removed).
+    pub fn uncounted(&mut self, namespace: &str, now_ms: u64, suspect_ms: u64, overdue: bool) {
         let bucket_ms = self.bucket_ms;
         let ns = self.entry(namespace, now_ms);
-        ns.ring.advance(now_ms / bucket_ms);
-        if let Some(slot) = ns.ring.slot(now_ms / bucket_ms) {
-            ns.ring.renewals[slot] += (silence_ms as f64 / suspect_ms.max(1) as f64).min(1.0);
+        if overdue {
+            ns.accrue(now_ms, bucket_ms);
+            ns.set_overdue(suspect_ms.max(1), false);
         }
+        ns.counted = ns.counted.saturating_sub(1);
     }
 
     /// Decides, for every namespace, whether its expiry is paused at `now_ms` (see the
@@ -342,7 +391,7 @@ impl SelfPreservation {
                 expected: ns.expected_last_window,
                 paused_since_ms: ns.paused_since_ms,
                 leases: ns.leases,
-                counted: ns.counted.values().sum(),
+                counted: ns.counted,
             })
             .collect()
     }

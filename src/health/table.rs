@@ -46,6 +46,8 @@ struct Slot {
     renewed: bool,
     /// Parked or expired: out of the self-preservation expectation.
     out: bool,
+    /// Counted and found silent past its suspect time (see [`SelfPreservation`]).
+    overdue: bool,
 }
 
 impl Slot {
@@ -112,14 +114,14 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
         self.preservation.lease_added(key.group(), self.now_ms);
         let key = std::sync::Arc::new(key);
         let (generation, due_ms) = self.schedule(&key, &lease);
-        self.map.insert(key, Slot { lease, generation, due_ms, renewed: false, out: false });
+        self.map.insert(key, Slot { lease, generation, due_ms, renewed: false, out: false, overdue: false });
     }
 
     pub fn remove(&mut self, key: &K) -> Option<Lease> {
         let slot = self.map.remove(key)?;
         if slot.counted() {
             let s = slot.lease.times().suspect_after_ms;
-            self.preservation.set_counted(key.group(), s, false, self.now_ms);
+            self.preservation.uncounted(key.group(), self.now_ms, s, slot.overdue);
         }
         self.preservation.lease_removed(key.group());
         Some(slot.lease)
@@ -136,11 +138,9 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
         if alive {
             // Renewed: counted from now on (again, for a parked lease), and credited.
             let s = slot.lease.times().suspect_after_ms;
-            if !slot.counted() {
-                (slot.renewed, slot.out) = (true, false);
-                self.preservation.set_counted(key.group(), s, true, now_ms);
-            }
-            self.preservation.renewed(key.group(), now_ms, silence_ms, s);
+            let counted = slot.counted();
+            self.preservation.renewed(key.group(), now_ms, silence_ms, s, counted, slot.overdue);
+            (slot.renewed, slot.out, slot.overdue) = (true, false, false);
         }
         if slot.lease.next_deadline_ms().is_some_and(|d| d < slot.due_ms) {
             self.reschedule(key);
@@ -180,11 +180,16 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
             if slot.generation != generation {
                 continue;
             }
+            let s = slot.lease.times().suspect_after_ms;
+            let silence_ms = now_ms.saturating_sub(slot.lease.last_renew_ms());
+            if slot.counted() && !slot.overdue && silence_ms >= s {
+                slot.overdue = true;
+                self.preservation.overdue(key.group(), now_ms, silence_ms, s);
+            }
             if let Some(t) = slot.lease.tick(now_ms, paused) {
                 if t == Transition::Expire && slot.counted() {
-                    slot.out = true;
-                    let s = slot.lease.times().suspect_after_ms;
-                    self.preservation.set_counted(key.group(), s, false, now_ms);
+                    self.preservation.uncounted(key.group(), now_ms, s, slot.overdue);
+                    (slot.out, slot.overdue) = (true, false);
                 }
                 out.push(((*key).clone(), t));
             }
@@ -207,9 +212,8 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
                         self.due.push(std::cmp::Reverse((release_ms, self.generation, key.clone())));
                     }
                     if slot.counted() {
-                        slot.out = true;
-                        let s = slot.lease.times().suspect_after_ms;
-                        self.preservation.set_counted(key.group(), s, false, now_ms);
+                        self.preservation.uncounted(key.group(), now_ms, s, slot.overdue);
+                        (slot.out, slot.overdue) = (true, false);
                     }
                     self.parked.push((key, self.generation));
                 }
