@@ -195,16 +195,20 @@ fn one_namespace_collapsing_leaves_expiry_on_in_the_others() {
 
 #[test]
 fn after_a_mass_death_expiry_resumes() {
-    // 40 of 100 die (more than 15%). On main the parked dead stayed in the count: expiry
-    // paused for good. Now they leave the count and the survivors release the pause.
+    // 40 of 100 die (more than 15%); the clients beat every heartbeat_interval_ms (5 s)
+    // at the default TTL, so the old rule counted them at 100% too. The pause engages
+    // before the dead expire (they park). On main the parked dead stayed in the count:
+    // expiry paused for good. Now they leave the count and the survivors release it.
     let mut sim = Sim::new();
     for i in 0..100 {
-        sim.client("default", &format!("i-{i}"), 30_000, 3_750, None);
+        sim.client("default", &format!("i-{i}"), 30_000, 5_000, None);
         sim.run_until(sim.now() + 37);
     }
     sim.run_until(2 * WARM_MS);
     sim.kill(|_, id| id.trim_start_matches("i-").parse::<u32>().unwrap() < 40);
     let died = sim.now();
+    sim.run_until(died + 31_000);
+    assert!(sim.live("default", "i-0"), "self-preservation engaged before the dead expired");
     for i in 0..40 {
         let gone = sim.gone_by("default", &format!("i-{i}"), died + 30_000 + 2 * WARM_MS);
         assert!(gone.is_some(), "i-{i} expired after the mass death");
