@@ -59,10 +59,19 @@ use super::*;
 /// A change of a namespace's pause, for the log.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PreservationChange {
-    Engaged { namespace: Arc<str>, renewals: f64, expected: f64 },
-    Released { namespace: Arc<str> },
+    Engaged {
+        namespace: Arc<str>,
+        renewals: f64,
+        expected: f64,
+    },
+    Released {
+        namespace: Arc<str>,
+    },
     /// The pause reached `self_preservation_max_pause_ms`: expiry resumed.
-    Capped { namespace: Arc<str>, paused_ms: u64 },
+    Capped {
+        namespace: Arc<str>,
+        paused_ms: u64,
+    },
 }
 
 /// One namespace's figures as of the last [`SelfPreservation::evaluate`].
@@ -249,7 +258,15 @@ impl SelfPreservation {
     /// `counted`: the lease was counted before (else it is from now on); `overdue`: it
     /// was overdue. Earns `min(1, silence / suspect)`; see the module docs for what it
     /// expects.
-    pub fn renewed(&mut self, namespace: &str, now_ms: u64, silence_ms: u64, suspect_ms: u64, counted: bool, overdue: bool) {
+    pub fn renewed(
+        &mut self,
+        namespace: &str,
+        now_ms: u64,
+        silence_ms: u64,
+        suspect_ms: u64,
+        counted: bool,
+        overdue: bool,
+    ) {
         let bucket_ms = self.bucket_ms;
         let s = suspect_ms.max(1);
         let ns = self.entry(namespace, now_ms);

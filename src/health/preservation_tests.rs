@@ -115,7 +115,10 @@ fn the_issues_scenario_expires_the_dead_instance_within_its_ttl() {
         let last_beat = sim.now + 500 * u64::from(dead_beats);
         sim.run_until(4 * WARM_MS);
         let at = sim.expired_at(&dead).expect("the dead instance expired");
-        assert!(at <= last_beat + 4_000 + 2 * CHECK_MS, "{dead_beats} beats: expired at {at}, last beat {last_beat}");
+        assert!(
+            at <= last_beat + 4_000 + 2 * CHECK_MS,
+            "{dead_beats} beats: expired at {at}, last beat {last_beat}"
+        );
         assert_eq!(sim.expired.len(), 1, "only the dead one");
         assert!(sim.changes.iter().all(|(t, _)| *t <= WARM_MS), "no pause after warm-up: {:?}", sim.changes);
         let f = sim.ns("default").unwrap();
