@@ -81,6 +81,8 @@ pub struct ProtectionSection {
     /// Expiry pauses when renewals fall below this share of those expected.
     pub self_preservation_threshold: f64,
     pub self_preservation_window_ms: u64,
+    /// Longest a namespace's lease expiry may stay paused; then expiry resumes there.
+    pub self_preservation_max_pause_ms: u64,
     /// Default protect threshold: when the healthy share of a service falls below it,
     /// discovery returns all its instances. 0 disables.
     pub protect_threshold: f64,
@@ -94,6 +96,7 @@ impl Default for ProtectionSection {
             self_preservation: true,
             self_preservation_threshold: 0.85,
             self_preservation_window_ms: 60_000,
+            self_preservation_max_pause_ms: HealthConfig::default().self_preservation_max_pause_ms,
             protect_threshold: 0.5,
             services: Default::default(),
         }
@@ -273,8 +276,11 @@ impl Config {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         tandem_schemas::validate_dc("dc", &self.dc).map_err(|e| inv("dc", e.to_string()))?;
-        self.health_config().validate()?;
         let p = &self.protection;
+        if !(1..=crate::health::DURATION_MS_LIMIT).contains(&p.self_preservation_max_pause_ms) {
+            return Err(inv("[protection] self_preservation_max_pause_ms", "must be 1..=86400000 (one day)"));
+        }
+        self.health_config().validate()?;
         if !(0.0..=1.0).contains(&p.self_preservation_threshold) {
             return Err(inv("[protection] self_preservation_threshold", "must be within 0..=1"));
         }
@@ -359,6 +365,7 @@ impl Config {
             self_preservation_enabled: p.self_preservation,
             self_preservation_threshold: p.self_preservation_threshold,
             self_preservation_window_ms: p.self_preservation_window_ms,
+            self_preservation_max_pause_ms: p.self_preservation_max_pause_ms,
             ..HealthConfig::default()
         }
     }
@@ -398,6 +405,11 @@ mod tests {
         let mut c = base();
         c.http.watch_streams_max = 0;
         assert_eq!(key_of(&c), "[http] watch_streams_max");
+        for bad in [0, 86_400_001] {
+            let mut c = base();
+            c.protection.self_preservation_max_pause_ms = bad;
+            assert_eq!(key_of(&c), "[protection] self_preservation_max_pause_ms");
+        }
         let mut c = base();
         c.failover.default.min_healthy_pct = Some(2.0);
         assert_eq!(key_of(&c), "[failover] min_healthy_pct");

@@ -20,7 +20,17 @@ use parking_lot::{Mutex, MutexGuard};
 use tandem_schemas::{InstanceKey, InstanceRecord, Op};
 
 use crate::clock::Clock;
-use crate::health::{HealthConfig, Lease, LeaseTable, LeaseTimes, Transition};
+use crate::health::{
+    HealthConfig, Lease, LeaseGroup, LeaseTable, LeaseTimes, NamespacePreservation, PreservationChange,
+    SelfPreservation, Transition,
+};
+
+impl LeaseGroup for InstanceKey {
+    /// Self-preservation decides per namespace.
+    fn group(&self) -> &str {
+        &self.namespace
+    }
+}
 
 /// The leases of a registry's local ephemeral instances, each tagged with its registration.
 pub struct LeaseBook {
@@ -32,7 +42,37 @@ pub struct LeaseBook {
 
 impl LeaseBook {
     pub fn new(local_dc: &str, health: HealthConfig, clock: Arc<dyn Clock>) -> LeaseBook {
-        LeaseBook { table: Mutex::new(LeaseTable::default()), health, local_dc: local_dc.to_owned(), clock }
+        let table = Mutex::new(LeaseTable::new(SelfPreservation::new(&health)));
+        LeaseBook { table, health, local_dc: local_dc.to_owned(), clock }
+    }
+
+    /// Self-preservation at `now_ms`: decides which namespaces have lease expiry paused
+    /// (the next [`LeaseBook::check`] follows it), logs each change once, and returns them.
+    pub fn evaluate_preservation(&self, now_ms: u64) -> Vec<PreservationChange> {
+        let changes = self.table.lock().evaluate_preservation(now_ms, &self.health);
+        for change in &changes {
+            match change {
+                PreservationChange::Engaged { namespace, renewals, expected } => tracing::warn!(
+                    %namespace, renewals, expected,
+                    "self-preservation engaged: lease expiry paused in this namespace"
+                ),
+                PreservationChange::Released { namespace } => {
+                    tracing::info!(%namespace, "self-preservation released: lease expiry resumed")
+                }
+                PreservationChange::Capped { namespace, paused_ms } => tracing::warn!(
+                    %namespace, paused_ms,
+                    "self-preservation cut by self_preservation_max_pause_ms: lease expiry resumed"
+                ),
+            }
+        }
+        changes
+    }
+
+    /// Self-preservation as of the last evaluation: each namespace's figures, and the
+    /// pauses ended by the cap.
+    pub fn preservation(&self) -> (Vec<NamespacePreservation>, u64) {
+        let table = self.table.lock();
+        (table.preservation().figures(), table.preservation().pauses_capped())
     }
 
     /// The lease table (for counts and the invariant check).

@@ -44,6 +44,8 @@
 
 #[path = "node_sim/oracle.rs"]
 mod oracle;
+#[path = "node_sim/preservation.rs"]
+mod preservation;
 #[path = "node_sim/world.rs"]
 mod world;
 

@@ -46,8 +46,10 @@ pub struct HealthConfig {
     pub self_preservation_threshold: f64,
     /// Window over which renewals are counted; also the warm-up after start.
     pub self_preservation_window_ms: u64,
-    /// Below this many leases, self-preservation never pauses expiry.
+    /// Below this many leases in a namespace, self-preservation never pauses its expiry.
     pub self_preservation_min_leases: usize,
+    /// Longest a namespace's expiry may stay paused; then expiry resumes there.
+    pub self_preservation_max_pause_ms: u64,
 }
 
 impl Default for HealthConfig {
@@ -67,6 +69,7 @@ impl Default for HealthConfig {
             self_preservation_window_ms: 60_000,
             // 1 / (1 - 0.85) < 7: below that, one lost lease would pause expiry.
             self_preservation_min_leases: 10,
+            self_preservation_max_pause_ms: 15 * 60_000,
         }
     }
 }
@@ -102,6 +105,7 @@ impl HealthConfig {
             return Err(HealthConfigError::Threshold { value: threshold });
         }
         nonzero_duration("self_preservation_window_ms", self.self_preservation_window_ms)?;
+        nonzero_duration("self_preservation_max_pause_ms", self.self_preservation_max_pause_ms)?;
         let window_min_ms = SELF_PRESERVATION_WINDOW_INTERVALS_MIN * self.heartbeat_interval_ms;
         if self.self_preservation_window_ms < window_min_ms {
             return Err(HealthConfigError::Order {

@@ -77,21 +77,14 @@
 //!
 //! # Self-preservation
 //!
-//! [`SelfPreservation`] pauses expiry for the whole registry when renewals collapse, as
-//! Eureka does: a mass heartbeat loss is more likely a network or client problem than the
-//! death of most instances, and expiring them all would collapse discovery. The caller
-//! records every heartbeat and every registration, and before each lease check asks
-//! [`SelfPreservation::evaluate`], whose answer is the `expiry_paused` argument of
-//! [`Lease::tick`]. Expiry is paused, in this order of precedence:
-//!
-//! 1. never when `self_preservation_enabled` is false;
-//! 2. never when fewer than `self_preservation_min_leases` leases exist (with a threshold of
-//!    0.85, losing one lease out of six or fewer would otherwise pause expiry for good);
-//! 3. always during the first `self_preservation_window_ms` after the counter starts, or
-//!    after it adopts a new window (warm-up: after a restart the window has not seen a full
-//!    round of heartbeats yet, and a restart must not expire the whole population);
-//! 4. otherwise when `renewals < threshold * expected`, where renewals are counted in the
-//!    last window and `expected = leases * window / heartbeat_interval_ms`.
+//! [`SelfPreservation`] pauses expiry in a namespace whose renewals collapse, as Eureka
+//! does (a mass heartbeat loss is more likely a network or client problem than the death
+//! of most instances, and expiring them all would collapse discovery), for at most
+//! `self_preservation_max_pause_ms`. The [`LeaseTable`] keeps its accounting: it sees every
+//! renewal and every lease that is added, removed, parked or expired. The caller asks
+//! [`LeaseTable::evaluate_preservation`] before each lease check, and [`LeaseTable::check`]
+//! pauses expiry in the namespaces it decided. The rules (which leases are expected to
+//! renew, how often, and when a namespace pauses) are the docs of `preservation.rs`.
 //!
 //! Health transitions (Suspect, Unhealthy) are not paused: only removal is.
 
@@ -105,5 +98,7 @@ pub use lease::*;
 pub use preservation::*;
 pub use table::*;
 
+#[cfg(test)]
+mod preservation_tests;
 #[cfg(test)]
 mod tests;

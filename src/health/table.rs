@@ -16,12 +16,24 @@ use super::*;
 /// Checking a lease early is harmless ([`Lease::tick`] returns `None`), so a deadline that
 /// a heartbeat postponed costs one extra look, never a missed transition: the queue holds,
 /// for every lease, an entry at or before its next deadline.
-pub struct LeaseTable<K: Eq + std::hash::Hash + Clone> {
+///
+/// The table also keeps the [`SelfPreservation`] accounting of its leases, grouped by
+/// [`LeaseGroup::group`] (the namespace): it sees every renewal, every lease added and
+/// removed, and every lease that parks or expires, which is what the expectation follows.
+pub struct LeaseTable<K: Eq + std::hash::Hash + Clone + LeaseGroup> {
     map: std::collections::HashMap<std::sync::Arc<K>, Slot, foldhash::fast::RandomState>,
     due: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u64, std::sync::Arc<K>)>>,
     /// Leases past their expiry while expiry was paused, with their generation.
     parked: Vec<(std::sync::Arc<K>, u64)>,
     generation: u64,
+    preservation: SelfPreservation,
+    /// Latest time a call brought (removals carry none).
+    now_ms: u64,
+}
+
+/// What self-preservation groups leases by: the namespace of an instance.
+pub trait LeaseGroup {
+    fn group(&self) -> &str;
 }
 
 struct Slot {
@@ -30,15 +42,52 @@ struct Slot {
     generation: u64,
     /// Time of that entry.
     due_ms: u64,
+    /// Renewed since its registration.
+    renewed: bool,
+    /// Parked or expired: out of the self-preservation expectation.
+    out: bool,
+    /// Counted and found silent past its suspect time (see [`SelfPreservation`]).
+    overdue: bool,
 }
 
-impl<K: Eq + std::hash::Hash + Ord + Clone> Default for LeaseTable<K> {
-    fn default() -> Self {
-        LeaseTable { map: Default::default(), due: Default::default(), parked: Vec::new(), generation: 0 }
+impl Slot {
+    /// In the self-preservation expectation.
+    fn counted(&self) -> bool {
+        self.renewed && !self.out
     }
 }
 
-impl<K: Eq + std::hash::Hash + Ord + Clone> LeaseTable<K> {
+impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> Default for LeaseTable<K> {
+    fn default() -> Self {
+        LeaseTable::new(SelfPreservation::default())
+    }
+}
+
+impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
+    /// An empty table with this self-preservation accounting.
+    pub fn new(preservation: SelfPreservation) -> Self {
+        LeaseTable {
+            map: Default::default(),
+            due: Default::default(),
+            parked: Vec::new(),
+            generation: 0,
+            preservation,
+            now_ms: 0,
+        }
+    }
+
+    /// The self-preservation accounting of these leases.
+    pub fn preservation(&self) -> &SelfPreservation {
+        &self.preservation
+    }
+
+    /// Decides which namespaces have expiry paused at `now_ms` (see [`SelfPreservation`]);
+    /// [`LeaseTable::check`] follows the decision.
+    pub fn evaluate_preservation(&mut self, now_ms: u64, cfg: &HealthConfig) -> Vec<PreservationChange> {
+        self.now_ms = self.now_ms.max(now_ms);
+        self.preservation.evaluate(now_ms, cfg)
+    }
+
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -57,21 +106,42 @@ impl<K: Eq + std::hash::Hash + Ord + Clone> LeaseTable<K> {
     }
 
     /// Adds or replaces the lease of `key`.
+    /// Adds or replaces the lease of `key`. A new lease is not counted by
+    /// self-preservation until it renews.
     pub fn insert(&mut self, key: K, lease: Lease) {
+        self.now_ms = self.now_ms.max(lease.last_renew_ms());
+        self.remove(&key);
+        self.preservation.lease_added(key.group(), self.now_ms);
         let key = std::sync::Arc::new(key);
         let (generation, due_ms) = self.schedule(&key, &lease);
-        self.map.insert(key, Slot { lease, generation, due_ms });
+        self.map.insert(key, Slot { lease, generation, due_ms, renewed: false, out: false, overdue: false });
     }
 
     pub fn remove(&mut self, key: &K) -> Option<Lease> {
-        self.map.remove(key).map(|s| s.lease)
+        let slot = self.map.remove(key)?;
+        if slot.counted() {
+            let s = slot.lease.times().suspect_after_ms;
+            self.preservation.uncounted(key.group(), self.now_ms, s, slot.overdue);
+        }
+        self.preservation.lease_removed(key.group());
+        Some(slot.lease)
     }
 
     /// Renews the lease of `key` if there is one: `None` when there is none, else what
     /// [`Lease::heartbeat`] returned.
     pub fn heartbeat(&mut self, key: &K, now_ms: u64) -> Option<Option<Transition>> {
+        self.now_ms = self.now_ms.max(now_ms);
         let slot = self.map.get_mut(key)?;
+        let silence_ms = now_ms.saturating_sub(slot.lease.last_renew_ms());
+        let alive = !slot.lease.expired();
         let t = slot.lease.heartbeat(now_ms);
+        if alive {
+            // Renewed: counted from now on (again, for a parked lease), and credited.
+            let s = slot.lease.times().suspect_after_ms;
+            let counted = slot.counted();
+            self.preservation.renewed(key.group(), now_ms, silence_ms, s, counted, slot.overdue);
+            (slot.renewed, slot.out, slot.overdue) = (true, false, false);
+        }
         if slot.lease.next_deadline_ms().is_some_and(|d| d < slot.due_ms) {
             self.reschedule(key);
         }
@@ -79,30 +149,48 @@ impl<K: Eq + std::hash::Hash + Ord + Clone> LeaseTable<K> {
     }
 
     /// The lease check at `now_ms`: ticks every lease whose deadline has come and returns
-    /// the transitions, in deadline order. A lease past its expiry while expiry is paused
-    /// is parked, and queued again at the first check with expiry resumed.
+    /// the transitions, in deadline order. Expiry is paused for every lease when
+    /// `expiry_paused`, else for the leases of namespaces self-preservation pauses (as of
+    /// the last [`LeaseTable::evaluate_preservation`]). A lease past its expiry while
+    /// expiry is paused is parked (and leaves the self-preservation expectation), and
+    /// queued again at the first check with expiry resumed in its namespace.
     pub fn check(&mut self, now_ms: u64, expiry_paused: bool) -> Vec<(K, Transition)> {
+        self.now_ms = self.now_ms.max(now_ms);
         let mut out = Vec::new();
-        if !expiry_paused {
-            for (key, generation) in std::mem::take(&mut self.parked) {
-                if let Some(slot) = self.map.get_mut(&key).filter(|s| s.generation == generation) {
-                    self.generation += 1;
-                    slot.generation = self.generation;
-                    slot.due_ms = now_ms;
-                    self.due.push(std::cmp::Reverse((now_ms, self.generation, key)));
-                }
+        for (key, generation) in std::mem::take(&mut self.parked) {
+            let Some(slot) = self.map.get_mut(&key).filter(|s| s.generation == generation) else {
+                continue;
+            };
+            if expiry_paused || self.preservation.paused(key.group()) {
+                self.parked.push((key, generation));
+                continue;
             }
+            self.generation += 1;
+            slot.generation = self.generation;
+            slot.due_ms = now_ms;
+            self.due.push(std::cmp::Reverse((now_ms, self.generation, key)));
         }
         while let Some(std::cmp::Reverse((due_ms, _, _))) = self.due.peek() {
             if *due_ms > now_ms {
                 break;
             }
             let Some(std::cmp::Reverse((_, generation, key))) = self.due.pop() else { break };
+            let paused = expiry_paused || self.preservation.paused(key.group());
             let Some(slot) = self.map.get_mut(&key) else { continue };
             if slot.generation != generation {
                 continue;
             }
-            if let Some(t) = slot.lease.tick(now_ms, expiry_paused) {
+            let s = slot.lease.times().suspect_after_ms;
+            let silence_ms = now_ms.saturating_sub(slot.lease.last_renew_ms());
+            if slot.counted() && !slot.overdue && silence_ms >= s {
+                slot.overdue = true;
+                self.preservation.overdue(key.group(), now_ms, silence_ms, s);
+            }
+            if let Some(t) = slot.lease.tick(now_ms, paused) {
+                if t == Transition::Expire && slot.counted() {
+                    self.preservation.uncounted(key.group(), now_ms, s, slot.overdue);
+                    (slot.out, slot.overdue) = (true, false);
+                }
                 out.push(((*key).clone(), t));
             }
             // Every entry pushed here lies after `now_ms`, so this loop ends.
@@ -122,6 +210,10 @@ impl<K: Eq + std::hash::Hash + Ord + Clone> LeaseTable<K> {
                     if let Some(release_ms) = slot.lease.release_deadline_ms().filter(|r| *r > now_ms) {
                         slot.due_ms = release_ms;
                         self.due.push(std::cmp::Reverse((release_ms, self.generation, key.clone())));
+                    }
+                    if slot.counted() {
+                        self.preservation.uncounted(key.group(), now_ms, s, slot.overdue);
+                        (slot.out, slot.overdue) = (true, false);
                     }
                     self.parked.push((key, self.generation));
                 }

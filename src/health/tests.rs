@@ -425,83 +425,10 @@ fn next_deadline_follows_the_next_threshold() {
     assert_eq!(lease.next_deadline_ms(), Some(46_000));
 }
 
-/// `leases` instances heartbeat every interval from `from_ms` (inclusive) to `to_ms`
-/// (inclusive).
-fn renew(sp: &mut SelfPreservation, from_ms: u64, to_ms: u64, leases: usize) {
-    for now_ms in (from_ms..=to_ms).step_by(5_000) {
-        for _ in 0..leases {
-            sp.record_renewal(now_ms);
-        }
+impl LeaseGroup for u8 {
+    fn group(&self) -> &str {
+        "default"
     }
-}
-
-#[test]
-fn self_preservation_pauses_during_warm_up() {
-    let cfg = base();
-    let mut sp = SelfPreservation::new(0, &cfg);
-    renew(&mut sp, 0, 55_000, 100);
-    assert!(sp.evaluate(59_999, 100, &cfg));
-    renew(&mut sp, 60_000, 60_000, 100);
-    assert!(!sp.evaluate(60_000, 100, &cfg));
-    assert_eq!(sp.renewals_last_window(), 1_200);
-    assert_eq!(sp.expected_last_window(), 1_180);
-}
-
-#[test]
-fn self_preservation_engages_when_half_stop_renewing_and_not_when_five_percent_do() {
-    let cfg = base();
-    for (still_renewing, want_paused) in [(100, false), (95, false), (50, true), (0, true)] {
-        let mut sp = SelfPreservation::new(0, &cfg);
-        renew(&mut sp, 0, 120_000, 100);
-        assert!(!sp.evaluate(120_000, 100, &cfg));
-        renew(&mut sp, 125_000, 180_000, still_renewing);
-        assert_eq!(sp.evaluate(180_000, 100, &cfg), want_paused, "{still_renewing} of 100 renewing");
-        assert_eq!(sp.paused(), want_paused);
-        assert_eq!(sp.renewals_last_window(), 12 * still_renewing as u64);
-        assert_eq!(sp.expected_last_window(), 1_180);
-    }
-}
-
-#[test]
-fn self_preservation_stays_off_for_tiny_populations_and_when_disabled() {
-    let cfg = base();
-    let mut sp = SelfPreservation::new(0, &cfg);
-    assert!(!sp.evaluate(1_000, 9, &cfg), "below min_leases even in warm-up");
-    assert!(sp.evaluate(1_000, 10, &cfg));
-    assert!(!sp.evaluate(200_000, 9, &cfg));
-    assert!(sp.evaluate(200_000, 10, &cfg));
-    let off = HealthConfig { self_preservation_enabled: false, ..cfg };
-    assert!(!sp.evaluate(200_000, 1_000, &off));
-    assert!(!sp.evaluate(200_000, 0, &HealthConfig { self_preservation_min_leases: 0, ..cfg }));
-}
-
-#[test]
-fn self_preservation_adopts_a_new_window_with_a_new_warm_up() {
-    let cfg = HealthConfig { self_preservation_window_ms: 120_000, ..base() };
-    let mut sp = SelfPreservation::new(0, &base());
-    renew(&mut sp, 0, 70_000, 100);
-    assert!(sp.evaluate(70_000, 100, &cfg), "warm-up restarts at 70 s");
-    renew(&mut sp, 75_000, 185_000, 100);
-    assert!(sp.evaluate(189_999, 100, &cfg));
-    renew(&mut sp, 190_000, 190_000, 100);
-    assert!(!sp.evaluate(190_000, 100, &cfg));
-    assert_eq!(sp.renewals_last_window(), 2_400);
-    assert_eq!(sp.expected_last_window(), 2_360);
-}
-
-#[test]
-fn self_preservation_forgets_renewals_older_than_the_window() {
-    let cfg = base();
-    let mut sp = SelfPreservation::new(0, &cfg);
-    renew(&mut sp, 0, 120_000, 100);
-    assert!(!sp.evaluate(120_000, 100, &cfg));
-    assert!(sp.evaluate(150_000, 100, &cfg));
-    assert_eq!(sp.renewals_last_window(), 600);
-    assert!(sp.evaluate(1 << 40, 100, &cfg));
-    assert_eq!(sp.renewals_last_window(), 0);
-    sp.record_renewal(0); // older than the window: dropped
-    assert!(sp.evaluate(1 << 40, 100, &cfg));
-    assert_eq!(sp.renewals_last_window(), 0);
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -109,11 +109,26 @@ impl NodeShared {
             &[("dc", dc)],
             st.local_events,
         );
+        let (preservation, pauses_capped) = reg.preservation();
         m.gauge(
             "tandem_self_preservation_active",
-            "1 while lease expiry is paused",
+            "1 while lease expiry is paused in any namespace",
             &[("dc", dc)],
-            u64::from(reg.self_preservation_active()) as f64,
+            u64::from(preservation.iter().any(|p| p.active)) as f64,
+        );
+        for p in &preservation {
+            m.gauge(
+                "tandem_self_preservation_paused",
+                "1 while lease expiry is paused in this namespace",
+                &[("dc", dc), ("namespace", &p.namespace)],
+                u64::from(p.active) as f64,
+            );
+        }
+        m.counter(
+            "tandem_self_preservation_capped_total",
+            "Pauses ended by self_preservation_max_pause_ms",
+            &[("dc", dc)],
+            pauses_capped,
         );
         m.gauge("tandem_leases", "Ephemeral leases held", &[("dc", dc)], reg.lease_count() as f64);
         m.gauge("tandem_index", "Watch index", &[("dc", dc)], reg.view().index() as f64);

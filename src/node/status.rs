@@ -52,11 +52,33 @@ impl From<tandem_schemas::Mark> for MarkStatus {
     }
 }
 
+/// Self-preservation: expiry pauses per namespace (see `health/preservation.rs`).
 #[derive(Debug, Serialize)]
 pub struct PreservationStatus {
+    /// Expiry is paused in at least one namespace.
     pub active: bool,
-    pub renewals_last_window: u64,
-    pub expected_last_window: u64,
+    /// Sums over the namespaces, as of the last lease check.
+    pub renewals_last_window: f64,
+    pub expected_last_window: f64,
+    /// Pauses ended by `self_preservation_max_pause_ms` since the start.
+    pub pauses_capped: u64,
+    /// Namespaces that hold leases.
+    pub namespaces: BTreeMap<String, NamespacePreservationStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NamespacePreservationStatus {
+    pub active: bool,
+    /// Renewal credit in the window (a renewal earns at most 1 per suspect time).
+    pub renewals: f64,
+    /// Renewals expected in the window: one per suspect time of each counted lease.
+    pub expected: f64,
+    /// Since when expiry is paused, on the node's monotonic clock (ms).
+    pub paused_since_ms: Option<u64>,
+    pub paused_for_ms: Option<u64>,
+    pub leases: usize,
+    /// Leases in the expectation: renewed since registration, not parked.
+    pub counted: usize,
 }
 
 /// One peer DC: our stream to it and its stream to us.
@@ -157,7 +179,9 @@ impl NodeShared {
             let l = self.live.read();
             (l.own, l.floor, l.remote.clone())
         };
-        let (renewals, expected) = reg.preservation_figures();
+        let (figures, pauses_capped) = reg.preservation();
+        let now_ms = reg.now_ms();
+        let round = |v: f64| (v * 100.0).round() / 100.0;
         Status {
             dc: reg.dc.to_string(),
             node: "node-1",
@@ -169,9 +193,25 @@ impl NodeShared {
             applied: remote.into_iter().map(|(dc, m)| (dc, m.into())).collect(),
             peers: self.peer_status(),
             self_preservation: PreservationStatus {
-                active: reg.self_preservation_active(),
-                renewals_last_window: renewals,
-                expected_last_window: expected,
+                active: figures.iter().any(|f| f.active),
+                renewals_last_window: round(figures.iter().map(|f| f.renewals).sum()),
+                expected_last_window: round(figures.iter().map(|f| f.expected).sum()),
+                pauses_capped,
+                namespaces: figures
+                    .into_iter()
+                    .map(|f| {
+                        let status = NamespacePreservationStatus {
+                            active: f.active,
+                            renewals: round(f.renewals),
+                            expected: round(f.expected),
+                            paused_since_ms: f.paused_since_ms,
+                            paused_for_ms: f.paused_since_ms.map(|s| now_ms.saturating_sub(s)),
+                            leases: f.leases,
+                            counted: f.counted,
+                        };
+                        (f.namespace.to_string(), status)
+                    })
+                    .collect(),
             },
             instances: reg.counts_by_owner(),
             leases: reg.lease_count(),

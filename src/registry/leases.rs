@@ -10,7 +10,7 @@ use tandem_schemas::{DeregisterReason, InstanceKey};
 use super::write::Patch;
 use super::{HeartbeatBatchAnswer, HeartbeatItem, Registry, HEARTBEAT_BATCH_MAX};
 use crate::error::ApiError;
-use crate::health::Transition;
+use crate::health::{NamespacePreservation, Transition};
 
 impl Registry {
     pub fn lease_count(&self) -> usize {
@@ -29,13 +29,9 @@ impl Registry {
         crate::leases::check_invariant(&self.dc, in_view, in_flight, &leases)
     }
 
-    pub fn self_preservation_active(&self) -> bool {
-        self.preservation_active.load(Ordering::Relaxed)
-    }
-
-    pub fn preservation_figures(&self) -> (u64, u64) {
-        let p = self.preservation.lock();
-        (p.renewals_last_window(), p.expected_last_window())
+    /// Self-preservation per namespace, and the pauses the cap ended.
+    pub fn preservation(&self) -> (Vec<NamespacePreservation>, u64) {
+        self.leases.preservation()
     }
 
     /// POST /v1/heartbeats: renews many leases in one call (an agent or SDK that holds
@@ -90,7 +86,6 @@ impl Registry {
             }
         }
         answer.unknown.sort_unstable();
-        self.preservation.lock().record_renewals(now, answer.renewed as u64);
         self.counters.heartbeats.fetch_add(answer.renewed as u64, Ordering::Relaxed);
         self.counters.heartbeats_unknown.fetch_add(answer.unknown.len() as u64, Ordering::Relaxed);
         self.apply_transitions(transitions).await?;
@@ -109,7 +104,6 @@ impl Registry {
         };
         let now = self.now_ms();
         if held.record.persistent {
-            self.preservation.lock().record_renewal(now);
             self.counters.heartbeats.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
@@ -118,7 +112,6 @@ impl Registry {
             self.counters.heartbeats_unknown.fetch_add(1, Ordering::Relaxed);
             return Err(ApiError::not_found(format!("instance {id} of {ns}/{svc} is being deregistered")));
         };
-        self.preservation.lock().record_renewal(now);
         self.counters.heartbeats.fetch_add(1, Ordering::Relaxed);
         if let Some(t) = transition {
             self.apply_transitions(vec![(key, version, t)]).await?;
@@ -165,19 +158,8 @@ impl Registry {
     /// with time. Called every `check_interval_ms`.
     pub async fn check_leases(&self) {
         let now = self.now_ms();
-        let lease_count = self.lease_count();
-        let paused = {
-            let mut sp = self.preservation.lock();
-            sp.evaluate(now, lease_count, &self.health)
-        };
-        if paused != self.preservation_active.swap(paused, Ordering::Relaxed) {
-            if paused {
-                tracing::warn!(leases = lease_count, "self-preservation engaged: lease expiry paused");
-            } else {
-                tracing::info!("self-preservation released: lease expiry resumed");
-            }
-        }
-        let transitions = self.leases.check(now, paused);
+        self.leases.evaluate_preservation(now);
+        let transitions = self.leases.check(now, false);
         let mut patches = Vec::new();
         for (key, version, t) in transitions {
             let patch = self.transition_patch(&key, version, t);

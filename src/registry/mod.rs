@@ -30,7 +30,7 @@ use tandem_schemas::Name;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::failover::FailoverState;
-use crate::health::{HealthConfig, SelfPreservation};
+use crate::health::HealthConfig;
 use crate::leases::LeaseBook;
 use crate::store::AppendLocal;
 
@@ -101,8 +101,6 @@ pub struct Registry {
     /// The leases of the local ephemeral instances, changed as their events are minted
     /// (see [`crate::leases`]).
     leases: Arc<LeaseBook>,
-    preservation: Mutex<SelfPreservation>,
-    preservation_active: std::sync::atomic::AtomicBool,
     failover: Mutex<HashMap<ServiceId, FailoverState>>,
     /// Last known staleness of each remote origin, to wake watchers when it flips.
     staleness: Mutex<BTreeMap<String, bool>>,
@@ -121,7 +119,6 @@ impl Registry {
         clock: Arc<dyn Clock>,
     ) -> Arc<Self> {
         let health = cfg.health_config();
-        let now = clock.now_ms();
         let reg = Arc::new(Registry {
             dc: cfg.dc.as_str().into(),
             health: health.clone(),
@@ -129,8 +126,6 @@ impl Registry {
             minted: Arc::new(Mutex::new(Overlay::default())),
             view,
             leases: Arc::new(LeaseBook::new(cfg.dc.as_str(), health.clone(), clock.clone())),
-            preservation: Mutex::new(SelfPreservation::new(now, &health)),
-            preservation_active: Default::default(),
             failover: Mutex::new(HashMap::new()),
             staleness: Mutex::new(BTreeMap::new()),
             counters,

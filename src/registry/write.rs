@@ -333,7 +333,6 @@ impl Registry {
             damped: false,
         };
         tandem_schemas::validate_record(&record).map_err(ApiError::invalid)?;
-        self.preservation.lock().record_renewal(self.now_ms());
         // The lease starts when the registration is minted (before the ack, so a heartbeat
         // racing the ack is kept), in the order of the events.
         let events = self.commit(vec![(key.clone(), Patch::Register(Box::new(record)))]).await?;
