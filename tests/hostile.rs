@@ -66,7 +66,11 @@ async fn metric(m: &Metrics, sample: &str) -> f64 {
 }
 
 fn metric_in(text: &str, sample: &str) -> f64 {
-    let want = sample.replacen("{}", "{dc=\"dc-a\"}", 1).replacen("{l", "{dc=\"dc-a\",l", 1).replacen("{r", "{dc=\"dc-a\",r", 1);
+    let want = sample.replacen("{}", "{dc=\"dc-a\"}", 1).replacen("{l", "{dc=\"dc-a\",l", 1).replacen(
+        "{r",
+        "{dc=\"dc-a\",r",
+        1,
+    );
     text.lines()
         .find_map(|l| l.strip_prefix(want.as_str()).and_then(|v| v.trim().parse().ok()))
         .unwrap_or_else(|| panic!("no sample {want} in /metrics"))
@@ -118,7 +122,9 @@ async fn half_sent_heads_and_idle_sockets_are_closed_within_their_timeouts() {
     let mut idle = Vec::new();
     for i in 0..40u8 {
         let mut s = connect_from([127, 0, 0, 2], addr).await.unwrap();
-        s.write_all(format!("GET /v1/status HTTP/1.1\r\nhost: 127.0.0.1\r\nx-slow-{i}: a").as_bytes()).await.unwrap();
+        s.write_all(format!("GET /v1/status HTTP/1.1\r\nhost: 127.0.0.1\r\nx-slow-{i}: a").as_bytes())
+            .await
+            .unwrap();
         half_sent.push(s);
         idle.push(connect_from([127, 0, 0, 3], addr).await.unwrap());
     }
@@ -128,7 +134,10 @@ async fn half_sent_heads_and_idle_sockets_are_closed_within_their_timeouts() {
         assert!(closed, "a half-sent or idle connection still open after {:?}", started.elapsed());
     }
     assert!(started.elapsed() < Duration::from_secs(4), "closed late: {:?}", started.elapsed());
-    assert_eq!(metric(&m, "tandem_http_connections_closed_total{reason=\"header_read_timeout\"}").await, 40.0);
+    assert_eq!(
+        metric(&m, "tandem_http_connections_closed_total{reason=\"header_read_timeout\"}").await,
+        40.0
+    );
     assert!(metric(&m, "tandem_http_connections_closed_total{reason=\"idle\"}").await >= 40.0);
     well_behaved(&c, 2).await;
 
@@ -164,7 +173,8 @@ async fn a_half_sent_body_times_out_but_blocking_queries_and_streams_outlive_the
         let c = client(&node);
         tokio::spawn(async move { c.discover("default", "calm", &format!("index={index}&wait=2s")).await })
     };
-    let mut stream = reqwest::get(format!("http://{addr}/v1/services/default/calm?stream=true")).await.unwrap();
+    let mut stream =
+        reqwest::get(format!("http://{addr}/v1/services/default/calm?stream=true")).await.unwrap();
     assert_eq!(stream.status(), 200);
     assert!(stream.chunk().await.unwrap().is_some(), "the stream's first answer");
 
@@ -178,7 +188,10 @@ async fn a_half_sent_body_times_out_but_blocking_queries_and_streams_outlive_the
     .unwrap();
     let (answer, _) = read_until_closed(&mut s, Duration::from_secs(3)).await;
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
-    assert!(answer.contains("request_timeout") && answer.to_ascii_lowercase().contains("retry-after: 1"), "{answer}");
+    assert!(
+        answer.contains("request_timeout") && answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
     assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
     assert_eq!(metric(&m, "tandem_http_request_timeouts_total{}").await, 1.0);
 
@@ -211,8 +224,10 @@ async fn connection_floods_are_capped_per_address_and_in_total() {
         held.push(connect_from([127, 0, 0, 2], addr).await.unwrap());
     }
     let refused = "tandem_http_connections_refused_total{limit=\"connections_per_address_max\"}";
-    eventually(Duration::from_secs(3), "10 refused per address", || async { metric(&m, refused).await == 10.0 })
-        .await;
+    eventually(Duration::from_secs(3), "10 refused per address", || async {
+        metric(&m, refused).await == 10.0
+    })
+    .await;
     let mut closed = 0;
     for s in held.iter_mut().skip(20) {
         let (answer, was_closed) = read_until_closed(s, Duration::from_secs(2)).await;
@@ -298,11 +313,13 @@ async fn a_foreign_host_is_refused_and_admin_calls_must_be_marked_and_are_rate_l
     let h = reqwest::Client::new();
 
     // DNS rebinding: the page's name arrives as the Host header.
-    let r = h.get(format!("http://{addr}/v1/services/default/calm")).header("host", "evil.example").send().await;
+    let r =
+        h.get(format!("http://{addr}/v1/services/default/calm")).header("host", "evil.example").send().await;
     let r = r.unwrap();
     assert_eq!(r.status(), 403);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "host_not_allowed");
-    let r = h.get(format!("http://{addr}/v1/status")).header("host", format!("localhost:{}", addr.port())).send();
+    let r =
+        h.get(format!("http://{addr}/v1/status")).header("host", format!("localhost:{}", addr.port())).send();
     assert_eq!(r.await.unwrap().status(), 200);
     assert_eq!(metric(&m, "tandem_http_requests_refused_total{reason=\"host\"}").await, 1.0);
     well_behaved(&c, 1).await;

@@ -101,7 +101,7 @@ impl ListenerLimits {
 }
 
 /// The soft open-files limit of this process (`RLIMIT_NOFILE`), None when unlimited.
-#[allow(unsafe_code)]
+#[allow(unsafe_code, clippy::unnecessary_cast)] // rlim_t is u64 on Linux, not everywhere
 pub fn open_files_limit() -> Option<u64> {
     let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit only writes the struct it is given, which lives on this stack.
