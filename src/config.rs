@@ -182,7 +182,8 @@ pub struct HttpSection {
     /// open-files limit less what RocksDB and the node keep). One more is closed at accept.
     pub connections_max: u64,
     /// Most connections open at once from one client IP address. Load generators and
-    /// clients behind a NAT need more; set it explicitly for them.
+    /// clients behind a NAT need more; set it explicitly for them. (The SDK holds a
+    /// connection per provider: a host with many SDK instances takes as many.)
     pub connections_per_address_max: u64,
     /// HTTP/1.1: a request head must arrive whole within this, counted from when the
     /// connection is ready for its next request (so it also ends idle keep-alive).
@@ -214,7 +215,7 @@ impl Default for HttpSection {
         HttpSection {
             watch_streams_max: 65_536,
             connections_max: 16_384,
-            connections_per_address_max: 256,
+            connections_per_address_max: 1_024,
             header_read_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
             request_timeout_ms: 10_000,
