@@ -172,18 +172,101 @@ pub struct LogSection {
     pub level: Option<String>,
 }
 
-/// The client-facing HTTP API.
+/// The client-facing HTTP API and its limits (docs/deploy.md, "Limits"). The listener's
+/// limits (connections, timeouts, header size, HTTP/2) take effect at start; `allowed_hosts`,
+/// `watch_streams_max` and `admin_calls_per_minute` also on reload.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpSection {
     /// Most streaming watches (`?stream=true`) open at once; one more is refused with 503
     /// `too_many_watches` (each holds a connection and a task).
     pub watch_streams_max: u64,
+    /// Most client connections open at once (further capped by the descriptor budget: the
+    /// open-files limit less what RocksDB and the node keep). One more is closed at accept.
+    pub connections_max: u64,
+    /// Most connections open at once from one client IP address. Load generators and
+    /// clients behind a NAT need more; set it explicitly for them. (The SDK holds a
+    /// connection per provider: a host with many SDK instances takes as many.)
+    pub connections_per_address_max: u64,
+    /// HTTP/1.1: a request head must arrive whole within this, counted from when the
+    /// connection is ready for its next request (so it also ends idle keep-alive).
+    pub header_read_timeout_ms: u64,
+    /// A connection with no request in flight for this long is closed (HTTP/2 above all).
+    pub idle_timeout_ms: u64,
+    /// A request (reading its body and producing its answer) must finish within this;
+    /// blocking queries get their `wait` on top, streaming watches are bounded by their own
+    /// keep-alive once their answer has started.
+    pub request_timeout_ms: u64,
+    /// Largest request head (HTTP/1.1 read buffer, HTTP/2 header list), bytes.
+    pub header_bytes_max: usize,
+    /// HTTP/2: most concurrent streams per connection.
+    pub h2_streams_max: u32,
+    /// HTTP/2: ping an idle connection this often, and close it when a ping goes
+    /// unanswered for `h2_keepalive_timeout_ms`.
+    pub h2_keepalive_interval_ms: u64,
+    pub h2_keepalive_timeout_ms: u64,
+    /// Host names (the `Host` header, port ignored) this node answers. Empty (the default)
+    /// allows the loopback names and the host of `http_addr` (any IP literal when it is a
+    /// wildcard address); `["*"]` turns the check off. Guards against DNS rebinding.
+    pub allowed_hosts: Vec<String>,
+    /// Admin calls (`/v1/admin/*`) allowed per minute, node-wide; more get 429.
+    pub admin_calls_per_minute: u32,
 }
 
 impl Default for HttpSection {
     fn default() -> Self {
-        HttpSection { watch_streams_max: 65_536 }
+        HttpSection {
+            watch_streams_max: 65_536,
+            connections_max: 16_384,
+            connections_per_address_max: 1_024,
+            header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            request_timeout_ms: 10_000,
+            header_bytes_max: 64 * 1024,
+            h2_streams_max: 256,
+            h2_keepalive_interval_ms: 20_000,
+            h2_keepalive_timeout_ms: 10_000,
+            allowed_hosts: Vec::new(),
+            admin_calls_per_minute: 30,
+        }
+    }
+}
+
+impl HttpSection {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let ranges: [(&str, u64, u64, u64); 10] = [
+            ("watch_streams_max", self.watch_streams_max, 1, 1_000_000),
+            ("connections_max", self.connections_max, 1, 1_000_000),
+            ("connections_per_address_max", self.connections_per_address_max, 1, 1_000_000),
+            ("header_read_timeout_ms", self.header_read_timeout_ms, 100, 600_000),
+            ("idle_timeout_ms", self.idle_timeout_ms, 100, 3_600_000),
+            ("request_timeout_ms", self.request_timeout_ms, 100, 600_000),
+            ("header_bytes_max", self.header_bytes_max as u64, 8_192, 1 << 20),
+            ("h2_streams_max", u64::from(self.h2_streams_max), 1, 65_536),
+            ("h2_keepalive_interval_ms", self.h2_keepalive_interval_ms, 100, 3_600_000),
+            ("h2_keepalive_timeout_ms", self.h2_keepalive_timeout_ms, 100, 3_600_000),
+        ];
+        for (key, v, lo, hi) in ranges {
+            if !(lo..=hi).contains(&v) {
+                return Err(inv(format!("[http] {key}"), format!("must be {lo}..={hi}")));
+            }
+        }
+        if self.connections_per_address_max > self.connections_max {
+            return Err(inv("[http] connections_per_address_max", "must be at most connections_max"));
+        }
+        if !(1..=10_000).contains(&self.admin_calls_per_minute) {
+            return Err(inv("[http] admin_calls_per_minute", "must be 1..=10000"));
+        }
+        for h in &self.allowed_hosts {
+            let ok = h == "*"
+                || (!h.is_empty()
+                    && h.len() <= 253
+                    && h.chars().all(|c| c.is_ascii_alphanumeric() || "-.:[]_".contains(c)));
+            if !ok {
+                return Err(inv("[http] allowed_hosts", format!("{h:?} is not a host name (or \"*\")")));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -202,6 +285,9 @@ pub struct StoreSection {
     /// RocksDB memtable size per column family, MiB (bounds the memory the log's
     /// unflushed writes take).
     pub write_buffer_mib: usize,
+    /// Most table files RocksDB keeps open. Part of the descriptor budget: the HTTP
+    /// listener refuses connections before they could take RocksDB's descriptors.
+    pub max_open_files: u32,
 }
 
 impl Default for StoreSection {
@@ -212,6 +298,7 @@ impl Default for StoreSection {
             group_commit_gap_us: c::LINGER_GAP_US_DEFAULT,
             group_commit_target: c::LINGER_TARGET_DEFAULT,
             write_buffer_mib: c::WRITE_BUFFER_MIB_DEFAULT,
+            max_open_files: c::MAX_OPEN_FILES_DEFAULT,
         }
     }
 }
@@ -295,9 +382,7 @@ impl Config {
         if self.health.check_interval_ms == 0 || self.health.check_interval_ms > 10_000 {
             return Err(inv("[health] check_interval_ms", "must be 1..=10000"));
         }
-        if !(1..=1_000_000).contains(&self.http.watch_streams_max) {
-            return Err(inv("[http] watch_streams_max", "must be 1..=1000000"));
-        }
+        self.http.validate()?;
         let st = &self.store;
         if st.group_commit_linger_us > 10_000 {
             return Err(inv("[store] group_commit_linger_us", "must be 0..=10000"));
@@ -310,6 +395,9 @@ impl Config {
         }
         if !(1..=1024).contains(&st.write_buffer_mib) {
             return Err(inv("[store] write_buffer_mib", "must be 1..=1024"));
+        }
+        if !(16..=1_000_000).contains(&st.max_open_files) {
+            return Err(inv("[store] max_open_files", "must be 16..=1000000"));
         }
         if let Some(r) = &self.replication {
             for peer in &r.peers {
@@ -410,6 +498,18 @@ mod tests {
             c.protection.self_preservation_max_pause_ms = bad;
             assert_eq!(key_of(&c), "[protection] self_preservation_max_pause_ms");
         }
+        let mut c = base();
+        c.http.connections_per_address_max = c.http.connections_max + 1;
+        assert_eq!(key_of(&c), "[http] connections_per_address_max");
+        let mut c = base();
+        c.http.request_timeout_ms = 0;
+        assert_eq!(key_of(&c), "[http] request_timeout_ms");
+        let mut c = base();
+        c.http.allowed_hosts = vec!["evil example".into()];
+        assert_eq!(key_of(&c), "[http] allowed_hosts");
+        let mut c = base();
+        c.store.max_open_files = 1;
+        assert_eq!(key_of(&c), "[store] max_open_files");
         let mut c = base();
         c.failover.default.min_healthy_pct = Some(2.0);
         assert_eq!(key_of(&c), "[failover] min_healthy_pct");

@@ -3,6 +3,8 @@
 //! Every handler validates its input and answers errors as
 //! `{"error":{"code":"...","message":"..."}}`; bodies are size-limited before parsing.
 //! This module holds no state of its own: it translates HTTP to [`Registry`](crate::registry::Registry) calls.
+//! `listener` accepts connections within the node's limits; `limits` refuses what a
+//! request may not do (wrong Host, unmarked or too frequent admin calls, too slow).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +27,9 @@ use crate::error::ApiError;
 use crate::registry::DcFilter;
 use crate::shared::NodeShared;
 
+pub mod limits;
+pub mod listener;
+
 /// Largest accepted request body.
 pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;
 /// Blocking queries wait this long when `wait` is absent.
@@ -46,6 +51,7 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(DefaultBodyLimit::max(REQUEST_BODY_BYTES_MAX))
+        .layer(axum::middleware::from_fn_with_state(node.clone(), limits::guard))
         .with_state(node)
 }
 
@@ -382,8 +388,27 @@ async fn metrics(State(node): State<Arc<NodeShared>>) -> Response {
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
+/// POST /v1/admin/reload. A refusal names the key and rule at fault but never echoes the
+/// file's text or paths to the caller: those go to the log.
 async fn reload(State(node): State<Arc<NodeShared>>) -> Result<Response, ApiError> {
-    node.reload().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_config", e.to_string()))?;
+    use crate::config::ConfigError;
+    use crate::shared::ReloadError;
+    node.reload().map_err(|e| {
+        tracing::warn!(error = %e, "configuration reload refused; the old configuration stays");
+        let message = match &e {
+            ReloadError::Config(ConfigError::Read { .. }) => {
+                "cannot read the config file; the node's log says why".to_owned()
+            }
+            ReloadError::Config(ConfigError::Parse { .. }) => {
+                "the config file does not parse; the node's log names the line".to_owned()
+            }
+            ReloadError::Certificates(_) => {
+                "the replication certificates did not load; the node's log says why".to_owned()
+            }
+            other => other.to_string(),
+        };
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_config", message)
+    })?;
     Ok(Json(ReloadAnswer { reloaded: true }).into_response())
 }
 

@@ -18,10 +18,12 @@ use tandem_schemas::{ChangeEvent, Mark, Snapshot};
 use tokio::sync::watch;
 
 use crate::config::Config;
+use crate::http::listener::{self, ListenerLimits};
 use crate::registry::{Counters, Registry, ViewCell};
 pub use crate::shared::{AnswerCache, LiveMarks, NodeShared};
 use crate::store::{CommitError, CommitLog, CommitNotice, Committed, Committer, CommitterHandle, RocksLog};
 
+pub mod data_dir;
 mod metrics;
 pub mod status;
 
@@ -86,10 +88,16 @@ impl Node {
     /// Starts a node. `config_path` is re-read on reload (SIGHUP or POST /v1/admin/reload).
     pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> anyhow::Result<Node> {
         cfg.validate()?;
-        std::fs::create_dir_all(&cfg.data_dir)
-            .with_context(|| format!("cannot create data_dir {}", cfg.data_dir.display()))?;
-        let mut log = RocksLog::open_with_write_buffer(&cfg.data_dir, &cfg.dc, cfg.store.write_buffer_mib)
-            .with_context(|| format!("cannot open the event log in {}", cfg.data_dir.display()))?;
+        data_dir::prepare(&cfg.data_dir)?;
+        // Before RocksDB opens: a descriptor budget too small for clients refuses the start.
+        let limits = ListenerLimits::new(&cfg, listener::open_files_limit())?;
+        let mut log = RocksLog::open_tuned(
+            &cfg.data_dir,
+            &cfg.dc,
+            cfg.store.write_buffer_mib,
+            cfg.store.max_open_files,
+        )
+        .with_context(|| format!("cannot open the event log in {}", cfg.data_dir.display()))?;
         // A restart is a durable write of the watch index, so the index moves past anything
         // an earlier run showed (see registry::ViewIndex).
         log.bump_index().context("cannot write to the event log")?;
@@ -193,6 +201,7 @@ impl Node {
             gateway_clock,
             config_path,
             started: std::time::Instant::now(),
+            http: Default::default(),
         });
 
         // Lease checker.
@@ -239,22 +248,19 @@ impl Node {
         }
 
         // HTTP.
-        let listener = tokio::net::TcpListener::bind(cfg.http_addr)
+        let tcp = tokio::net::TcpListener::bind(cfg.http_addr)
             .await
             .with_context(|| format!("cannot bind the HTTP API on {}", cfg.http_addr))?;
-        let http_addr = listener.local_addr()?;
+        let http_addr = tcp.local_addr()?;
         let app = crate::http::router(shared.clone());
-        {
-            let mut shut = shut_rx.clone();
-            tasks.push(tokio::spawn(async move {
-                let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-                    let _ = shut.changed().await;
-                });
-                if let Err(e) = serve.await {
-                    tracing::error!(error = %e, "HTTP server failed");
-                }
-            }));
-        }
+        tracing::info!(
+            connections_max = limits.connections,
+            per_address = limits.per_address,
+            open_files = ?listener::open_files_limit(),
+            rocksdb_max_open_files = cfg.store.max_open_files,
+            "HTTP connection caps"
+        );
+        tasks.push(tokio::spawn(listener::serve(tcp, app, shared.http.clone(), limits, shut_rx.clone())));
         tracing::info!(dc = %cfg.dc, http = %http_addr, replication = ?repl_addr, "tandem node started");
         Ok(Node { shared, http_addr, repl_addr, shutdown, tasks })
     }

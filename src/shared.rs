@@ -41,6 +41,8 @@ pub struct NodeShared {
     pub(crate) gateway_clock: tokio::time::Instant,
     pub(crate) config_path: Option<PathBuf>,
     pub(crate) started: std::time::Instant,
+    /// The HTTP side's limits: counters, admin rate, sampled refusal logs.
+    pub http: Arc<crate::http::limits::HttpState>,
 }
 
 /// Why a configuration reload was refused; the running configuration stays.

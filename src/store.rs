@@ -41,4 +41,4 @@ pub use committer::{
     LINGER_GAP_US_DEFAULT, LINGER_MAX_US_DEFAULT, LINGER_TARGET_DEFAULT,
 };
 pub use mem::MemStore;
-pub use rocks::{OpenError, RocksLog, WRITE_BUFFER_MIB_DEFAULT};
+pub use rocks::{OpenError, RocksLog, MAX_OPEN_FILES_DEFAULT, WRITE_BUFFER_MIB_DEFAULT};

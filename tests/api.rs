@@ -358,7 +358,7 @@ async fn policy_reload_applies_a_valid_file_and_keeps_the_old_one_on_error() {
     assert_eq!(mode(&node), tandem::failover::Mode::LocalFirst);
 
     std::fs::write(&path, format!("{base}[failover]\nmode = \"global\"\nmin_healthy_pct = 3.0\n")).unwrap();
-    let r = h.post(&url).send().await.unwrap();
+    let r = h.post(&url).json(&serde_json::json!({})).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 400);
     let v: Value = r.json().await.unwrap();
     assert_eq!(
@@ -375,7 +375,7 @@ async fn policy_reload_applies_a_valid_file_and_keeps_the_old_one_on_error() {
     assert_eq!(mode(&node), tandem::failover::Mode::LocalFirst);
 
     std::fs::write(&path, format!("{base}[failover]\nmode = \"global\"\n")).unwrap();
-    let r = h.post(&url).send().await.unwrap();
+    let r = h.post(&url).header("x-tandem-admin", "1").send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
     assert_eq!(mode(&node), tandem::failover::Mode::Global);
     node.shutdown().await;

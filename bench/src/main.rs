@@ -220,6 +220,14 @@ pub fn bench_config(dir: &std::path::Path, dc: &str) -> Config {
     c.health.unhealthy_after_ms = 240_000;
     c.health.expire_after_ms = 300_000;
     c.protection.self_preservation_window_ms = 600_000;
+    // The load generators open every connection from 127.0.0.1 (up to 10,000 watchers plus
+    // the writers), far past the per-address default meant for one client host.
+    c.http.connections_max = 65_536;
+    c.http.connections_per_address_max = 65_536;
+    // Blocking watchers wait up to their `wait`; pooled writer connections may sit idle
+    // between steps: neither should be cut by the idle limits while a step measures.
+    c.http.header_read_timeout_ms = 120_000;
+    c.http.idle_timeout_ms = 600_000;
     // For experiments: TANDEM_BENCH_LINGER_US, TANDEM_BENCH_GAP_US and
     // TANDEM_BENCH_WRITE_BUFFER_MIB override the [store] settings of the same names.
     if let Some(us) = std::env::var("TANDEM_BENCH_LINGER_US").ok().and_then(|v| v.parse().ok()) {

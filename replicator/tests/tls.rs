@@ -519,3 +519,29 @@ fn dc_cert_generation_refuses_a_ca_key_that_is_not_the_cas() -> Result<()> {
     assert!(matches!(result, Err(TlsError::InvalidValidity { .. })), "{result:?}");
     Ok(())
 }
+
+#[cfg(unix)]
+#[test]
+fn a_key_file_others_may_write_or_another_user_owns_is_refused() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir()?;
+    let pki = dev_pki(dir.path(), &["dc-a"])?;
+    let a = pki.paths("dc-a").context("dc-a")?;
+    let set_mode = |m: u32| std::fs::set_permissions(&a.key, std::fs::Permissions::from_mode(m));
+    // Readable by others: loaded (with a warning).
+    set_mode(0o644)?;
+    TlsMaterial::load(a)?;
+    // Writable by group or others: refused, and the message names the file and the mode.
+    set_mode(0o620)?;
+    let error = TlsMaterial::load(a).err().context("a group-writable key was loaded")?;
+    assert!(matches!(error, TlsError::KeyFileUnsafe { .. }), "{error:?}");
+    assert!(error.to_string().contains("mode 620"), "{error}");
+    set_mode(0o600)?;
+    // Owned by another user: refused (only a privileged test run can hand the file over).
+    let handed_over = std::process::Command::new("chown").arg("12345").arg(&a.key).status();
+    if handed_over.is_ok_and(|s| s.success()) {
+        let error = TlsMaterial::load(a).err().context("a key owned by another user was loaded")?;
+        assert!(error.to_string().contains("owned by uid 12345"), "{error}");
+    }
+    Ok(())
+}

@@ -90,6 +90,7 @@ impl NodeShared {
             &[("dc", dc)],
             c.watch_streams.load(Ordering::Relaxed) as f64,
         );
+        self.render_http_limits(&mut m, dc);
         let st = self.committer.stats();
         m.counter(
             "tandem_group_commit_fsyncs_total",
@@ -222,6 +223,62 @@ impl NodeShared {
             );
         }
         m.render()
+    }
+}
+
+impl NodeShared {
+    /// The HTTP side's limits: connections open and refused, closes, refused requests.
+    fn render_http_limits(&self, m: &mut Metrics, dc: &str) {
+        let h = &self.http;
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        m.gauge(
+            "tandem_http_connections",
+            "Client connections open now",
+            &[("dc", dc)],
+            get(&h.connections_open) as f64,
+        );
+        m.gauge(
+            "tandem_http_connections_limit",
+            "Client connection cap in force ([http] connections_max within the descriptor budget)",
+            &[("dc", dc)],
+            get(&h.connections_limit) as f64,
+        );
+        let refused = "tandem_http_connections_refused_total";
+        let help = "Client connections closed at accept, by the limit that refused them";
+        m.counter(refused, help, &[("dc", dc), ("limit", "connections_max")], get(&h.refused_total_cap));
+        m.counter(
+            refused,
+            help,
+            &[("dc", dc), ("limit", "connections_per_address_max")],
+            get(&h.refused_per_address),
+        );
+        m.counter(refused, help, &[("dc", dc), ("limit", "descriptors")], get(&h.refused_descriptors));
+        let closed = "tandem_http_connections_closed_total";
+        let help = "Client connections the node closed, by reason";
+        m.counter(
+            closed,
+            help,
+            &[("dc", dc), ("reason", "header_read_timeout")],
+            get(&h.closed_header_timeout),
+        );
+        m.counter(
+            closed,
+            help,
+            &[("dc", dc), ("reason", "header_too_large")],
+            get(&h.closed_header_too_large),
+        );
+        m.counter(closed, help, &[("dc", dc), ("reason", "idle")], get(&h.closed_idle));
+        m.counter(
+            "tandem_http_request_timeouts_total",
+            "Requests answered 503 request_timeout ([http] request_timeout_ms)",
+            &[("dc", dc)],
+            get(&h.request_timeouts),
+        );
+        let req = "tandem_http_requests_refused_total";
+        let help = "Requests refused before their handler, by reason";
+        m.counter(req, help, &[("dc", dc), ("reason", "host")], get(&h.refused_host));
+        m.counter(req, help, &[("dc", dc), ("reason", "admin_unmarked")], get(&h.refused_admin_unmarked));
+        m.counter(req, help, &[("dc", dc), ("reason", "admin_rate")], get(&h.refused_admin_rate));
     }
 }
 

@@ -61,6 +61,12 @@ pub enum TlsError {
     #[error("private key file {path} is not usable: {source}")]
     BadKey { path: PathBuf, source: rustls::Error },
 
+    /// The private key file is owned by another user (not this process's user, not root),
+    /// or group or others may write it: whoever can replace the key can impersonate the
+    /// DC. Nothing changed.
+    #[error("private key file {path} {problem}; make it owned by the node's user with mode 0600")]
+    KeyFileUnsafe { path: PathBuf, problem: String },
+
     /// The private key does not belong to the certificate. Nothing changed.
     #[error("private key file {key} does not match the certificate in {cert}")]
     KeyMismatch { cert: PathBuf, key: PathBuf },

@@ -84,7 +84,7 @@ impl TlsMaterial {
         let key_pem = read_file(FileRole::Key, &paths.key)?;
         let key = PrivateKeyDer::from_pem_slice(&key_pem)
             .map_err(|error| pem_error(FileRole::Key, &paths.key, error))?;
-        warn_if_key_exposed(&paths.key);
+        check_key_file(&paths.key)?;
         match CertifiedKey::from_der(chain.clone(), key.clone_key(), &ring_provider()) {
             Ok(_) => {}
             Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
@@ -189,23 +189,43 @@ fn pem_error(role: FileRole, path: &Path, error: pem::Error) -> TlsError {
     }
 }
 
-/// Logs a warning if the key file is readable by group or others. Loading goes on: the
-/// operator owns the file system, and refusing would turn a hygiene issue into an outage.
-fn warn_if_key_exposed(path: &Path) {
+/// Refuses a key file owned by another user (neither this process's nor root's) or
+/// writable by group or others: whoever can replace it can impersonate the DC. Logs a
+/// warning if group or others may only read it (refusing would turn a hygiene issue into
+/// an outage).
+fn check_key_file(path: &Path) -> Result<(), TlsError> {
     #[cfg(unix)]
     {
-        use std::os::unix::fs::PermissionsExt;
-        if let Ok(metadata) = fs::metadata(path) {
-            let mode = metadata.permissions().mode();
-            if mode & 0o077 != 0 {
-                tracing::warn!(
-                    path = %path.display(),
-                    mode = format_args!("{:o}", mode & 0o777),
-                    "private key file is accessible by group or others; use mode 0600"
-                );
-            }
+        use std::os::unix::fs::MetadataExt;
+        let unsafe_file = |problem: String| TlsError::KeyFileUnsafe { path: path.to_owned(), problem };
+        let Ok(metadata) = fs::metadata(path) else { return Ok(()) };
+        let mode = metadata.mode() & 0o777;
+        let me = effective_uid();
+        if metadata.uid() != me && metadata.uid() != 0 {
+            return Err(unsafe_file(format!(
+                "is owned by uid {} (this process runs as uid {me})",
+                metadata.uid()
+            )));
+        }
+        if mode & 0o022 != 0 {
+            return Err(unsafe_file(format!("is writable by group or others (mode {mode:o})")));
+        }
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format_args!("{mode:o}"),
+                "private key file is readable by group or others; use mode 0600"
+            );
         }
     }
     #[cfg(not(unix))]
     let _ = path;
+    Ok(())
+}
+
+#[cfg(unix)]
+#[allow(unsafe_code)]
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid takes no arguments, touches no memory and cannot fail.
+    unsafe { libc::geteuid() }
 }

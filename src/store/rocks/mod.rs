@@ -129,13 +129,16 @@ const BLOCK_CACHE_BYTES: usize = 8 << 20;
 
 /// Default memtable size per column family, MiB (RocksDB's own default is 64).
 pub const WRITE_BUFFER_MIB_DEFAULT: usize = 8;
+/// Default for the table files RocksDB keeps open (its own default is unlimited, which
+/// lets a large store take every descriptor the process has).
+pub const MAX_OPEN_FILES_DEFAULT: u32 = 256;
 
 impl RocksLog {
     /// Opens the log of `dc` in `dir`. A new or wiped dir starts a new history: a fresh
     /// random non-zero origin epoch, persisted before this returns. A dir that holds
     /// another DC's log is refused.
     pub fn open(dir: &Path, dc: &str) -> Result<RocksLog, OpenError> {
-        Self::open_inner(dir, dc, None, WRITE_BUFFER_MIB_DEFAULT)
+        Self::open_inner(dir, dc, None, WRITE_BUFFER_MIB_DEFAULT, MAX_OPEN_FILES_DEFAULT)
     }
 
     /// [`RocksLog::open`] with a memtable size per column family, in MiB: the most memory
@@ -145,13 +148,24 @@ impl RocksLog {
         dc: &str,
         write_buffer_mib: usize,
     ) -> Result<RocksLog, OpenError> {
-        Self::open_inner(dir, dc, None, write_buffer_mib)
+        Self::open_inner(dir, dc, None, write_buffer_mib, MAX_OPEN_FILES_DEFAULT)
+    }
+
+    /// [`RocksLog::open_with_write_buffer`] that also bounds the table files RocksDB keeps
+    /// open (its share of the process's descriptors).
+    pub fn open_tuned(
+        dir: &Path,
+        dc: &str,
+        write_buffer_mib: usize,
+        max_open_files: u32,
+    ) -> Result<RocksLog, OpenError> {
+        Self::open_inner(dir, dc, None, write_buffer_mib, max_open_files)
     }
 
     /// Creates a new log with a chosen epoch (tests and tools). Refuses a dir that already
     /// holds a log.
     pub fn create_with_epoch(dir: &Path, dc: &str, epoch: NonZeroU64) -> Result<RocksLog, OpenError> {
-        Self::open_inner(dir, dc, Some(epoch), WRITE_BUFFER_MIB_DEFAULT)
+        Self::open_inner(dir, dc, Some(epoch), WRITE_BUFFER_MIB_DEFAULT, MAX_OPEN_FILES_DEFAULT)
     }
 
     fn open_inner(
@@ -159,9 +173,11 @@ impl RocksLog {
         dc: &str,
         new_epoch: Option<NonZeroU64>,
         write_buffer_mib: usize,
+        max_open_files: u32,
     ) -> Result<RocksLog, OpenError> {
         validate_dc("dc", dc)?;
         let mut opts = Options::default();
+        opts.set_max_open_files(i32::try_from(max_open_files.max(16)).unwrap_or(i32::MAX));
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         // Replay the WAL up to the first torn or corrupt record: a crash mid-write loses

@@ -1,0 +1,310 @@
+//! What the HTTP API refuses, per request, before a handler runs: requests for a Host this
+//! node does not serve (DNS rebinding), admin calls without a JSON content type or the
+//! `X-Tandem-Admin` header (cross-site bodyless POSTs) or beyond the admin rate, and
+//! requests that outlive their time budget. Also [`HttpState`], the listener's and these
+//! checks' counters (shown in `/metrics`), and [`LogSampler`], which keeps a flood of
+//! refusals from flooding the log.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use parking_lot::Mutex;
+
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::shared::NodeShared;
+
+/// The header that marks a deliberate admin call (a browser cannot send it cross-site
+/// without a CORS preflight, which this node never grants).
+pub const ADMIN_HEADER: &str = "x-tandem-admin";
+
+/// Counters of the HTTP side's limits (all monotonic except the two gauges).
+#[derive(Debug, Default)]
+pub struct HttpState {
+    /// Gauge: client connections open now.
+    pub connections_open: AtomicU64,
+    /// Gauge: the connection cap in force (`connections_max`, lowered to the descriptor
+    /// budget).
+    pub connections_limit: AtomicU64,
+    /// Connections closed at accept: the node-wide cap was reached.
+    pub refused_total_cap: AtomicU64,
+    /// Connections closed at accept: their address held its per-address cap.
+    pub refused_per_address: AtomicU64,
+    /// Accept failed for want of descriptors (the budget was exceeded from elsewhere).
+    pub refused_descriptors: AtomicU64,
+    /// Connections closed because a request head did not arrive in time.
+    pub closed_header_timeout: AtomicU64,
+    /// Connections closed because a request head was too large (answered 431).
+    pub closed_header_too_large: AtomicU64,
+    /// Connections closed after `idle_timeout_ms` without a request in flight.
+    pub closed_idle: AtomicU64,
+    /// Requests answered 503 `request_timeout`.
+    pub request_timeouts: AtomicU64,
+    /// Requests refused for their Host header.
+    pub refused_host: AtomicU64,
+    /// Admin calls refused for lacking a JSON content type or the admin header.
+    pub refused_admin_unmarked: AtomicU64,
+    /// Admin calls refused by the admin rate limit.
+    pub refused_admin_rate: AtomicU64,
+    /// One sampler per kind of refusal, so each kind shows up in the log.
+    pub(crate) log_accept: LogSampler,
+    pub(crate) log_request: LogSampler,
+    admin_bucket: Mutex<Option<(f64, Instant)>>,
+}
+
+impl HttpState {
+    pub fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Takes one admin call from a bucket of `per_minute` calls refilled evenly; on
+    /// refusal, the seconds until the next call is allowed.
+    fn take_admin_call(&self, per_minute: u32) -> Result<(), u64> {
+        let cap = f64::from(per_minute.max(1));
+        let rate = cap / 60.0;
+        let now = Instant::now();
+        let mut b = self.admin_bucket.lock();
+        let (tokens, last) = b.get_or_insert((cap, now));
+        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rate).min(cap);
+        *last = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(((1.0 - *tokens) / rate).ceil().max(1.0) as u64)
+        }
+    }
+}
+
+/// Lets one log line through per period and counts the ones held back, which the next
+/// line reports: a flood of refused clients costs a line per period, not a line each.
+#[derive(Debug, Default)]
+pub struct LogSampler {
+    last: Mutex<Option<Instant>>,
+    held_back: AtomicU64,
+}
+
+impl LogSampler {
+    /// The period between two lines.
+    pub const PERIOD: Duration = Duration::from_secs(10);
+
+    /// `Some(lines held back since the last one)` when a line may be written now.
+    pub fn admit(&self) -> Option<u64> {
+        let now = Instant::now();
+        let mut last = self.last.lock();
+        if last.is_some_and(|t| now.duration_since(t) < Self::PERIOD) {
+            self.held_back.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        *last = Some(now);
+        Some(self.held_back.swap(0, Ordering::Relaxed))
+    }
+}
+
+/// An error answer with `Retry-After`.
+pub fn retry_after(e: ApiError, secs: u64) -> Response {
+    let mut r = e.into_response();
+    if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
+}
+
+/// The host a request names (`:authority` or `Host`), without its port or brackets.
+fn request_host(req: &Request) -> Option<&str> {
+    let raw = match req.uri().host() {
+        Some(h) => h,
+        None => req.headers().get(header::HOST)?.to_str().ok()?,
+    };
+    Some(strip_port(raw))
+}
+
+fn strip_port(h: &str) -> &str {
+    if let Some(rest) = h.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match h.rsplit_once(':') {
+        // One colon: name:port. More: a bare IPv6 address.
+        Some((name, port)) if !name.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => h,
+    }
+}
+
+/// Whether this node answers requests naming `host`: the loopback names and addresses,
+/// the host of `http_addr` (any IP literal when bound to a wildcard address: an IP literal
+/// cannot be rebound), and `[http] allowed_hosts` (`*` allows every host).
+pub fn host_allowed(cfg: &Config, host: &str) -> bool {
+    let host = host.trim_end_matches('.');
+    let listed = &cfg.http.allowed_hosts;
+    if listed.iter().any(|h| h == "*" || strip_port(h).eq_ignore_ascii_case(host)) {
+        return true;
+    }
+    let suffix = host.get(host.len().saturating_sub(".localhost".len())..);
+    if host.eq_ignore_ascii_case("localhost") || suffix.is_some_and(|s| s.eq_ignore_ascii_case(".localhost"))
+    {
+        return true;
+    }
+    match host.parse::<IpAddr>() {
+        Ok(ip) => ip.is_loopback() || cfg.http_addr.ip().is_unspecified() || ip == cfg.http_addr.ip(),
+        Err(_) => false,
+    }
+}
+
+/// Whether an admin call says it is one: a JSON content type or the admin header. Both
+/// need a CORS preflight from a browser, so a cross-site page cannot send them.
+fn admin_marked(req: &Request) -> bool {
+    let h = req.headers();
+    h.contains_key(ADMIN_HEADER)
+        || h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|ct| {
+            let mime = ct.split(';').next().unwrap_or("").trim();
+            mime.eq_ignore_ascii_case("application/json")
+        })
+}
+
+/// How long a request may take: `request_timeout_ms`, plus its `wait` for a blocking query
+/// (a streaming watch answers at once; its body is bounded by its own keep-alive).
+fn budget(cfg: &Config, req: &Request) -> Duration {
+    let base = Duration::from_millis(cfg.http.request_timeout_ms);
+    let q = req.uri().query().unwrap_or("");
+    if !req.uri().path().starts_with("/v1/services/") || !q.split('&').any(|kv| kv.starts_with("index=")) {
+        return base;
+    }
+    let wait = q
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("wait="))
+        .map_or(Ok(super::WAIT_DEFAULT), super::parse_wait)
+        .unwrap_or(super::WAIT_MAX);
+    base + wait
+}
+
+fn log_refusal(node: &NodeShared, what: &'static str, detail: &str) {
+    if let Some(held_back) = node.http.log_request.admit() {
+        tracing::warn!(
+            refused = what,
+            detail,
+            held_back,
+            "HTTP request refused (sampled: one line per 10 s)"
+        );
+    }
+}
+
+/// The middleware of every route: Host check, admin checks, request time budget.
+pub async fn guard(State(node): State<Arc<NodeShared>>, req: Request, next: Next) -> Response {
+    let cfg = node.registry.config();
+    let st = &node.http;
+    if let Some(host) = request_host(&req) {
+        if !host_allowed(&cfg, host) {
+            HttpState::bump(&st.refused_host);
+            log_refusal(&node, "host", host);
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                "host_not_allowed",
+                "this node does not serve that Host name ([http] allowed_hosts)",
+            )
+            .into_response();
+        }
+    }
+    if req.uri().path().starts_with("/v1/admin/") {
+        if !admin_marked(&req) {
+            HttpState::bump(&st.refused_admin_unmarked);
+            log_refusal(&node, "admin_unmarked", req.uri().path());
+            return ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "admin_needs_json",
+                format!("admin calls need Content-Type: application/json or the {ADMIN_HEADER} header"),
+            )
+            .into_response();
+        }
+        if let Err(secs) = st.take_admin_call(cfg.http.admin_calls_per_minute) {
+            HttpState::bump(&st.refused_admin_rate);
+            log_refusal(&node, "admin_rate", req.uri().path());
+            let e = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                format!(
+                    "more than {} admin calls a minute ([http] admin_calls_per_minute)",
+                    cfg.http.admin_calls_per_minute
+                ),
+            );
+            return retry_after(e, secs);
+        }
+    }
+    let limit = budget(&cfg, &req);
+    drop(cfg);
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => {
+            HttpState::bump(&st.request_timeouts);
+            let e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "request_timeout",
+                format!("the request took longer than {} ms ([http] request_timeout_ms)", limit.as_millis()),
+            );
+            retry_after(e, 1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(addr: &str, hosts: &[&str]) -> Config {
+        let mut c = Config::single("dc-a", "/tmp/x".into(), addr.parse().unwrap());
+        c.http.allowed_hosts = hosts.iter().map(|h| (*h).to_owned()).collect();
+        c
+    }
+
+    #[test]
+    fn hosts_default_to_loopback_and_the_bound_address() {
+        let c = cfg("10.0.0.7:8500", &[]);
+        for ok in ["localhost", "LOCALHOST", "a.localhost", "127.0.0.1", "::1", "10.0.0.7", "localhost."] {
+            assert!(host_allowed(&c, ok), "{ok}");
+        }
+        for bad in ["evil.example", "10.0.0.8", "localhost.evil.example", ""] {
+            assert!(!host_allowed(&c, bad), "{bad}");
+        }
+        // Bound to every address: any IP literal, still no names.
+        let c = cfg("0.0.0.0:8500", &[]);
+        assert!(host_allowed(&c, "192.168.1.4"));
+        assert!(!host_allowed(&c, "evil.example"));
+        // Listed names, and the wildcard.
+        let c = cfg("10.0.0.7:8500", &["Registry.DC-A.internal"]);
+        assert!(host_allowed(&c, "registry.dc-a.internal"));
+        assert!(!host_allowed(&c, "evil.example"));
+        assert!(host_allowed(&cfg("10.0.0.7:8500", &["*"]), "evil.example"));
+    }
+
+    #[test]
+    fn ports_and_brackets_are_stripped() {
+        assert_eq!(strip_port("evil.example:8500"), "evil.example");
+        assert_eq!(strip_port("[::1]:8500"), "::1");
+        assert_eq!(strip_port("::1"), "::1");
+        assert_eq!(strip_port("localhost"), "localhost");
+    }
+
+    #[test]
+    fn the_admin_bucket_refills_per_minute() {
+        let st = HttpState::default();
+        for _ in 0..3 {
+            assert!(st.take_admin_call(3).is_ok());
+        }
+        let wait = st.take_admin_call(3).unwrap_err();
+        assert!((1..=20).contains(&wait), "{wait}");
+    }
+
+    #[test]
+    fn the_sampler_lets_one_line_through_per_period() {
+        let s = LogSampler::default();
+        assert_eq!(s.admit(), Some(0));
+        assert_eq!(s.admit(), None);
+        assert_eq!(s.admit(), None);
+        assert_eq!(s.held_back.load(Ordering::Relaxed), 2);
+    }
+}
