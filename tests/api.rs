@@ -9,7 +9,7 @@ use common::*;
 use serde_json::{json, Value};
 use tandem::node::Node;
 use tandem_client::api::{HeartbeatBatchAnswer, StatusName};
-use tandem_client::client::{enc, ClientError};
+use tandem_client::client::{enc, Client, ClientError};
 
 fn http(node: &Node) -> String {
     format!("http://{}", node.http_addr())
@@ -269,6 +269,23 @@ async fn status_and_version_name_the_build_profile() {
     assert!(line.starts_with(&format!("tandem {} (dev build", env!("CARGO_PKG_VERSION"))), "{line}");
 }
 
+/// Registers i0..i3 of service `p`; keeps i0 heartbeating until i1..i3 (ttl 900 ms) are
+/// unhealthy.
+async fn one_healthy_three_unhealthy(c: &Client) {
+    for i in 0..4 {
+        c.register(&json!({"service": "p", "instance_id": format!("i{i}"), "address": "10.0.0.1", "port": 1,
+            "ttl_ms": if i == 0 { 30_000 } else { 900 }}))
+            .await
+            .unwrap();
+    }
+    eventually(Duration::from_secs(5), "three unhealthy", || async {
+        let _ = c.heartbeat("default", "p", "i0").await;
+        let d = c.discover("default", "p", "dc=all").await.unwrap();
+        d["instances"].as_array().unwrap().iter().filter(|i| i["health"] == "unhealthy").count() == 3
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn protect_threshold_returns_all_instances_rather_than_a_collapsed_list() {
     let dir = tempfile::tempdir().unwrap();
@@ -276,19 +293,8 @@ async fn protect_threshold_returns_all_instances_rather_than_a_collapsed_list() 
     cfg.protection.protect_threshold = 0.5;
     let node = Node::start(cfg, None).await.unwrap();
     let c = client(&node);
-    for i in 0..4 {
-        c.register(&json!({"service": "p", "instance_id": format!("i{i}"), "address": "10.0.0.1", "port": 1,
-            "ttl_ms": if i == 0 { 30_000 } else { 900 }}))
-            .await
-            .unwrap();
-    }
     // Keep i0 alive; i1..i3 go unhealthy (healthy share 25% < 50%).
-    eventually(Duration::from_secs(5), "three unhealthy", || async {
-        let _ = c.heartbeat("default", "p", "i0").await;
-        let d = c.discover("default", "p", "dc=all").await.unwrap();
-        d["instances"].as_array().unwrap().iter().filter(|i| i["health"] == "unhealthy").count() == 3
-    })
-    .await;
+    one_healthy_three_unhealthy(&c).await;
     let d = c.discover("default", "p", "explain=true").await.unwrap();
     assert_eq!(d["protected"], true, "{d}");
     assert_eq!(ids(&d).len(), 4, "protect threshold keeps every instance in the answer");
@@ -558,18 +564,7 @@ async fn a_reload_that_changes_answers_moves_the_index_and_drops_cached_answers(
     std::fs::write(&path, format!("{base}[protection]\nprotect_threshold = 0.0\n")).unwrap();
     let node = Node::start(tandem::config::Config::load(&path).unwrap(), Some(path.clone())).await.unwrap();
     let c = client(&node);
-    for i in 0..4 {
-        c.register(&json!({"service": "p", "instance_id": format!("i{i}"), "address": "10.0.0.1", "port": 1,
-            "ttl_ms": if i == 0 { 30_000 } else { 900 }}))
-            .await
-            .unwrap();
-    }
-    eventually(Duration::from_secs(5), "three unhealthy", || async {
-        let _ = c.heartbeat("default", "p", "i0").await;
-        let d = c.discover("default", "p", "dc=all").await.unwrap();
-        d["instances"].as_array().unwrap().iter().filter(|i| i["health"] == "unhealthy").count() == 3
-    })
-    .await;
+    one_healthy_three_unhealthy(&c).await;
     // Unprotected: the plain answer (now cached at its index) offers the healthy one only.
     let before = c.discover("default", "p", "").await.unwrap();
     assert_eq!(ids(&before), vec!["i0"], "{before}");
