@@ -247,8 +247,15 @@ fn nothing_cites_files_outside_the_repository() {
             continue;
         }
         let text = std::fs::read_to_string(root().join(&f)).unwrap_or_default();
-        for needle in ["PRODUCT.md", "STYLE.md", "shared/brief", "shared/seeds"] {
-            if text.contains(needle) && !f.ends_with("tests/tidy.rs") {
+        // Spelled in pieces, so this file does not cite them itself.
+        let needles = [
+            concat!("PRODUCT", ".md"),
+            concat!("STYLE", ".md"),
+            concat!("shared", "/brief"),
+            concat!("shared", "/seeds"),
+        ];
+        for needle in needles {
+            if text.contains(needle) {
                 broken.push(format!("{f} cites {needle}, which is not in the repository"));
             }
         }
