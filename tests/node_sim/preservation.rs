@@ -78,14 +78,8 @@ impl Sim {
             instance_id: Some(id.into()),
             address: "10.0.0.1".into(),
             port: 8080,
-            zone: None,
-            weight: None,
-            version: None,
-            tags: None,
-            metadata: None,
             ttl_ms: Some(ttl_ms),
-            persistent: None,
-            status: None,
+            ..Default::default()
         };
         let reg = self.reg.clone();
         self.drive(async move { reg.register(req).await.map(|_| ()) }).expect("registered");

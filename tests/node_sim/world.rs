@@ -398,19 +398,12 @@ impl World {
         self.start_client_op(client, |reg, id, ttl| {
             Box::pin(async move {
                 let req = RegisterRequest {
-                    namespace: None,
                     service: SVC.into(),
                     instance_id: Some(id),
                     address: "10.0.0.1".into(),
                     port: 8080,
-                    zone: None,
-                    weight: None,
-                    version: None,
-                    tags: None,
-                    metadata: None,
                     ttl_ms: Some(ttl),
-                    persistent: None,
-                    status: None,
+                    ..Default::default()
                 };
                 OpResult::Registered(reg.register(req).await.map(|r| r.version).map_err(|e| e.code))
             })
