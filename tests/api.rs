@@ -264,7 +264,7 @@ async fn status_and_version_name_the_build_profile() {
     assert_eq!(st["build_profile"], "dev");
     assert_eq!(st["version"], env!("CARGO_PKG_VERSION"));
     node.shutdown().await;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tandem")).arg("--version").output().unwrap();
+    let out = std::process::Command::new(tandem_bin()).arg("--version").output().unwrap();
     let line = String::from_utf8(out.stdout).unwrap();
     assert!(line.starts_with(&format!("tandem {} (dev build", env!("CARGO_PKG_VERSION"))), "{line}");
 }

@@ -5,7 +5,7 @@
 //! The drills run one at a time (they are timing-sensitive and each starts two nodes), with
 //! a fixed seed so that a failure replays with `tandem chaos <drill> --seed <SEED>`.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use tandem_chaos::checker::{
@@ -29,8 +29,9 @@ fn drill(kind: DrillKind, env: Environment) -> DrillReport {
     let mut opts = DrillOptions::short(kind, SEED);
     opts.dir = Some(dir.path().to_path_buf());
     opts.env = env;
-    let bin = Path::new(env!("CARGO_BIN_EXE_tandem"));
-    rt.block_on(run_drill(&opts, bin)).unwrap_or_else(|e| panic!("drill {kind} could not run: {e:#}"))
+    // TANDEM_TEST_BIN: see tests/common/mod.rs.
+    let bin = std::env::var_os("TANDEM_TEST_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tandem")));
+    rt.block_on(run_drill(&opts, &bin)).unwrap_or_else(|e| panic!("drill {kind} could not run: {e:#}"))
 }
 
 fn assert_holds(kind: DrillKind) -> DrillReport {

@@ -144,6 +144,9 @@ where
     }
 }
 
+/// The `tandem` binary the real-process tests start: the one cargo built for this test, or
+/// `TANDEM_TEST_BIN` when set (a copy kept aside, so a shared target directory rebuilt by
+/// another checkout cannot swap the binary under a running test).
 pub fn tandem_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_tandem"))
+    std::env::var_os("TANDEM_TEST_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tandem")))
 }
