@@ -118,6 +118,19 @@ enum Cmd {
         service: String,
         instance_id: String,
     },
+    /// Retire a lost DC at the node(s) of --addr: its copies go and its frames are refused
+    /// (run it at every DC that stays; see docs/replication.md).
+    RetireDc {
+        #[command(flatten)]
+        conn: Conn,
+        dc: String,
+    },
+    /// Lift a retirement: the DC may replicate again, from scratch.
+    UnretireDc {
+        #[command(flatten)]
+        conn: Conn,
+        dc: String,
+    },
     /// Set an instance's status: up, draining or out_of_service.
     StatusSet {
         #[command(flatten)]
@@ -436,6 +449,14 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
             .deregister(&conn.namespace, &service, &instance_id)
             .await
             .map(|v| print_json(&v)),
+        Cmd::RetireDc { conn, dc } => Client::new(&conn.addr)
+            .retire_dc(&dc)
+            .await
+            .map(|v| print_json(&serde_json::to_value(v).unwrap_or_default())),
+        Cmd::UnretireDc { conn, dc } => Client::new(&conn.addr)
+            .unretire_dc(&dc)
+            .await
+            .map(|v| print_json(&serde_json::to_value(v).unwrap_or_default())),
         Cmd::StatusSet { conn, service, instance_id, status } => Client::new(&conn.addr)
             .set_status(&conn.namespace, &service, &instance_id, status)
             .await

@@ -17,8 +17,8 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use tandem_client::api::{
-    HeartbeatAnswer, HeartbeatBatch, RegisterRequest, ReloadAnswer, ServiceList, ServiceSummary,
-    StatusChange, WriteAnswer,
+    HeartbeatAnswer, HeartbeatBatch, RegisterRequest, ReloadAnswer, RetireAnswer, RetireRequest, ServiceList,
+    ServiceSummary, StatusChange, UnretireAnswer, WriteAnswer,
 };
 
 use axum::body::Bytes;
@@ -48,6 +48,8 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .route("/v1/services", get(list_services))
         .route("/v1/status", get(status))
         .route("/v1/admin/reload", post(reload))
+        .route("/v1/admin/retire-dc", post(retire_dc))
+        .route("/v1/admin/unretire-dc", post(unretire_dc))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(DefaultBodyLimit::max(REQUEST_BODY_BYTES_MAX))
@@ -410,6 +412,44 @@ async fn reload(State(node): State<Arc<NodeShared>>) -> Result<Response, ApiErro
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_config", message)
     })?;
     Ok(Json(ReloadAnswer { reloaded: true }).into_response())
+}
+
+/// POST /v1/admin/retire-dc: forget a lost DC's copies and refuse its frames (see
+/// docs/replication.md, "Retiring a DC").
+async fn retire_dc(
+    State(node): State<Arc<NodeShared>>,
+    body: Result<Json<RetireRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let req = json_body(body)?;
+    tandem_schemas::validate_dc("dc", &req.dc).map_err(ApiError::invalid)?;
+    if *req.dc == *node.registry.dc {
+        return Err(ApiError::invalid_field("dc", "a node cannot retire its own DC"));
+    }
+    let r = node
+        .committer
+        .retire(req.dc.clone(), tandem_replicator::gateway::wall_ms())
+        .await
+        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+    Ok(Json(RetireAnswer {
+        dc: req.dc,
+        newly_retired: r.newly,
+        retired_at_ms: r.at_ms,
+        copies_removed: r.changes.len() as u64,
+        tombstones_removed: r.tombstones_removed as u64,
+    })
+    .into_response())
+}
+
+/// POST /v1/admin/unretire-dc: the DC may replicate again, from scratch.
+async fn unretire_dc(
+    State(node): State<Arc<NodeShared>>,
+    body: Result<Json<RetireRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let req = json_body(body)?;
+    tandem_schemas::validate_dc("dc", &req.dc).map_err(ApiError::invalid)?;
+    let unretired =
+        node.committer.unretire(req.dc).await.map_err(|e| ApiError::unavailable(e.to_string()))?;
+    Ok(Json(UnretireAnswer { unretired }).into_response())
 }
 
 #[cfg(test)]

@@ -47,6 +47,7 @@ pub struct Node {
 #[derive(Clone)]
 struct NodeStore {
     committer: CommitterHandle,
+    live: Arc<parking_lot::RwLock<LiveMarks>>,
 }
 
 impl ReplicaStore for NodeStore {
@@ -82,6 +83,9 @@ impl ReplicaStore for NodeStore {
     fn own_progress(&self) -> watch::Receiver<u64> {
         self.committer.own_seq()
     }
+    fn retired(&self, dc: &str) -> bool {
+        self.live.read().retired.contains_key(dc)
+    }
 }
 
 impl Node {
@@ -110,6 +114,7 @@ impl Node {
             own: log.own_mark(),
             floor: log.purge_floor(),
             remote: log.marks(),
+            retired: log.retired(),
         }));
         let cb_view = view.clone();
         let cb_live = live.clone();
@@ -126,6 +131,13 @@ impl Node {
                             }
                         }
                         Committed::PurgedOwn { floor, .. } => l.floor = *floor,
+                        Committed::Retired { origin, at_ms, .. } => {
+                            l.remote.remove(origin);
+                            l.retired.insert(origin.clone(), *at_ms);
+                        }
+                        Committed::Unretired { origin } => {
+                            l.retired.remove(origin);
+                        }
                         Committed::Local { .. } | Committed::PurgedRemoteTombstones { .. } => {}
                     }
                 }
@@ -168,8 +180,12 @@ impl Node {
                     backoff_initial_ms: r.backoff_initial_ms,
                     backoff_max_ms: r.backoff_max_ms,
                 };
-                let gw = Gateway::start(gcfg, Arc::new(tls), NodeStore { committer: committer.clone() })
-                    .context("cannot start the replication gateway")?;
+                let gw = Gateway::start(
+                    gcfg,
+                    Arc::new(tls),
+                    NodeStore { committer: committer.clone(), live: live.clone() },
+                )
+                .context("cannot start the replication gateway")?;
                 let addr = gw.local_addr().ok();
                 (Some(gw), addr)
             }
@@ -306,7 +322,10 @@ pub async fn purge_once<L: CommitLog + Send + 'static>(
         .with_log(move |log: &mut L| -> Result<u64, LogError> {
             let own = log.own_mark();
             let acks = log.peer_acks();
-            let acked = purge::acked_floor(own, peers.iter().map(|p| acks.get(p).copied()));
+            // A retired DC no longer holds the floor.
+            let retired = log.retired();
+            let counted = peers.iter().filter(|p| !retired.contains_key(*p));
+            let acked = purge::acked_floor(own, counted.map(|p| acks.get(p).copied()));
             purge::purge_upto(log.purge_floor(), acked, cutoff, |after, max| log.read_own(after, max))
         })
         .await

@@ -22,6 +22,8 @@ pub struct LiveMarks {
     pub own: Mark,
     pub floor: u64,
     pub remote: BTreeMap<String, Mark>,
+    /// DCs retired here -> when (wall-clock ms).
+    pub retired: BTreeMap<String, u64>,
 }
 
 /// Encoded discovery answers: (namespace, service, filter) -> (index, JSON bytes).

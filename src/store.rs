@@ -34,7 +34,7 @@ mod keys;
 mod mem;
 mod rocks;
 
-pub use commit_log::CommitLog;
+pub use commit_log::{CommitLog, Retirement};
 pub use committer::{
     AppendLocal, BuildEvents, CommitError, CommitNotice, CommitStats, Committed, Committer, CommitterHandle,
     CommitterLimits, InlineCommitter, OnCommit, Reply, Request, WithLogFn, GROUP_SIZE_BUCKETS,

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tandem::store::{
-    CommitError, CommitNotice, Committed, Committer, CommitterHandle, CommitterLimits, OpenError, RocksLog,
+    CommitError, CommitLog, CommitNotice, Committed, Committer, CommitterHandle, CommitterLimits, OpenError,
+    RocksLog,
 };
 use tandem_replicator::log::conformance::{dereg, reg, Harness};
 use tandem_replicator::log::{EventLog, LogError, StateChange};
@@ -357,6 +358,8 @@ async fn committer_reports_every_kind_of_write() {
             Committed::Snapshot { .. } => "snapshot",
             Committed::PurgedOwn { .. } => "purged-own",
             Committed::PurgedRemoteTombstones { .. } => "purged-remote",
+            Committed::Retired { .. } => "retired",
+            Committed::Unretired { .. } => "unretired",
         })
         .collect();
     assert_eq!(kinds, ["local", "remote", "purged-own", "remote", "purged-remote"]);
@@ -596,4 +599,77 @@ async fn group_commit_linger_gathers_the_writers_of_the_previous_round() {
     // lingering this run takes about 14 fsyncs on the development machine.)
     assert!(stats.local_fsyncs <= APPENDS_PER_TASK + 3, "{stats:?}");
     handle.shutdown().await;
+}
+
+/// Retiring a DC, checked alike on RocksLog and on the in-memory MemStore: the DC's copies,
+/// tombstones, mark and ack go, nothing else does, and the committer refuses its frames
+/// until it is unretired; then it replicates again from scratch.
+async fn retire_conformance<L: CommitLog + Send + 'static>(log: L, reopen: impl FnOnce(L) -> L) {
+    let mut log = log;
+    log.append_local(&[reg("dc-a", 3, 1, "a1")]).unwrap();
+    log.apply_remote("dc-b", &[reg("dc-b", 9, 1, "b1")]).unwrap();
+    log.apply_remote("dc-c", &[reg("dc-c", 5, 1, "c1"), reg("dc-c", 5, 2, "c2"), dereg("dc-c", 5, 3, "c1")])
+        .unwrap();
+    log.record_peer_ack("dc-c", Mark { epoch: 3, seq: 1 }).unwrap();
+    assert!(log.retire_origin("dc-a", 1).is_err(), "the own DC cannot be retired");
+    let r = log.retire_origin("dc-c", 1_000).unwrap();
+    assert!(r.newly);
+    assert_eq!(
+        r.changes,
+        vec![StateChange::Remove { key: tandem_replicator::log::conformance::key("dc-c", "c2") }]
+    );
+    assert_eq!(r.tombstones_removed, 1);
+    assert_eq!(r.mark, Some(Mark { epoch: 5, seq: 3 }));
+    let again = log.retire_origin("dc-c", 2_000).unwrap();
+    assert!(!again.newly && again.at_ms == 1_000, "retiring twice changes nothing: {again:?}");
+    let log = reopen(log);
+    assert_eq!(log.retired().into_iter().collect::<Vec<_>>(), vec![("dc-c".to_owned(), 1_000)]);
+    assert_eq!(log.mark_of("dc-c"), None);
+    assert!(!log.peer_acks().contains_key("dc-c"));
+    let owners: BTreeSet<String> =
+        log.instances().unwrap().into_iter().map(|(_, r)| r.key.owner_dc.to_string()).collect();
+    assert_eq!(owners, BTreeSet::from(["dc-a".to_owned(), "dc-b".to_owned()]));
+    assert!(log.tombstones().unwrap().iter().all(|t| *t.key.owner_dc != *"dc-c"));
+
+    // Through the committer: late frames of the retired DC change nothing.
+    let (mut committer, handle) =
+        Committer::inline(log, Box::new(|_: &CommitNotice| {}), CommitterLimits::default());
+    let late = drive(&mut committer, handle.apply_remote("dc-c".into(), vec![reg("dc-c", 5, 4, "c4")])).await;
+    let late = late.unwrap();
+    assert_eq!(late.refusal, Some(tandem_replicator::merge::Refusal::Retired { dc: "dc-c".into() }));
+    assert_eq!((late.applied, late.mark), (0, None));
+    assert!(drive(&mut committer, handle.unretire("dc-c".into())).await.unwrap());
+    let fresh =
+        drive(&mut committer, handle.apply_remote("dc-c".into(), vec![reg("dc-c", 6, 1, "c9")])).await;
+    assert_eq!(fresh.unwrap().applied, 1, "an unretired DC replicates again from scratch");
+    let log = committer.into_log();
+    assert!(log.retired().is_empty());
+    assert_eq!(log.mark_of("dc-c"), Some(Mark { epoch: 6, seq: 1 }));
+}
+
+/// Runs an inline committer until `fut` (a request to it) is answered.
+async fn drive<L: CommitLog + Send + 'static, T>(
+    committer: &mut tandem::store::InlineCommitter<L>,
+    fut: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            biased;
+            v = &mut fut => return v,
+            _ = tokio::task::yield_now() => { committer.run_until_idle(); }
+        }
+    }
+}
+
+#[tokio::test]
+async fn retiring_a_dc_on_rocksdb() {
+    let dir = TempDir::new().unwrap();
+    let log = RocksLog::create_with_epoch(dir.path(), "dc-a", NonZeroU64::new(3).unwrap()).unwrap();
+    retire_conformance(log, reopen).await;
+}
+
+#[tokio::test]
+async fn retiring_a_dc_in_memory() {
+    retire_conformance(tandem::store::MemStore::new("dc-a", 3), |l| l).await;
 }

@@ -392,6 +392,34 @@ pub struct ReloadAnswer {
     pub reloaded: bool,
 }
 
+/// The body of `POST /v1/admin/retire-dc` and `POST /v1/admin/unretire-dc`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetireRequest {
+    /// The DC to retire (or unretire); never the node's own.
+    pub dc: String,
+}
+
+/// The answer of `POST /v1/admin/retire-dc`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetireAnswer {
+    pub dc: String,
+    /// False when the DC was already retired (nothing changed).
+    pub newly_retired: bool,
+    /// When it was retired, wall-clock ms.
+    pub retired_at_ms: u64,
+    /// Its live copies removed from this DC's view.
+    pub copies_removed: u64,
+    /// Its tombstones removed.
+    pub tombstones_removed: u64,
+}
+
+/// The answer of `POST /v1/admin/unretire-dc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnretireAnswer {
+    /// False when the DC was not retired.
+    pub unretired: bool,
+}
+
 /// Every error answer: `{"error":{"code":"...","message":"..."}}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {

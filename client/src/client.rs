@@ -11,7 +11,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::api::{
-    ErrorBody, HeartbeatBatchAnswer, RegisterAnswer, RegisterRequest, StatusChange, StatusName,
+    ErrorBody, HeartbeatBatchAnswer, RegisterAnswer, RegisterRequest, RetireAnswer, RetireRequest,
+    StatusChange, StatusName, UnretireAnswer,
 };
 
 /// Errors of the client, split by who must react.
@@ -195,6 +196,18 @@ impl Client {
 
     pub async fn status(&self) -> Result<Value, ClientError> {
         self.call(reqwest::Method::GET, "/v1/status", NO_BODY).await
+    }
+
+    /// POST /v1/admin/retire-dc: forget a lost DC's copies here and refuse its frames.
+    pub async fn retire_dc(&self, dc: &str) -> Result<RetireAnswer, ClientError> {
+        let body = RetireRequest { dc: dc.to_owned() };
+        self.call(reqwest::Method::POST, "/v1/admin/retire-dc", Some(&body)).await
+    }
+
+    /// POST /v1/admin/unretire-dc: let a retired DC replicate again (from scratch).
+    pub async fn unretire_dc(&self, dc: &str) -> Result<UnretireAnswer, ClientError> {
+        let body = RetireRequest { dc: dc.to_owned() };
+        self.call(reqwest::Method::POST, "/v1/admin/unretire-dc", Some(&body)).await
     }
 }
 

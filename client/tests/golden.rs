@@ -139,6 +139,18 @@ fn writes_and_admin() {
     check("status_change", &StatusChange { status: StatusName::Draining });
     check("write_answer", &WriteAnswer { version: 18 });
     check("reload_answer", &ReloadAnswer { reloaded: true });
+    check("retire_request", &RetireRequest { dc: "dc-c".into() });
+    check(
+        "retire_answer",
+        &RetireAnswer {
+            dc: "dc-c".into(),
+            newly_retired: true,
+            retired_at_ms: 1_764_547_200_000,
+            copies_removed: 12,
+            tombstones_removed: 3,
+        },
+    );
+    check("unretire_answer", &UnretireAnswer { unretired: true });
     check(
         "service_list",
         &ServiceList {

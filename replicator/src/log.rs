@@ -139,6 +139,24 @@ impl MemLog {
         }
     }
 
+    /// Forgets everything of `origin`: its live copies (returned as removals, in key
+    /// order), its tombstones (counted) and its mark. What retiring a DC does to state.
+    pub fn forget_origin(&mut self, origin: &str) -> (Vec<StateChange>, usize) {
+        let live: Vec<InstanceKey> = self.live.keys().filter(|k| *k.owner_dc == *origin).cloned().collect();
+        let before = self.tombs.len();
+        self.tombs.retain(|k, _| *k.owner_dc != *origin);
+        let tombstones = before - self.tombs.len();
+        self.marks.remove(origin);
+        let changes = live
+            .into_iter()
+            .map(|key| {
+                self.live.remove(&key);
+                StateChange::Remove { key }
+            })
+            .collect();
+        (changes, tombstones)
+    }
+
     fn put_effect(&mut self, ev: &ChangeEvent, effect: Effect) -> StateChange {
         let key = ev.op.key().clone();
         match (effect, &ev.op) {

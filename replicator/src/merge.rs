@@ -52,6 +52,10 @@ pub enum Refusal {
     CursorRegressed { held: u64, got: u64 },
     #[error("event of origin {origin} touches an instance owned by {owner}")]
     NotOwner { origin: String, owner: String },
+    /// The receiver's operator retired this DC: its frames are refused until it is
+    /// unretired (see docs/replication.md, "Retiring a DC").
+    #[error("DC {dc} is retired here; its frames are refused")]
+    Retired { dc: String },
 }
 
 /// The verdict on one event.

@@ -456,6 +456,7 @@ pub fn refusal_error(r: &Refusal) -> StreamError {
         Refusal::WrongChannel { .. } | Refusal::NotOwner { .. } => RefuseCode::WrongOrigin,
         Refusal::EpochMismatch { .. } | Refusal::Gap { .. } => RefuseCode::Gap,
         Refusal::CursorRegressed { .. } => RefuseCode::CursorRegressed,
+        Refusal::Retired { .. } => RefuseCode::UnknownDc,
     };
     StreamError::new(code, r.to_string())
 }

@@ -233,7 +233,10 @@ impl Fail {
                 Refusal::Gap { .. } | Refusal::EpochMismatch { .. } | Refusal::CursorRegressed { .. },
             ) => true,
             Fail::Stream(e) => matches!(e.code, RefuseCode::Gap | RefuseCode::CursorRegressed),
-            Fail::Refused(Refusal::WrongChannel { .. } | Refusal::NotOwner { .. }) | Fail::Other(_) => false,
+            Fail::Refused(
+                Refusal::WrongChannel { .. } | Refusal::NotOwner { .. } | Refusal::Retired { .. },
+            )
+            | Fail::Other(_) => false,
         }
     }
 }

@@ -216,10 +216,25 @@ impl NodeShared {
                 stats.refused_connections.load(Ordering::Relaxed),
             );
             m.counter(
+                "tandem_replication_refused_retired_total",
+                "Replication connections refused because their DC is retired here",
+                &[("dc", dc)],
+                stats.refused_retired.load(Ordering::Relaxed),
+            );
+            m.counter(
                 "tandem_replication_protocol_errors_total",
                 "Replication protocol errors",
                 &[("dc", dc)],
                 stats.protocol_errors.load(Ordering::Relaxed),
+            );
+        }
+        let retired = self.live.read().retired.clone();
+        for (gone, at_ms) in &retired {
+            m.gauge(
+                "tandem_dc_retired_since_seconds",
+                "Retired DCs (their frames are refused): when each was retired, Unix seconds",
+                &[("dc", dc), ("retired", gone)],
+                *at_ms as f64 / 1000.0,
             );
         }
         m.render()

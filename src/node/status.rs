@@ -23,6 +23,9 @@ pub struct Status {
     /// Applied high-water mark per origin DC.
     pub applied: BTreeMap<String, MarkStatus>,
     pub peers: BTreeMap<String, PeerStatus>,
+    /// DCs retired here (`POST /v1/admin/retire-dc`): their copies are gone and their
+    /// frames are refused.
+    pub retired: BTreeMap<String, RetiredStatus>,
     pub self_preservation: PreservationStatus,
     /// Instances held, by owner DC.
     pub instances: BTreeMap<String, usize>,
@@ -30,6 +33,13 @@ pub struct Status {
     pub watch_streams: u64,
     pub disk_writes: u64,
     pub heartbeats: u64,
+}
+
+/// One retired DC.
+#[derive(Debug, Serialize)]
+pub struct RetiredStatus {
+    /// Wall-clock ms when it was retired.
+    pub retired_at_ms: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -175,9 +185,9 @@ impl NodeShared {
     /// GET /v1/status.
     pub fn status(&self) -> Status {
         let reg = &self.registry;
-        let (own, floor, remote) = {
+        let (own, floor, remote, retired) = {
             let l = self.live.read();
-            (l.own, l.floor, l.remote.clone())
+            (l.own, l.floor, l.remote.clone(), l.retired.clone())
         };
         let (figures, pauses_capped) = reg.preservation();
         let now_ms = reg.now_ms();
@@ -192,6 +202,10 @@ impl NodeShared {
             log: LogStatus { epoch: own.epoch, first_seq: floor + 1, last_seq: own.seq, purge_floor: floor },
             applied: remote.into_iter().map(|(dc, m)| (dc, m.into())).collect(),
             peers: self.peer_status(),
+            retired: retired
+                .into_iter()
+                .map(|(dc, retired_at_ms)| (dc, RetiredStatus { retired_at_ms }))
+                .collect(),
             self_preservation: PreservationStatus {
                 active: figures.iter().any(|f| f.active),
                 renewals_last_window: round(figures.iter().map(|f| f.renewals).sum()),

@@ -34,6 +34,29 @@ pub trait CommitLog: EventLog {
         origin: &str,
         upto_seq: u64,
     ) -> Result<Vec<InstanceKey>, LogError>;
+    /// The DCs retired here, with the wall-clock ms each was retired at.
+    fn retired(&self) -> BTreeMap<String, u64>;
+    /// Retires `dc` (never the own DC): in one durable write, forgets its live copies, its
+    /// tombstones, its mark and its acknowledgement, and records it as retired so that its
+    /// frames are refused from now on. Retiring a retired DC changes nothing.
+    fn retire_origin(&mut self, dc: &str, at_ms: u64) -> Result<Retirement, LogError>;
+    /// Lifts a retirement: `dc` may replicate again, from scratch (its mark was forgotten).
+    /// Returns false when `dc` was not retired.
+    fn unretire_origin(&mut self, dc: &str) -> Result<bool, LogError>;
+}
+
+/// What retiring a DC did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Retirement {
+    /// When the DC was retired (the earlier time when it already was).
+    pub at_ms: u64,
+    /// False when the DC was already retired (nothing changed).
+    pub newly: bool,
+    /// The removals of its live copies, in key order.
+    pub changes: Vec<StateChange>,
+    pub tombstones_removed: usize,
+    /// Its mark before it was forgotten.
+    pub mark: Option<Mark>,
 }
 
 impl CommitLog for RocksLog {
@@ -64,5 +87,14 @@ impl CommitLog for RocksLog {
         upto_seq: u64,
     ) -> Result<Vec<InstanceKey>, LogError> {
         RocksLog::purge_remote_tombstones_reporting(self, origin, upto_seq)
+    }
+    fn retired(&self) -> BTreeMap<String, u64> {
+        RocksLog::retired(self)
+    }
+    fn retire_origin(&mut self, dc: &str, at_ms: u64) -> Result<Retirement, LogError> {
+        RocksLog::retire_origin(self, dc, at_ms)
+    }
+    fn unretire_origin(&mut self, dc: &str) -> Result<bool, LogError> {
+        RocksLog::unretire_origin(self, dc)
     }
 }

@@ -30,10 +30,11 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use tandem_replicator::log::{check_local_sequence, ApplyReport, LogError, StateChange};
+use tandem_replicator::merge::Refusal;
 use tandem_schemas::{ChangeEvent, InstanceKey, Mark, Snapshot};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{CommitLog, RocksLog};
+use super::{CommitLog, Retirement, RocksLog};
 
 /// Builds the events of one local append. Called on the committer thread with the own mark
 /// as it will stand before these events (earlier requests of the same group included); the
@@ -74,6 +75,10 @@ pub enum Request<L = RocksLog> {
     PurgeRemoteTombstones { origin: String, upto_seq: u64, reply: Reply<()> },
     /// [`RocksLog::record_peer_ack`].
     PeerAck { peer: String, mark: Mark, reply: Reply<()> },
+    /// [`CommitLog::retire_origin`].
+    Retire { dc: String, at_ms: u64, reply: Reply<Retirement> },
+    /// [`CommitLog::unretire_origin`].
+    Unretire { dc: String, reply: Reply<bool> },
     /// Run a function with the log (see [`WithLogFn`]).
     WithLog(WithLogFn<L>),
     /// Serve what came before, close the log, then answer. Requests after it are dropped
@@ -158,6 +163,10 @@ pub enum Committed {
     PurgedOwn { floor: u64, tombstones_removed: Vec<InstanceKey> },
     /// Tombstones of a remote origin were purged.
     PurgedRemoteTombstones { origin: String, tombstones_removed: Vec<InstanceKey> },
+    /// A DC was retired: `changes` remove its live copies.
+    Retired { origin: String, at_ms: u64, changes: Vec<StateChange> },
+    /// A retirement was lifted.
+    Unretired { origin: String },
 }
 
 impl CommitNotice {
@@ -166,7 +175,10 @@ impl CommitNotice {
         match &self.committed {
             Committed::Local { changes, .. } => changes,
             Committed::Remote { report, .. } | Committed::Snapshot { report, .. } => &report.changes,
-            Committed::PurgedOwn { .. } | Committed::PurgedRemoteTombstones { .. } => &[],
+            Committed::Retired { changes, .. } => changes,
+            Committed::PurgedOwn { .. }
+            | Committed::PurgedRemoteTombstones { .. }
+            | Committed::Unretired { .. } => &[],
         }
     }
 }
@@ -348,6 +360,48 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                     if group.events.len() >= self.limits.group_events_max.get() {
                         self.flush_local(&mut group);
                     }
+                }
+                Request::RemoteApply { channel_dc, reply, .. }
+                    if self.log.retired().contains_key(&channel_dc) =>
+                {
+                    // A retired DC's frames change nothing; the refusal goes back to it.
+                    let refusal = Some(Refusal::Retired { dc: channel_dc });
+                    self.answer(reply, Ok(ApplyReport { refusal, ..Default::default() }));
+                }
+                Request::InstallSnapshot { channel_dc, reply, .. }
+                    if self.log.retired().contains_key(&channel_dc) =>
+                {
+                    self.answer(reply, Err(LogError::Refused(Refusal::Retired { dc: channel_dc }).into()));
+                }
+                Request::PurgeRemoteTombstones { origin, reply, .. }
+                    if self.log.retired().contains_key(&origin) =>
+                {
+                    self.answer(reply, Ok(()));
+                }
+                Request::PeerAck { peer, reply, .. } if self.log.retired().contains_key(&peer) => {
+                    self.answer(reply, Ok(()));
+                }
+                Request::Retire { dc, at_ms, reply } => {
+                    let before = self.begin_write();
+                    let result = self.log.retire_origin(&dc, at_ms);
+                    if let Ok(r) = &result {
+                        if r.newly {
+                            self.after_write(before, || Committed::Retired {
+                                origin: dc,
+                                at_ms: r.at_ms,
+                                changes: r.changes.clone(),
+                            });
+                        }
+                    }
+                    self.answer(reply, result.map_err(CommitError::from));
+                }
+                Request::Unretire { dc, reply } => {
+                    let before = self.begin_write();
+                    let result = self.log.unretire_origin(&dc);
+                    if let Ok(true) = &result {
+                        self.after_write(before, || Committed::Unretired { origin: dc });
+                    }
+                    self.answer(reply, result.map_err(CommitError::from));
                 }
                 Request::RemoteApply { channel_dc, events, reply } => {
                     let before = self.begin_write();
@@ -541,6 +595,16 @@ impl<L: CommitLog + Send + 'static> CommitterHandle<L> {
     }
 
     /// Records a peer's ack of the own origin.
+    /// Retires a DC (see [`CommitLog::retire_origin`]).
+    pub async fn retire(&self, dc: String, at_ms: u64) -> Result<Retirement, CommitError> {
+        self.call(|reply| Request::Retire { dc, at_ms, reply }).await
+    }
+
+    /// Lifts a DC's retirement (see [`CommitLog::unretire_origin`]).
+    pub async fn unretire(&self, dc: String) -> Result<bool, CommitError> {
+        self.call(|reply| Request::Unretire { dc, reply }).await
+    }
+
     pub async fn record_peer_ack(&self, peer: String, mark: Mark) -> Result<(), CommitError> {
         self.call(|reply| Request::PeerAck { peer, mark, reply }).await
     }

@@ -9,7 +9,7 @@ use tandem_replicator::log::{ApplyReport, EventLog, LogError, MemLog, StateChang
 use tandem_replicator::merge::Held;
 use tandem_schemas::{ChangeEvent, InstanceKey, InstanceRecord, Mark, Op, Snapshot, Tombstone};
 
-use super::CommitLog;
+use super::{CommitLog, Retirement};
 
 /// An in-memory [`CommitLog`]. Every successful mutation counts as one durable write.
 #[derive(Clone, Debug)]
@@ -19,6 +19,7 @@ pub struct MemStore {
     pending_index: Option<u64>,
     sync_writes: u64,
     peer_acks: BTreeMap<String, Mark>,
+    retired: BTreeMap<String, u64>,
 }
 
 impl MemStore {
@@ -29,6 +30,7 @@ impl MemStore {
             pending_index: None,
             sync_writes: 0,
             peer_acks: BTreeMap::new(),
+            retired: BTreeMap::new(),
         }
     }
 
@@ -175,5 +177,31 @@ impl CommitLog for MemStore {
         self.log.purge_remote_tombstones(origin, upto_seq)?;
         self.wrote();
         Ok(self.removed_tombstones(before, origin))
+    }
+    fn retired(&self) -> BTreeMap<String, u64> {
+        self.retired.clone()
+    }
+    fn retire_origin(&mut self, dc: &str, at_ms: u64) -> Result<Retirement, LogError> {
+        tandem_schemas::validate_dc("dc", dc)
+            .map_err(|e| LogError::Storage(format!("cannot retire: {e}")))?;
+        if dc == self.local_dc() {
+            return Err(LogError::Storage(format!("cannot retire {dc}: it is this log's own DC")));
+        }
+        if let Some(at) = self.retired.get(dc) {
+            return Ok(Retirement { at_ms: *at, newly: false, ..Default::default() });
+        }
+        let mark = self.log.mark_of(dc);
+        let (changes, tombstones_removed) = self.log.forget_origin(dc);
+        self.peer_acks.remove(dc);
+        self.retired.insert(dc.to_owned(), at_ms);
+        self.wrote();
+        Ok(Retirement { at_ms, newly: true, changes, tombstones_removed, mark })
+    }
+    fn unretire_origin(&mut self, dc: &str) -> Result<bool, LogError> {
+        if self.retired.remove(dc).is_none() {
+            return Ok(false);
+        }
+        self.wrote();
+        Ok(true)
     }
 }

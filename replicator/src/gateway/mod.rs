@@ -68,6 +68,11 @@ pub trait ReplicaStore: Clone + Send + Sync + 'static {
     fn mark_of(&self, origin: String) -> impl Future<Output = Result<Option<Mark>, LogError>> + Send;
     /// Changes whenever the own origin's last seq does.
     fn own_progress(&self) -> watch::Receiver<u64>;
+    /// True when this side's operator retired `dc`: its connections are refused and it is
+    /// not dialed (see docs/replication.md, "Retiring a DC").
+    fn retired(&self, _dc: &str) -> bool {
+        false
+    }
 }
 
 /// A configured peer DC.
@@ -199,6 +204,8 @@ impl LagRing {
 pub struct GatewayStats {
     pub peers: Mutex<BTreeMap<String, PeerLink>>,
     pub refused_connections: AtomicU64,
+    /// Connections refused because their DC is retired here.
+    pub refused_retired: AtomicU64,
     pub protocol_errors: AtomicU64,
     pub frames_sent: AtomicU64,
     pub frames_received: AtomicU64,
@@ -376,6 +383,17 @@ async fn dial_loop<S: ReplicaStore>(
     loop {
         if *shut.borrow() {
             return;
+        }
+        if store.retired(&peer.dc) {
+            // A retired DC is not dialed; look again now and then (it may be unretired).
+            stats.with_peer(&peer.dc, |p| {
+                p.out_connected = false;
+                p.out_last_error = "retired here: not dialed".into();
+            });
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(cfg.backoff_max_ms.max(100))) => continue,
+                _ = shut.changed() => return,
+            }
         }
         let started = tokio::time::Instant::now();
         let res = tokio::select! {
@@ -570,6 +588,15 @@ async fn accept_loop<S: ReplicaStore>(
                 }
             };
             let peer_dc = match tls::peer_dc(&conn) {
+                Ok(dc) if store.retired(&dc) => {
+                    let n = stats.refused_retired.fetch_add(1, Ordering::Relaxed) + 1;
+                    // Sampled: a retired DC keeps redialing; log its 1st, 2nd, 4th, 8th... try.
+                    if n.is_power_of_two() {
+                        warn!(peer = %dc, refused = n, "refused replication connection from a retired DC");
+                    }
+                    conn.close(2u32.into(), b"retired here");
+                    return;
+                }
                 Ok(dc) if cfg.peers.iter().any(|p| p.dc == dc) && dc != cfg.local_dc => dc,
                 Ok(dc) => {
                     stats.refused_connections.fetch_add(1, Ordering::Relaxed);

@@ -11,6 +11,7 @@
 //! `tests`.
 
 mod event_log;
+mod retire;
 #[cfg(test)]
 mod tests;
 
@@ -100,6 +101,8 @@ pub struct RocksLog {
     floor: u64,
     marks: BTreeMap<String, Mark>,
     peer_acks: BTreeMap<String, Mark>,
+    /// DCs retired here -> when (wall-clock ms); see `retire`.
+    retired: BTreeMap<String, u64>,
     /// The watch index persisted by the last durable write (or found at open).
     index: u64,
     /// Written with the next synced batch, then becomes `index`.
@@ -213,6 +216,7 @@ impl RocksLog {
             floor: 0,
             marks: BTreeMap::new(),
             peer_acks: BTreeMap::new(),
+            retired: BTreeMap::new(),
             index: 0,
             pending_index: None,
             sync_writes: 0,
@@ -303,6 +307,7 @@ impl RocksLog {
         self.index = index;
         self.marks = self.meta_marks(META_MARK_PREFIX)?;
         self.peer_acks = self.meta_marks(META_ACK_PREFIX)?;
+        self.retired = self.load_retired()?;
         Ok(())
     }
 
