@@ -28,6 +28,39 @@ pub struct Cli {
 }
 
 #[derive(Subcommand)]
+enum AclCmd {
+    /// Tokens: random 256-bit secrets; the tokens file keeps only their SHA-256.
+    Token {
+        #[command(subcommand)]
+        cmd: TokenCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCmd {
+    /// Create a token in the tokens file of a node's config and print its secret (once).
+    /// The node loads it on reload (SIGHUP or POST /v1/admin/reload).
+    Create {
+        /// The node's config file (its `[acl]` section names the tokens file and policies).
+        #[arg(long, short)]
+        config: PathBuf,
+        /// A policy of `[[acl.policies]]`, or `admin` (repeat).
+        #[arg(long = "policy", required = true)]
+        policies: Vec<String>,
+        #[arg(long, default_value = "")]
+        description: String,
+        /// Expire after this long: 90d, 12h, 30m.
+        #[arg(long)]
+        expires: Option<String>,
+    },
+    /// List the tokens of a node's config (ids, policies, expiry; never secrets).
+    List {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
 enum Cmd {
     /// Run one registry node from a TOML config file.
     Server {
@@ -72,6 +105,11 @@ enum Cmd {
         /// Drills and options, passed to the drill runner (see `tandem chaos --help`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// Access control: manage the tokens of a node (`tandem acl token create --help`).
+    Acl {
+        #[command(subcommand)]
+        cmd: AclCmd,
     },
     /// Register an instance.
     Register {
@@ -174,8 +212,21 @@ struct Conn {
     /// Registry HTTP address(es), comma-separated.
     #[arg(long, env = "TANDEM_ADDR", default_value = "http://127.0.0.1:8500", value_delimiter = ',')]
     addr: Vec<String>,
+    /// ACL token (when the registry has ACLs on).
+    #[arg(long, env = "TANDEM_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[arg(long, short, default_value = "default")]
     namespace: String,
+}
+
+impl Conn {
+    fn client(&self) -> Client {
+        let c = Client::new(&self.addr);
+        match &self.token {
+            Some(t) => c.with_token(t),
+            None => c,
+        }
+    }
 }
 
 fn init_tracing(format: Option<&str>, level: Option<&str>) {
@@ -210,6 +261,7 @@ async fn run(cli: Cli) -> ExitCode {
             dev(dir, http_port, repl_port, stale_after_ms).await
         }
         Cmd::Certs { out, dcs, force } => certs(out, dcs, force),
+        Cmd::Acl { cmd: AclCmd::Token { cmd } } => crate::acl::cli::token(cmd_args(cmd)),
         Cmd::Chaos { args } => {
             // Drills start `tandem server` processes from this very binary.
             let bin = match std::env::current_exe() {
@@ -229,6 +281,16 @@ async fn run(cli: Cli) -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+fn cmd_args(cmd: TokenCmd) -> crate::acl::cli::TokenCommand {
+    use crate::acl::cli::TokenCommand;
+    match cmd {
+        TokenCmd::Create { config, policies, description, expires } => {
+            TokenCommand::Create { config, policies, description, expires }
+        }
+        TokenCmd::List { config } => TokenCommand::List { config },
     }
 }
 
@@ -429,7 +491,7 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
             if persistent {
                 put("persistent", true.into());
             }
-            let client = Client::new(&conn.addr);
+            let client = conn.client();
             match client.register(&body).await {
                 Ok(v) => {
                     print_json(&v);
@@ -441,23 +503,24 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
                 Err(e) => Err(e),
             }
         }
-        Cmd::Heartbeat { conn, service, instance_id } => Client::new(&conn.addr)
-            .heartbeat(&conn.namespace, &service, &instance_id)
-            .await
-            .map(|v| print_json(&v)),
-        Cmd::Deregister { conn, service, instance_id } => Client::new(&conn.addr)
-            .deregister(&conn.namespace, &service, &instance_id)
-            .await
-            .map(|v| print_json(&v)),
-        Cmd::RetireDc { conn, dc } => Client::new(&conn.addr)
+        Cmd::Heartbeat { conn, service, instance_id } => {
+            conn.client().heartbeat(&conn.namespace, &service, &instance_id).await.map(|v| print_json(&v))
+        }
+        Cmd::Deregister { conn, service, instance_id } => {
+            conn.client().deregister(&conn.namespace, &service, &instance_id).await.map(|v| print_json(&v))
+        }
+        Cmd::RetireDc { conn, dc } => conn
+            .client()
             .retire_dc(&dc)
             .await
             .map(|v| print_json(&serde_json::to_value(v).unwrap_or_default())),
-        Cmd::UnretireDc { conn, dc } => Client::new(&conn.addr)
+        Cmd::UnretireDc { conn, dc } => conn
+            .client()
             .unretire_dc(&dc)
             .await
             .map(|v| print_json(&serde_json::to_value(v).unwrap_or_default())),
-        Cmd::StatusSet { conn, service, instance_id, status } => Client::new(&conn.addr)
+        Cmd::StatusSet { conn, service, instance_id, status } => conn
+            .client()
             .set_status(&conn.namespace, &service, &instance_id, status)
             .await
             .map(|v| print_json(&v)),
@@ -469,13 +532,10 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
             if explain {
                 q.push("explain=true".into());
             }
-            Client::new(&conn.addr)
-                .discover(&conn.namespace, &service, &q.join("&"))
-                .await
-                .map(|v| print_json(&v))
+            conn.client().discover(&conn.namespace, &service, &q.join("&")).await.map(|v| print_json(&v))
         }
         Cmd::Watch { conn, service, count } => {
-            let client = Client::new(&conn.addr);
+            let client = conn.client();
             let mut index = 0u64;
             let mut seen = 0u64;
             loop {
@@ -499,8 +559,10 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
                 }
             }
         }
-        Cmd::Status { conn } => Client::new(&conn.addr).status().await.map(|v| print_json(&v)),
-        Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } | Cmd::Chaos { .. } => Ok(()),
+        Cmd::Status { conn } => conn.client().status().await.map(|v| print_json(&v)),
+        Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } | Cmd::Chaos { .. } | Cmd::Acl { .. } => {
+            Ok(())
+        }
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

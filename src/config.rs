@@ -36,6 +36,9 @@ pub struct Config {
     pub store: StoreSection,
     #[serde(default)]
     pub http: HttpSection,
+    /// Access control (tokens and policies); see docs/security.md.
+    #[serde(default)]
+    pub acl: crate::acl::AclSection,
 }
 
 fn default_http_addr() -> SocketAddr {
@@ -358,6 +361,7 @@ impl Config {
             log: Default::default(),
             store: Default::default(),
             http: Default::default(),
+            acl: Default::default(),
         }
     }
 
@@ -383,6 +387,7 @@ impl Config {
             return Err(inv("[health] check_interval_ms", "must be 1..=10000"));
         }
         self.http.validate()?;
+        self.acl.validate().map_err(|(key, reason)| inv(key, reason))?;
         let st = &self.store;
         if st.group_commit_linger_us > 10_000 {
             return Err(inv("[store] group_commit_linger_us", "must be 0..=10000"));

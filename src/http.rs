@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
@@ -23,10 +23,12 @@ use tandem_client::api::{
 
 use axum::body::Bytes;
 
+use crate::acl::{Need, Principal};
 use crate::error::ApiError;
 use crate::registry::DcFilter;
 use crate::shared::NodeShared;
 
+pub mod auth;
 pub mod limits;
 pub mod listener;
 
@@ -54,6 +56,9 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(DefaultBodyLimit::max(REQUEST_BODY_BYTES_MAX))
         .layer(axum::middleware::from_fn_with_state(node.clone(), limits::guard))
+        // Outermost: a request without a valid token is refused before it can use any
+        // shared budget (the admin call rate among them).
+        .layer(axum::middleware::from_fn_with_state(node.clone(), auth::authorize))
         .with_state(node)
 }
 
@@ -72,9 +77,12 @@ fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
 
 async fn register(
     State(node): State<Arc<NodeShared>>,
+    Extension(principal): Extension<Principal>,
     body: Result<Json<RegisterRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let req = json_body(body)?;
+    let namespace = req.namespace.clone().unwrap_or_else(|| "default".to_owned());
+    auth::check(&node, &principal, &Need::Write { namespace, service: req.service.clone() })?;
     let resp = node.registry.register(req).await?;
     Ok((StatusCode::OK, Json(resp)).into_response())
 }
@@ -89,9 +97,15 @@ async fn heartbeat(
 
 async fn heartbeat_batch(
     State(node): State<Arc<NodeShared>>,
+    Extension(principal): Extension<Principal>,
     body: Result<Json<HeartbeatBatch>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let b = json_body(body)?;
+    // Every entry must be the caller's to renew; one that is not refuses the batch.
+    for item in &b.instances {
+        let namespace = item.namespace.clone().unwrap_or_else(|| "default".to_owned());
+        auth::check(&node, &principal, &Need::Write { namespace, service: item.service.clone() })?;
+    }
     let answer = node.registry.heartbeat_batch(&b.instances).await?;
     Ok(Json(answer).into_response())
 }
@@ -404,6 +418,7 @@ async fn reload(State(node): State<Arc<NodeShared>>) -> Result<Response, ApiErro
             ReloadError::Config(ConfigError::Parse { .. }) => {
                 "the config file does not parse; the node's log names the line".to_owned()
             }
+            ReloadError::Acl(_) => "the ACL tokens file did not load; the node's log says why".to_owned(),
             ReloadError::Certificates(_) => {
                 "the replication certificates did not load; the node's log says why".to_owned()
             }

@@ -28,6 +28,7 @@ pub const VERSION: &str = concat!(
 #[cfg(not(debug_assertions))]
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (release build)");
 
+pub mod acl;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -92,7 +92,10 @@ impl Node {
     /// Starts a node. `config_path` is re-read on reload (SIGHUP or POST /v1/admin/reload).
     pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> anyhow::Result<Node> {
         cfg.validate()?;
+        // Before anything is opened: an exposed node without an ACL decision refuses to start.
+        crate::acl::check_exposure(&cfg)?;
         data_dir::prepare(&cfg.data_dir)?;
+        let acl = crate::acl::start(&cfg)?;
         // Before RocksDB opens: a descriptor budget too small for clients refuses the start.
         let limits = ListenerLimits::new(&cfg, listener::open_files_limit())?;
         let mut log = RocksLog::open_tuned(
@@ -218,6 +221,7 @@ impl Node {
             config_path,
             started: std::time::Instant::now(),
             http: Default::default(),
+            acl: Arc::new(crate::acl::AclState::new(acl)),
         });
 
         // Lease checker.

@@ -45,6 +45,8 @@ pub struct NodeShared {
     pub(crate) started: std::time::Instant,
     /// The HTTP side's limits: counters, admin rate, sampled refusal logs.
     pub http: Arc<crate::http::limits::HttpState>,
+    /// The access rules in force and their counters.
+    pub acl: Arc<crate::acl::AclState>,
 }
 
 /// Why a configuration reload was refused; the running configuration stays.
@@ -59,6 +61,8 @@ pub enum ReloadError {
     Immutable { key: &'static str },
     #[error("[replication] certificates: {0}")]
     Certificates(#[from] TlsError),
+    #[error("[acl] {0}")]
+    Acl(#[from] crate::acl::AclError),
 }
 
 impl NodeShared {
@@ -74,9 +78,17 @@ impl NodeShared {
         if new.data_dir != old.data_dir {
             return Err(ReloadError::Immutable { key: "data_dir" });
         }
+        if new.acl.enabled != old.acl.enabled {
+            return Err(ReloadError::Immutable { key: "[acl] enabled" });
+        }
+        let acl = crate::acl::Acl::new(
+            &new.acl,
+            &crate::acl::tokens::TokenFile::load(&new.acl.tokens_path(&new.data_dir))?,
+        )?;
         if let Some(gw) = self.gateway.lock().as_ref() {
             gw.reload_tls()?;
         }
+        self.acl.replace(acl);
         self.registry.set_config(Arc::new(new));
         tracing::info!(path = %path.display(), "configuration reloaded");
         Ok(())

@@ -56,12 +56,34 @@ impl Default for ClientOptions {
     }
 }
 
+/// An ACL token. Its `Debug` never shows the secret, so a configuration can be logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl Token {
+    pub fn new(secret: impl Into<String>) -> Token {
+        Token(secret.into())
+    }
+    /// The secret, to send.
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
 /// A client of one DC's registry nodes.
 pub struct Client {
     http: reqwest::Client,
     bases: Vec<String>,
     current: AtomicUsize,
     request_timeout: Duration,
+    /// Sent as `Authorization: Bearer` with every request.
+    token: Option<String>,
 }
 
 impl Client {
@@ -77,7 +99,20 @@ impl Client {
             .build()
             .expect("a plain HTTP client always builds");
         let bases = addrs.iter().map(|a| a.trim_end_matches('/').to_owned()).collect();
-        Client { http, bases, current: AtomicUsize::new(0), request_timeout: opts.request_timeout }
+        Client {
+            http,
+            bases,
+            current: AtomicUsize::new(0),
+            request_timeout: opts.request_timeout,
+            token: None,
+        }
+    }
+
+    /// The same client, sending `token` (`Authorization: Bearer`) with every request: for
+    /// a registry with ACLs on.
+    pub fn with_token(mut self, token: &str) -> Client {
+        self.token = Some(token.to_owned());
+        self
     }
 
     pub fn addrs(&self) -> &[String] {
@@ -100,6 +135,9 @@ impl Client {
             let idx = (start + i) % self.bases.len();
             let url = format!("{}{}", self.bases[idx], path);
             let mut req = self.http.request(method.clone(), &url).timeout(timeout);
+            if let Some(t) = &self.token {
+                req = req.bearer_auth(t);
+            }
             if let Some(b) = body {
                 req = req.json(b);
             }

@@ -228,6 +228,24 @@ impl NodeShared {
                 stats.protocol_errors.load(Ordering::Relaxed),
             );
         }
+        m.counter(
+            "tandem_http_requests_unauthenticated_total",
+            "Requests refused with 401: no, unknown or expired token ([acl])",
+            &[("dc", dc)],
+            self.acl.unauthenticated.load(Ordering::Relaxed),
+        );
+        m.counter(
+            "tandem_http_requests_forbidden_total",
+            "Requests refused with 403: the token lacks the scope ([acl])",
+            &[("dc", dc)],
+            self.acl.forbidden.load(Ordering::Relaxed),
+        );
+        m.gauge(
+            "tandem_acl_tokens",
+            "Tokens loaded (0 with ACLs off)",
+            &[("dc", dc)],
+            self.acl.current().tokens() as f64,
+        );
         let retired = self.live.read().retired.clone();
         for (gone, at_ms) in &retired {
             m.gauge(

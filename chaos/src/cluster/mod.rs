@@ -168,6 +168,8 @@ fn node_config(
         t.heartbeat_interval_ms, t.suspect_after_ms, t.unhealthy_after_ms, t.expire_after_ms, t.check_interval_ms
     );
     let _ = writeln!(s, "[protection]\nself_preservation_window_ms = {}\n", t.self_preservation_window_ms);
+    // The drill's nodes serve only the drill (loopback or the drill's own namespaces).
+    let _ = writeln!(s, "[acl]\nenabled = false\n");
     let _ = writeln!(
         s,
         "[replication]\nlisten = \"{listen}\"\npeers = [{{ dc = \"{peer}\", addr = \"{peer_addr}\" }}]\nca_cert = {}\ncert = {}\nkey = {}",

@@ -84,6 +84,9 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Bound of one non-blocking request.
     pub request_timeout: Duration,
+    /// The ACL token sent with every request (`Authorization: Bearer`), when the registry
+    /// has ACLs on. Never logged.
+    pub token: Option<crate::client::Token>,
     pub retry: RetryConfig,
     pub provider: ProviderConfig,
     pub consumer: ConsumerConfig,
@@ -196,6 +199,7 @@ impl ClientConfig {
             addrs: addrs.into_iter().map(Into::into).collect(),
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(10),
+            token: None,
             retry: RetryConfig::default(),
             provider: ProviderConfig::default(),
             consumer: ConsumerConfig::default(),
@@ -248,13 +252,17 @@ impl ClientConfig {
     }
 
     pub(crate) fn client(&self) -> crate::client::Client {
-        crate::client::Client::with_options(
+        let c = crate::client::Client::with_options(
             &self.addrs,
             crate::client::ClientOptions {
                 connect_timeout: self.connect_timeout,
                 request_timeout: self.request_timeout,
             },
-        )
+        );
+        match &self.token {
+            Some(t) => c.with_token(t.secret()),
+            None => c,
+        }
     }
 }
 

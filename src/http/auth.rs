@@ -1,0 +1,110 @@
+//! The access-control middleware. Every request is authenticated first (401
+//! `unauthenticated` without a valid token, when ACLs are on); a route whose scope its
+//! method and path decide is authorized here (403 `forbidden`, naming the missing scope);
+//! the principal then goes into the request's extensions, where the two handlers that
+//! decide on their body (register, batched heartbeats) check it. Unknown paths need
+//! `admin`: deny by default.
+//!
+//! Path segments are percent-decoded exactly as the router decodes them for the handlers,
+//! so `/v1/services/default/%6Frders` is judged as `orders`.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::acl::{Need, Principal};
+use crate::error::ApiError;
+use crate::shared::NodeShared;
+
+pub async fn authorize(State(node): State<Arc<NodeShared>>, mut req: Request, next: Next) -> Response {
+    let acl = node.acl.current();
+    let principal = match acl.authenticate(req.headers(), tandem_replicator::gateway::wall_ms()) {
+        Ok(p) => p,
+        Err(why) => {
+            node.acl.refused(false, req.uri().path(), why.message());
+            let mut r =
+                ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", why.message()).into_response();
+            r.headers_mut().insert(axum::http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    };
+    if acl.enabled() {
+        let need = match need(req.method(), req.uri().path(), req.uri().query()) {
+            Ok(n) => n,
+            Err(e) => return e.into_response(),
+        };
+        if let Err(e) = principal.check(&need) {
+            node.acl.refused(true, req.uri().path(), &e.message);
+            return e.into_response();
+        }
+    }
+    req.extensions_mut().insert(principal);
+    next.run(req).await
+}
+
+/// For the handlers that decide on their body: checks `need` and counts a refusal.
+pub fn check(node: &NodeShared, principal: &Principal, need: &Need) -> Result<(), ApiError> {
+    principal.check(need).inspect_err(|e| node.acl.refused(true, "(body)", &e.message))
+}
+
+/// What a request needs, from its method, path and query.
+pub fn need(method: &Method, path: &str, query: Option<&str>) -> Result<Need, ApiError> {
+    let segs: Vec<String> = path
+        .trim_start_matches('/')
+        .split('/')
+        .map(|s| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8()
+                .map(|c| c.into_owned())
+                .map_err(|_| ApiError::invalid_field("path", "not UTF-8 after percent-decoding"))
+        })
+        .collect::<Result<_, _>>()?;
+    let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
+    let write = |ns: &str, svc: &str| Need::Write { namespace: ns.to_owned(), service: svc.to_owned() };
+    Ok(match (method, segs.as_slice()) {
+        (&Method::POST, ["v1", "register"]) | (&Method::POST, ["v1", "heartbeats"]) => Need::Authenticated,
+        (&Method::PUT, ["v1", "heartbeat", ns, svc, _]) => write(ns, svc),
+        (&Method::DELETE, ["v1", "instances", ns, svc, _]) => write(ns, svc),
+        (&Method::PUT, ["v1", "instances", ns, svc, _, "status"]) => write(ns, svc),
+        (&Method::GET, ["v1", "services", ns, svc]) => {
+            Need::Read { namespace: (*ns).to_owned(), service: Some((*svc).to_owned()) }
+        }
+        (&Method::GET, ["v1", "services"]) => {
+            let ns = form_urlencoded::parse(query.unwrap_or("").as_bytes())
+                .find(|(k, _)| k == "namespace")
+                .map_or_else(|| "default".to_owned(), |(_, v)| v.into_owned());
+            Need::Read { namespace: ns, service: None }
+        }
+        (&Method::GET, ["v1", "status"]) => Need::Status,
+        (&Method::GET, ["metrics"]) => Need::Metrics,
+        _ => Need::Admin,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_need_their_scope_and_unknown_paths_need_admin() {
+        let n = |m: Method, p: &str, q: Option<&str>| need(&m, p, q).unwrap();
+        let read =
+            |ns: &str, svc: Option<&str>| Need::Read { namespace: ns.into(), service: svc.map(Into::into) };
+        assert_eq!(n(Method::GET, "/v1/services/default/%6Frders", None), read("default", Some("orders")));
+        assert_eq!(n(Method::GET, "/v1/services", Some("namespace=team%2Da")), read("team-a", None));
+        assert_eq!(n(Method::GET, "/v1/services", None), read("default", None));
+        assert_eq!(
+            n(Method::PUT, "/v1/instances/default/orders/orders%231/status", None),
+            Need::Write { namespace: "default".into(), service: "orders".into() }
+        );
+        assert_eq!(n(Method::POST, "/v1/register", None), Need::Authenticated);
+        assert_eq!(n(Method::POST, "/v1/admin/retire-dc", None), Need::Admin);
+        assert_eq!(n(Method::GET, "/v1/nope", None), Need::Admin);
+        assert_eq!(n(Method::POST, "/v1/services/default/orders", None), Need::Admin);
+        assert_eq!(n(Method::GET, "/metrics", None), Need::Metrics);
+        assert!(need(&Method::GET, "/v1/services/%ff/x", None).is_err());
+    }
+}
