@@ -107,3 +107,53 @@ fn the_view_index_moves_past_every_bump_after_a_durable_write() {
     }
     assert!(ViewIndex::from_durable(8) > i);
 }
+
+mod dropped_callers {
+    //! Issue 12 §4: a caller that goes away before the committer ran its builder must not
+    //! leave its overlay entry (or its lease) behind.
+
+    use std::sync::Arc;
+
+    use futures::FutureExt as _;
+
+    use crate::clock::ManualClock;
+    use crate::config::Config;
+    use crate::registry::{Counters, RegisterRequest, Registry, ViewCell};
+    use crate::store::{Committer, CommitterLimits, InlineCommitter, MemStore};
+
+    fn node() -> (Arc<Registry>, InlineCommitter<MemStore>) {
+        let store = MemStore::new("dc-a", 7);
+        let counters = Arc::new(Counters::default());
+        let view = ViewCell::new("dc-a", 0, counters.clone());
+        let cb_view = view.clone();
+        let (inline, handle) = Committer::inline(
+            store,
+            Box::new(move |n| cb_view.apply(n.index, n.changes())),
+            CommitterLimits::default(),
+        );
+        let cfg = Config::single("dc-a", "/nonexistent/registry-test".into(), "127.0.0.1:0".parse().unwrap());
+        let clock = Arc::new(ManualClock::new(1_000, 0));
+        (Registry::new(Arc::new(cfg), Arc::new(handle), view, counters, clock), inline)
+    }
+
+    pub(super) fn req(id: &str) -> RegisterRequest {
+        RegisterRequest {
+            service: "svc".into(),
+            instance_id: Some(id.into()),
+            address: "10.0.0.1".into(),
+            port: 80,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_caller_dropped_before_its_builder_ran_leaves_no_overlay_entry() {
+        let (reg, mut inline) = node();
+        // Polled once: the request is queued and the caller waits for its answer; then the
+        // caller goes away (a client disconnect, a request time budget).
+        assert!(reg.register(req("i1")).now_or_never().is_none());
+        assert_eq!(inline.run_round(), 1);
+        assert_eq!(reg.view.instance_count(), 1, "the write stands");
+        assert!(reg.minted.lock().is_empty(), "the overlay holds only writes in flight");
+    }
+}
