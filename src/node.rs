@@ -102,6 +102,7 @@ impl Node {
         // an earlier run showed (see registry::ViewIndex).
         log.bump_index().context("cannot write to the event log")?;
         let own = log.own_mark();
+        let invalid_records = log.invalid_records();
         tracing::info!(dc = %cfg.dc, epoch = own.epoch, seq = own.seq, dir = %cfg.data_dir.display(), "event log open");
         let counters = Arc::new(Counters::default());
         let view = ViewCell::new(&cfg.dc, log.index(), counters.clone());
@@ -202,6 +203,7 @@ impl Node {
             config_path,
             started: std::time::Instant::now(),
             http: Default::default(),
+            invalid_records,
         });
 
         // Lease checker.

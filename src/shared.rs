@@ -43,6 +43,8 @@ pub struct NodeShared {
     pub(crate) started: std::time::Instant,
     /// The HTTP side's limits: counters, admin rate, sampled refusal logs.
     pub http: Arc<crate::http::limits::HttpState>,
+    /// Stored records the log skipped on read because they break the schema's rules.
+    pub invalid_records: Arc<crate::store::InvalidRecords>,
 }
 
 /// Why a configuration reload was refused; the running configuration stays.

@@ -1,15 +1,32 @@
 //! [`MemStore`]: the replicator's reference log [`MemLog`] with what a committer needs on
 //! top of it ([`CommitLog`]): the watch index, a count of durable writes and the peers'
 //! acknowledgements. The node simulation runs real registries on it; a simulated crash
-//! keeps the `MemStore` (it is the durable state) and drops everything else.
+//! keeps the `MemStore` (it is the durable state) and drops everything else. A write
+//! fault can be injected ([`MemFault`]) to test what the committer does when the disk fails.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use tandem_replicator::log::{ApplyReport, EventLog, LogError, MemLog, StateChange};
 use tandem_replicator::merge::Held;
-use tandem_schemas::{ChangeEvent, InstanceKey, InstanceRecord, Mark, Op, Snapshot, Tombstone};
+use tandem_schemas::{ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot, Tombstone};
 
+use super::commit_log::local_changes;
 use super::CommitLog;
+
+/// A write fault injected into a [`MemStore`], as a disk would fail.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MemFault {
+    #[default]
+    None,
+    /// Every write fails and writes nothing, and recovery fails too (a full disk).
+    Refuse,
+    /// The next write lands but reports a failure (an fsync whose answer was lost); then
+    /// the fault clears itself.
+    LandThenFail,
+}
 
 /// An in-memory [`CommitLog`]. Every successful mutation counts as one durable write.
 #[derive(Clone, Debug)]
@@ -19,6 +36,10 @@ pub struct MemStore {
     pending_index: Option<u64>,
     sync_writes: u64,
     peer_acks: BTreeMap<String, Mark>,
+    /// Shared by clones, so a test can set it while a committer owns the store.
+    fault: Arc<Mutex<MemFault>>,
+    /// A write failed: writes are refused until `recover`.
+    poisoned: bool,
 }
 
 impl MemStore {
@@ -29,7 +50,33 @@ impl MemStore {
             pending_index: None,
             sync_writes: 0,
             peer_acks: BTreeMap::new(),
+            fault: Arc::default(),
+            poisoned: false,
         }
+    }
+
+    /// The fault switch of this store and its clones.
+    pub fn fault(&self) -> Arc<Mutex<MemFault>> {
+        Arc::clone(&self.fault)
+    }
+
+    /// Runs a mutation under the injected fault.
+    fn write<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T, LogError>) -> Result<T, LogError> {
+        if self.poisoned {
+            return Err(LogError::Storage("refusing writes after a failed write; recover first".into()));
+        }
+        let fault = *self.fault.lock();
+        if fault == MemFault::Refuse {
+            self.poisoned = true;
+            return Err(LogError::Storage("injected write failure (no space left); nothing written".into()));
+        }
+        let out = f(self)?;
+        if fault == MemFault::LandThenFail {
+            *self.fault.lock() = MemFault::None;
+            self.poisoned = true;
+            return Err(LogError::Storage("injected write failure after the write landed".into()));
+        }
+        Ok(out)
     }
 
     /// The reference log inside.
@@ -91,14 +138,18 @@ impl EventLog for MemStore {
         self.log.read_own(after_seq, max)
     }
     fn apply_remote(&mut self, channel_dc: &str, events: &[ChangeEvent]) -> Result<ApplyReport, LogError> {
-        let report = self.log.apply_remote(channel_dc, events)?;
-        self.wrote();
-        Ok(report)
+        self.write(|s| {
+            let report = s.log.apply_remote(channel_dc, events)?;
+            s.wrote();
+            Ok(report)
+        })
     }
     fn install_snapshot(&mut self, channel_dc: &str, snap: &Snapshot) -> Result<ApplyReport, LogError> {
-        let report = self.log.install_snapshot(channel_dc, snap)?;
-        self.wrote();
-        Ok(report)
+        self.write(|s| {
+            let report = s.log.install_snapshot(channel_dc, snap)?;
+            s.wrote();
+            Ok(report)
+        })
     }
     fn snapshot_own(&self) -> Result<Snapshot, LogError> {
         self.log.snapshot_own()
@@ -136,32 +187,32 @@ impl CommitLog for MemStore {
     }
     fn record_peer_ack(&mut self, peer: &str, mark: Mark) -> Result<(), LogError> {
         // Not a synced write of its own, as in RocksLog.
-        self.peer_acks.insert(peer.to_owned(), mark);
-        Ok(())
+        self.write(|s| {
+            s.peer_acks.insert(peer.to_owned(), mark);
+            Ok(())
+        })
     }
     fn append_local_with_changes(&mut self, events: &[ChangeEvent]) -> Result<Vec<StateChange>, LogError> {
-        self.log.append_local(events)?;
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.wrote();
-        Ok(events
-            .iter()
-            .map(|ev| match &ev.op {
-                Op::Register(r) | Op::Update(r) => StateChange::Put { seq: ev.seq, record: r.clone() },
-                Op::Deregister { key, .. } => StateChange::Remove { key: key.clone() },
-            })
-            .collect())
+        self.write(|s| {
+            s.log.append_local(events)?;
+            if events.is_empty() {
+                return Ok(Vec::new());
+            }
+            s.wrote();
+            Ok(local_changes(events))
+        })
     }
     fn purge_own_reporting(&mut self, upto_seq: u64) -> Result<Vec<InstanceKey>, LogError> {
         if upto_seq.min(self.own_mark().seq) <= self.purge_floor() {
             return Ok(Vec::new());
         }
-        let dc = self.local_dc().to_owned();
-        let before = self.tombstone_keys(&dc);
-        self.log.purge_own(upto_seq)?;
-        self.wrote();
-        Ok(self.removed_tombstones(before, &dc))
+        self.write(|s| {
+            let dc = s.local_dc().to_owned();
+            let before = s.tombstone_keys(&dc);
+            s.log.purge_own(upto_seq)?;
+            s.wrote();
+            Ok(s.removed_tombstones(before, &dc))
+        })
     }
     fn purge_remote_tombstones_reporting(
         &mut self,
@@ -171,9 +222,23 @@ impl CommitLog for MemStore {
         if origin == self.local_dc() {
             return Ok(Vec::new());
         }
-        let before = self.tombstone_keys(origin);
-        self.log.purge_remote_tombstones(origin, upto_seq)?;
-        self.wrote();
-        Ok(self.removed_tombstones(before, origin))
+        self.write(|s| {
+            let before = s.tombstone_keys(origin);
+            s.log.purge_remote_tombstones(origin, upto_seq)?;
+            s.wrote();
+            Ok(s.removed_tombstones(before, origin))
+        })
+    }
+    fn writable(&self) -> bool {
+        !self.poisoned
+    }
+    /// Fails while the fault is [`MemFault::Refuse`]; else one probe write (an index bump).
+    fn recover(&mut self) -> Result<(), LogError> {
+        if *self.fault.lock() == MemFault::Refuse {
+            return Err(LogError::Storage("injected write failure (no space left); still failing".into()));
+        }
+        self.poisoned = false;
+        self.bump_index();
+        Ok(())
     }
 }

@@ -14,7 +14,7 @@ fn fresh(dir: &TempDir) -> RocksLog {
 }
 
 fn poke(log: &RocksLog, cf: &str, k: &[u8], v: &[u8]) {
-    log.db.put_cf(log.cf(cf).unwrap(), k, v).unwrap();
+    log.db().unwrap().put_cf(log.cf(cf).unwrap(), k, v).unwrap();
 }
 
 fn is_corrupt<T: fmt::Debug>(r: Result<T, LogError>) -> bool {
@@ -87,7 +87,7 @@ fn corrupt_log_entries_are_reported() {
     poke(&log, CF_LOG, &seq_key(2), &tandem_schemas::encode_event(&reg("dc-a", EPOCH, 3, "i3")));
     assert!(is_corrupt(log.read_own(1, 10)));
     // A hole in the log.
-    log.db.delete_cf(log.cf(CF_LOG).unwrap(), seq_key(2)).unwrap();
+    log.db().unwrap().delete_cf(log.cf(CF_LOG).unwrap(), seq_key(2)).unwrap();
     assert!(is_corrupt(log.read_own(1, 10)));
 }
 
@@ -119,7 +119,7 @@ fn corrupt_or_inconsistent_meta_refuses_to_open() {
     let cases: [(&str, Damage); 5] = [
         ("short epoch", |log| poke(log, CF_META, META_EPOCH, b"\x01\x02")),
         ("zero epoch", |log| poke(log, CF_META, META_EPOCH, &0u64.to_be_bytes())),
-        ("missing own seq", |log| log.db.delete_cf(log.cf(CF_META).unwrap(), META_OWN_SEQ).unwrap()),
+        ("missing own seq", |log| log.db().unwrap().delete_cf(log.cf(CF_META).unwrap(), META_OWN_SEQ).unwrap()),
         ("log past own seq", |log| {
             poke(log, CF_LOG, &seq_key(9), &tandem_schemas::encode_event(&reg("dc-a", EPOCH, 9, "x")))
         }),
@@ -141,7 +141,7 @@ fn data_without_an_identity_is_not_mistaken_for_a_new_log() {
     let dir = TempDir::new().unwrap();
     let mut log = fresh(&dir);
     log.append_local(&[reg("dc-a", EPOCH, 1, "i1")]).unwrap();
-    log.db.delete_cf(log.cf(CF_META).unwrap(), META_DC).unwrap();
+    log.db().unwrap().delete_cf(log.cf(CF_META).unwrap(), META_DC).unwrap();
     drop(log);
     let err = RocksLog::open(dir.path(), "dc-a").unwrap_err();
     assert!(matches!(err, OpenError::Log(LogError::Corrupt(_))), "{err}");
