@@ -36,7 +36,16 @@ impl ApiError {
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
     }
+    /// The event log cannot be written now (503 `log_unwritable`, `Retry-After: 1`): a
+    /// write failed and the node retries until the disk takes writes again. Nothing was
+    /// written; retrying later is safe.
+    pub fn log_unwritable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, LOG_UNWRITABLE, message)
+    }
 }
+
+/// The stable code of [`ApiError::log_unwritable`].
+pub const LOG_UNWRITABLE: &str = "log_unwritable";
 
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -48,6 +57,12 @@ impl std::error::Error for ApiError {}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(ErrorBody::new(self.code, self.message))).into_response()
+        let retry = self.code == LOG_UNWRITABLE;
+        let mut r = (self.status, axum::Json(ErrorBody::new(self.code, self.message))).into_response();
+        if retry {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+        }
+        r
     }
 }

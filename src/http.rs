@@ -49,6 +49,7 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .route("/v1/services/{namespace}/{service}", get(discover))
         .route("/v1/services", get(list_services))
         .route("/v1/status", get(status))
+        .route("/v1/ready", get(ready))
         .route("/v1/admin/reload", post(reload))
         .route("/v1/admin/retire-dc", post(retire_dc))
         .route("/v1/admin/unretire-dc", post(unretire_dc))
@@ -397,6 +398,27 @@ async fn list_services(
 
 async fn status(State(node): State<Arc<NodeShared>>) -> Response {
     Json(node.status()).into_response()
+}
+
+/// GET /v1/ready: readiness (for a load balancer or a Kubernetes readiness probe), as
+/// opposed to liveness (`/v1/status` answers as long as the process serves HTTP). 200
+/// when the node takes writes; 503 `log_unwritable` (with `Retry-After`) while a failed
+/// write keeps the event log from taking writes, 503 `shutting_down` once it stops.
+async fn ready(State(node): State<Arc<NodeShared>>) -> Response {
+    if *node.closing.borrow() {
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "the node is shutting down")
+            .into_response();
+    }
+    let health = node.committer.log_health();
+    if !health.writable {
+        let reason = health.reason.unwrap_or_default();
+        let for_ms = health.unwritable_for_ms.unwrap_or_default();
+        return ApiError::log_unwritable(format!(
+            "the event log takes no writes ({reason}) for {for_ms} ms; the node retries by itself"
+        ))
+        .into_response();
+    }
+    Json(serde_json::json!({ "ready": true })).into_response()
 }
 
 async fn metrics(State(node): State<Arc<NodeShared>>) -> Response {

@@ -109,6 +109,7 @@ impl Node {
         // an earlier run showed (see registry::ViewIndex).
         log.bump_index().context("cannot write to the event log")?;
         let own = log.own_mark();
+        let invalid_records = log.invalid_records();
         tracing::info!(dc = %cfg.dc, epoch = own.epoch, seq = own.seq, dir = %cfg.data_dir.display(), "event log open");
         let counters = Arc::new(Counters::default());
         let view = ViewCell::new(&cfg.dc, log.index(), counters.clone());
@@ -222,6 +223,7 @@ impl Node {
             started: std::time::Instant::now(),
             http: Default::default(),
             acl: Arc::new(crate::acl::AclState::new(acl)),
+            invalid_records,
         });
 
         // Lease checker.

@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 
 use tandem_schemas::{
-    ChangeEvent, DeregisterReason, InstanceKey, InstanceRecord, Mark, Op, Snapshot, SnapshotInstance,
-    Tombstone,
+    validate_event, ChangeEvent, DeregisterReason, InstanceKey, InstanceRecord, Mark, Op, Snapshot,
+    SnapshotInstance, Tombstone,
 };
 
 use crate::merge::{self, Effect, Held, Refusal};
@@ -36,6 +36,10 @@ pub enum LogError {
     /// Stored bytes could not be decoded: corruption. Nothing changed.
     #[error("corrupt record: {0}")]
     Corrupt(String),
+    /// An event breaks the schema's rules (a field limit, or a key its origin does not
+    /// own). Refused before anything is written; nothing changed.
+    #[error("invalid event: {0}")]
+    Invalid(String),
 }
 
 /// What applying a remote batch did.
@@ -104,12 +108,15 @@ pub fn local_effect(ev: &ChangeEvent) -> Effect {
     }
 }
 
-/// Checks that `events` continue the own log at `own`. Shared by implementations.
+/// Checks that `events` continue the own log at `own` and that each is valid (field
+/// limits, and a key the local DC owns: [`validate_event`]), so that no event a peer
+/// would refuse is ever written. Shared by implementations and the committer.
 pub fn check_local_sequence(own: Mark, local_dc: &str, events: &[ChangeEvent]) -> Result<(), LogError> {
     for (expected, ev) in (own.seq + 1..).zip(events) {
         if ev.seq != expected || ev.origin_epoch != own.epoch || ev.origin_dc != local_dc {
             return Err(LogError::OutOfSequence { expected, got: ev.seq });
         }
+        validate_event(ev).map_err(|e| LogError::Invalid(format!("event {}: {e}", ev.seq)))?;
     }
     Ok(())
 }

@@ -70,6 +70,10 @@ pub enum SenderEvent {
     PeerAcked(Mark),
     /// The peer needed a snapshot and one was sent.
     SnapshotSent(Mark),
+    /// The own log entries after `after_seq` could not be read (a corrupt or invalid
+    /// stored event): a snapshot replaced them, so one bad entry cannot stall the stream.
+    /// The driver makes it visible (a log line, a counter).
+    LogUnreadable { after_seq: u64, error: String },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,6 +263,16 @@ impl Sender {
                     // a snapshot can bring it up to date.
                     self.pending_snapshot = true;
                     return self.snapshot_frame(log).map(Some);
+                }
+                Err(e @ (LogError::Corrupt(_) | LogError::Invalid(_))) => {
+                    // A stored event the peer would refuse (or that does not decode) would
+                    // stall the stream at the same seq forever: the state, which the
+                    // snapshot carries, moves the peer past it.
+                    let after_seq = self.sent_seq;
+                    self.pending_snapshot = true;
+                    let (frame, mut events) = self.snapshot_frame(log)?;
+                    events.push(SenderEvent::LogUnreadable { after_seq, error: e.to_string() });
+                    return Ok(Some((frame, events)));
                 }
                 Err(e) => return Err(StreamError::new(RefuseCode::Internal, e.to_string())),
             }

@@ -852,6 +852,7 @@ impl World {
                     dc.last_ack_ms.insert(peer, self.now);
                 }
                 SenderEvent::SnapshotSent(_) => unreachable!("only poll_transmit sends snapshots"),
+                SenderEvent::LogUnreadable { .. } => unreachable!("the simulation logs hold valid events"),
             }
         }
         Ok(())
@@ -875,6 +876,9 @@ impl World {
                                 }
                             }
                             SenderEvent::PeerAcked(_) => unreachable!("acks come from handle_frame"),
+                            SenderEvent::LogUnreadable { .. } => {
+                                unreachable!("the simulation logs hold valid events")
+                            }
                         }
                     }
                     self.send(stream, Dir::ToPeer, &frame);

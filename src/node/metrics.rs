@@ -30,6 +30,37 @@ impl NodeShared {
             &[("dc", dc)],
             self.committer.stats().fsyncs,
         );
+        let health = self.committer.log_health();
+        m.gauge(
+            "tandem_log_writable",
+            "1 when the event log takes writes, 0 from a failed write until a recovery",
+            &[("dc", dc)],
+            if health.writable { 1.0 } else { 0.0 },
+        );
+        m.counter(
+            "tandem_log_write_failures_total",
+            "Event log writes that failed and made the log unwritable",
+            &[("dc", dc)],
+            health.write_failures,
+        );
+        m.counter(
+            "tandem_log_recoveries_total",
+            "Recoveries that made the event log writable again",
+            &[("dc", dc)],
+            health.recoveries,
+        );
+        m.counter(
+            "tandem_log_recovery_attempts_failed_total",
+            "Recovery attempts of the event log that failed",
+            &[("dc", dc)],
+            health.recovery_attempts_failed,
+        );
+        m.counter(
+            "tandem_invalid_records_total",
+            "Reads that met a stored record or own event breaking the schema's rules (skipped)",
+            &[("dc", dc)],
+            self.invalid_records.count(),
+        );
         m.counter(
             "tandem_registrations_total",
             "Registrations accepted",
@@ -201,6 +232,12 @@ impl NodeShared {
                     "Snapshots sent to the peer",
                     &l,
                     p.snapshots_sent,
+                );
+                m.counter(
+                    "tandem_peer_log_unreadable_total",
+                    "Snapshots sent in place of own log entries that could not be read or were invalid",
+                    &l,
+                    p.log_unreadable,
                 );
                 m.counter(
                     "tandem_peer_snapshots_installed_total",

@@ -19,6 +19,9 @@ pub struct Status {
     pub build_profile: &'static str,
     pub uptime_ms: u64,
     pub index: u64,
+    /// The event log takes writes now. False from a failed write (a full disk, an I/O
+    /// error) until a recovery succeeds; `GET /v1/ready` answers 503 meanwhile.
+    pub log_writable: bool,
     pub log: LogStatus,
     /// Applied high-water mark per origin DC.
     pub applied: BTreeMap<String, MarkStatus>,
@@ -48,6 +51,18 @@ pub struct LogStatus {
     pub first_seq: u64,
     pub last_seq: u64,
     pub purge_floor: u64,
+    /// Writes that failed and made the log unwritable, since the start.
+    pub write_failures: u64,
+    /// Recoveries that made it writable again (without a restart).
+    pub recoveries: u64,
+    pub recovery_attempts_failed: u64,
+    /// While not writable: the latest error, and for how long.
+    pub unwritable_reason: Option<String>,
+    pub unwritable_for_ms: Option<u64>,
+    /// Reads that met a stored record or own event breaking the schema's rules (skipped;
+    /// see docs/deploy.md, "Invalid stored records"), and the latest one.
+    pub invalid_records: u64,
+    pub invalid_record_last: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -110,6 +125,9 @@ pub struct OutboundStatus {
     pub failures: u64,
     pub last_error: String,
     pub snapshots_sent: u64,
+    /// Snapshots sent because the own log held an entry that could not be read or broke
+    /// the schema's rules (see docs/deploy.md, "Invalid stored records").
+    pub log_unreadable: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -161,6 +179,7 @@ impl NodeShared {
                 failures: p.out_failures,
                 last_error: p.out_last_error.clone(),
                 snapshots_sent: p.snapshots_sent,
+                log_unreadable: p.log_unreadable,
             };
             let inbound = InboundStatus {
                 state: if p.in_connected { "up" } else { "down" },
@@ -192,6 +211,7 @@ impl NodeShared {
         let (figures, pauses_capped) = reg.preservation();
         let now_ms = reg.now_ms();
         let round = |v: f64| (v * 100.0).round() / 100.0;
+        let health = self.committer.log_health();
         Status {
             dc: reg.dc.to_string(),
             node: "node-1",
@@ -199,7 +219,20 @@ impl NodeShared {
             build_profile: crate::BUILD_PROFILE,
             uptime_ms: self.started.elapsed().as_millis() as u64,
             index: reg.view().index(),
-            log: LogStatus { epoch: own.epoch, first_seq: floor + 1, last_seq: own.seq, purge_floor: floor },
+            log_writable: health.writable,
+            log: LogStatus {
+                epoch: own.epoch,
+                first_seq: floor + 1,
+                last_seq: own.seq,
+                purge_floor: floor,
+                write_failures: health.write_failures,
+                recoveries: health.recoveries,
+                recovery_attempts_failed: health.recovery_attempts_failed,
+                unwritable_reason: health.reason,
+                unwritable_for_ms: health.unwritable_for_ms,
+                invalid_records: self.invalid_records.count(),
+                invalid_record_last: self.invalid_records.last(),
+            },
             applied: remote.into_iter().map(|(dc, m)| (dc, m.into())).collect(),
             peers: self.peer_status(),
             retired: retired

@@ -107,3 +107,102 @@ fn the_view_index_moves_past_every_bump_after_a_durable_write() {
     }
     assert!(ViewIndex::from_durable(8) > i);
 }
+
+mod dropped_callers {
+    //! Issue 12 §4: a caller that goes away before the committer ran its builder must not
+    //! leave its overlay entry (or its lease) behind.
+
+    use std::sync::Arc;
+
+    use futures::FutureExt as _;
+
+    use crate::clock::ManualClock;
+    use crate::config::Config;
+    use crate::registry::{Counters, RegisterRequest, Registry, ViewCell};
+    use crate::store::{Committer, CommitterLimits, InlineCommitter, MemFault, MemStore};
+
+    fn node() -> (Arc<Registry>, InlineCommitter<MemStore>) {
+        let store = MemStore::new("dc-a", 7);
+        let counters = Arc::new(Counters::default());
+        let view = ViewCell::new("dc-a", 0, counters.clone());
+        let cb_view = view.clone();
+        let (inline, handle) = Committer::inline(
+            store,
+            Box::new(move |n| cb_view.apply(n.index, n.changes())),
+            CommitterLimits::default(),
+        );
+        let cfg = Config::single("dc-a", "/nonexistent/registry-test".into(), "127.0.0.1:0".parse().unwrap());
+        let clock = Arc::new(ManualClock::new(1_000, 0));
+        (Registry::new(Arc::new(cfg), Arc::new(handle), view, counters, clock), inline)
+    }
+
+    pub(super) fn req(id: &str) -> RegisterRequest {
+        RegisterRequest {
+            service: "svc".into(),
+            instance_id: Some(id.into()),
+            address: "10.0.0.1".into(),
+            port: 80,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_caller_dropped_before_its_builder_ran_leaves_no_overlay_entry() {
+        let (reg, mut inline) = node();
+        // Polled once: the request is queued and the caller waits for its answer; then the
+        // caller goes away (a client disconnect, a request time budget).
+        assert!(reg.register(req("i1")).now_or_never().is_none());
+        assert_eq!(inline.run_round(), 1);
+        assert_eq!(reg.view.instance_count(), 1, "the write stands");
+        assert!(reg.minted.lock().is_empty(), "the overlay holds only writes in flight");
+    }
+
+    #[test]
+    fn a_failed_write_of_a_dropped_caller_leaves_no_overlay_entry_nor_lease() {
+        let (reg, mut inline) = node();
+        let fault = inline.log().fault();
+        *fault.lock() = MemFault::Refuse;
+        assert!(reg.register(req("i1")).now_or_never().is_none());
+        assert_eq!(inline.run_round(), 1, "built, minted (overlay entry, lease), then the write fails");
+        inline.run_round();
+        assert_eq!(reg.lease_count(), 1, "in doubt while the disk refuses");
+        *fault.lock() = MemFault::None;
+        inline.run_round();
+        assert_eq!(reg.view.instance_count(), 0, "the write was not made");
+        assert!(reg.minted.lock().is_empty(), "no overlay entry left behind");
+        assert_eq!(reg.lease_count(), 0, "no lease without its instance");
+    }
+
+    #[test]
+    fn while_the_log_is_unwritable_writes_are_refused_and_a_landed_write_is_acknowledged() {
+        let (reg, mut inline) = node();
+        let fault = inline.log().fault();
+        *fault.lock() = MemFault::LandThenFail;
+        let mut first = Box::pin(reg.register(req("i1")));
+        assert!((&mut first).now_or_never().is_none());
+        inline.run_round();
+        assert!((&mut first).now_or_never().is_none(), "in doubt: the caller waits for the outcome");
+        // Refused at once, without being built: nothing of it is minted.
+        *fault.lock() = MemFault::Refuse;
+        inline.run_round();
+        let mut second = Box::pin(reg.register(req("i2")));
+        assert!((&mut second).now_or_never().is_none());
+        inline.run_round();
+        let e = (&mut second).now_or_never().expect("answered").unwrap_err();
+        assert_eq!((e.status.as_u16(), e.code), (503, "log_unwritable"), "{e}");
+        assert!(reg.minted.lock().keys().all(|k| &*k.instance_id == "i1"));
+        // The disk takes writes again: the first write had landed, so it is acknowledged.
+        *fault.lock() = MemFault::None;
+        inline.run_round();
+        let answer = (&mut first).now_or_never().expect("answered").expect("acknowledged");
+        assert_eq!(answer.version, 1);
+        assert_eq!(reg.view.instance_count(), 1);
+        assert_eq!(reg.lease_count(), 1);
+        assert!(reg.minted.lock().is_empty());
+        // And the node writes again, without a restart.
+        let mut third = Box::pin(reg.register(req("i3")));
+        assert!((&mut third).now_or_never().is_none());
+        inline.run_round();
+        assert_eq!((&mut third).now_or_never().expect("answered").expect("written").version, 2);
+    }
+}

@@ -12,9 +12,12 @@ use tandem_schemas::{
 };
 use uuid::Uuid;
 
+use tandem_replicator::log::LogError;
+
 use super::view::Held;
 use super::{RegisterAnswer, RegisterRequest, Registry};
 use crate::error::ApiError;
+use crate::store::{CommitError, Settled};
 
 /// A change to one local instance, turned into an event against the latest minted state.
 #[derive(Clone, Debug)]
@@ -146,18 +149,6 @@ impl Patch {
     }
 }
 
-struct SettleOnDrop {
-    overlay: Arc<Mutex<Overlay>>,
-    mine: Arc<Mutex<Vec<(InstanceKey, u64)>>>,
-}
-
-impl Drop for SettleOnDrop {
-    fn drop(&mut self) {
-        let mine = std::mem::take(&mut *self.mine.lock());
-        settle(&mut self.overlay.lock(), &mine);
-    }
-}
-
 /// Drops the overlay entries that `settled` (key, seq) pairs left, unless a later write
 /// of the same key has been minted since.
 pub(super) fn settle(overlay: &mut Overlay, settled: &[(InstanceKey, u64)]) {
@@ -180,71 +171,86 @@ impl Registry {
         let view = self.view.clone();
         let clock = self.clock.clone();
         let leases = self.leases.clone();
-        let keys: Vec<InstanceKey> = patches.iter().map(|(k, _)| k.clone()).collect();
         let outcome: Arc<Mutex<Vec<Option<u64>>>> = Arc::new(Mutex::new(Vec::new()));
         let out = outcome.clone();
         let mine: Arc<Mutex<Vec<(InstanceKey, u64)>>> = Arc::new(Mutex::new(Vec::new()));
         let mine_in = mine.clone();
-        // Once answered, the view holds what was written (or, on failure, the durable state
-        // stands), so this call's in-flight entries leave the overlay; also when the caller
-        // goes away mid-write.
-        let _settle = SettleOnDrop { overlay: self.minted.clone(), mine: mine.clone() };
+        // Once the outcome is known, the view holds what was written (or, on failure, the
+        // durable state stands), so this call's in-flight entries leave the overlay, and
+        // on failure the durable state decides the leases of the keys it minted. This
+        // runs on the committer, whether or not this call still waits: a caller that went
+        // away (before or after its builder ran) leaves nothing behind.
+        let (overlay, in_view, in_leases) = (self.minted.clone(), self.view.clone(), self.leases.clone());
+        let settle = Box::new(move |settled: Settled| {
+            let mine = std::mem::take(&mut *mine.lock());
+            settle(&mut overlay.lock(), &mine);
+            if !settled.written {
+                for (key, _) in &mine {
+                    in_leases.reconcile(key, in_view.get(key).as_ref().map(|h| (h.seq, &*h.record)));
+                }
+            }
+        });
         let written = self
             .committer
-            .append_local_boxed(Box::new(move |mark: Mark| {
-                let now = clock.wall_ms();
-                let mut minted = minted.lock();
-                let mut seq = mark.seq;
-                let mut events = Vec::new();
-                let mut outcome = out.lock();
-                let mut mine = mine_in.lock();
-                for (key, patch) in patches {
-                    let registration = matches!(patch, Patch::Register(_));
-                    let judged = patch.judged();
-                    let lease = leases.version_of(&key);
-                    let base = |k: &InstanceKey| view.get(k).map(|h| Arc::unwrap_or_clone(h.record));
-                    let op = match patch.apply(&key, &mut minted, seq + 1, base, lease) {
-                        Minted::Op(op) => op,
-                        Minted::Unchanged => {
-                            outcome.push(Some(0));
-                            continue;
-                        }
-                        Minted::Gone => {
-                            // A decision about a registration that is gone: its lease too.
-                            if let Some(v) = judged {
-                                leases.forget(&key, v);
+            .append_local_boxed(
+                Box::new(move |mark: Mark| {
+                    let now = clock.wall_ms();
+                    let mut minted = minted.lock();
+                    let mut seq = mark.seq;
+                    let mut events = Vec::new();
+                    let mut outcome = out.lock();
+                    let mut mine = mine_in.lock();
+                    for (key, patch) in patches {
+                        let registration = matches!(patch, Patch::Register(_));
+                        let judged = patch.judged();
+                        let lease = leases.version_of(&key);
+                        let base = |k: &InstanceKey| view.get(k).map(|h| Arc::unwrap_or_clone(h.record));
+                        let op = match patch.apply(&key, &mut minted, seq + 1, base, lease) {
+                            Minted::Op(op) => op,
+                            Minted::Unchanged => {
+                                outcome.push(Some(0));
+                                continue;
                             }
-                            outcome.push(None);
-                            continue;
-                        }
-                    };
-                    seq += 1;
-                    // The leases follow the minted sequence: a registration's lease starts
-                    // with its event, a deregistration's removal with its tombstone.
-                    leases.minted(&key, registration, &op, seq);
-                    outcome.push(Some(seq));
-                    mine.push((key, seq));
-                    events.push(ChangeEvent {
-                        event_id: Uuid::now_v7(),
-                        origin_dc: dc.to_string(),
-                        origin_epoch: mark.epoch,
-                        seq,
-                        commit_time_ms: now,
-                        op,
-                    });
-                }
-                events
-            }))
+                            Minted::Gone => {
+                                // A decision about a registration that is gone: its lease too.
+                                if let Some(v) = judged {
+                                    leases.forget(&key, v);
+                                }
+                                outcome.push(None);
+                                continue;
+                            }
+                        };
+                        seq += 1;
+                        // The leases follow the minted sequence: a registration's lease starts
+                        // with its event, a deregistration's removal with its tombstone.
+                        leases.minted(&key, registration, &op, seq);
+                        outcome.push(Some(seq));
+                        mine.push((key, seq));
+                        events.push(ChangeEvent {
+                            event_id: Uuid::now_v7(),
+                            origin_dc: dc.to_string(),
+                            origin_epoch: mark.epoch,
+                            seq,
+                            commit_time_ms: now,
+                            op,
+                        });
+                    }
+                    events
+                }),
+                settle,
+            )
             .await;
         let events = match written {
             Ok(events) => events,
-            Err(e) => {
-                // Nothing of this call is durable: the durable state decides the leases.
-                for key in &keys {
-                    self.leases.reconcile(key, self.view.get(key).as_ref().map(|h| (h.seq, &*h.record)));
-                }
-                return Err(ApiError::unavailable(format!("the event log refused the write: {e}")));
+            Err(e @ CommitError::Unwritable { .. }) => return Err(ApiError::log_unwritable(e.to_string())),
+            Err(CommitError::Log(LogError::Invalid(e))) => {
+                return Err(ApiError::new(
+                    axum::http::StatusCode::BAD_REQUEST,
+                    "invalid_argument",
+                    format!("the change would break the schema's rules: {e}"),
+                ))
             }
+            Err(e) => return Err(ApiError::unavailable(format!("the event log refused the write: {e}"))),
         };
         let outcome = std::mem::take(&mut *outcome.lock());
         Ok(outcome

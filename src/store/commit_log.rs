@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use tandem_replicator::log::{EventLog, LogError, StateChange};
-use tandem_schemas::{ChangeEvent, InstanceKey, Mark};
+use tandem_schemas::{ChangeEvent, InstanceKey, Mark, Op};
 
 use super::RocksLog;
 
@@ -34,6 +34,13 @@ pub trait CommitLog: EventLog {
         origin: &str,
         upto_seq: u64,
     ) -> Result<Vec<InstanceKey>, LogError>;
+    /// False once a write failed in a way that leaves its outcome unknown: every write is
+    /// refused until [`recover`](Self::recover) succeeds. Reads keep working where they can.
+    fn writable(&self) -> bool;
+    /// Makes the log writable again after a failed write, with its in-memory marks
+    /// reloaded from what is durable (the failed write may or may not be among it); `Ok`
+    /// only once a durable write has succeeded again. On error the log stays unwritable.
+    fn recover(&mut self) -> Result<(), LogError>;
     /// The DCs retired here, with the wall-clock ms each was retired at.
     fn retired(&self) -> BTreeMap<String, u64>;
     /// Retires `dc` (never the own DC): in one durable write, forgets its live copies, its
@@ -57,6 +64,17 @@ pub struct Retirement {
     pub tombstones_removed: usize,
     /// Its mark before it was forgotten.
     pub mark: Option<Mark>,
+}
+
+/// The changes to state of own events, in order (a local event always applies).
+pub(crate) fn local_changes(events: &[ChangeEvent]) -> Vec<StateChange> {
+    events
+        .iter()
+        .map(|ev| match &ev.op {
+            Op::Register(r) | Op::Update(r) => StateChange::Put { seq: ev.seq, record: r.clone() },
+            Op::Deregister { key, .. } => StateChange::Remove { key: key.clone() },
+        })
+        .collect()
 }
 
 impl CommitLog for RocksLog {
@@ -96,5 +114,11 @@ impl CommitLog for RocksLog {
     }
     fn unretire_origin(&mut self, dc: &str) -> Result<bool, LogError> {
         RocksLog::unretire_origin(self, dc)
+    }
+    fn writable(&self) -> bool {
+        !RocksLog::is_poisoned(self)
+    }
+    fn recover(&mut self) -> Result<(), LogError> {
+        RocksLog::recover(self)
     }
 }

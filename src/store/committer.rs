@@ -18,16 +18,26 @@
 //! This is the one boundary that sequences a DC's writes; a Raft group can later replace
 //! what stands behind it.
 //!
+//! A failed write (a full disk, an I/O error, too few descriptors) leaves the log not
+//! writable: its outcome on disk is unknown. From then on every write is refused at once
+//! with [`CommitError::Unwritable`] (nothing of it is written; reads still run), and the
+//! committer retries [`CommitLog::recover`] with backoff (RocksDB: reopen and one probe
+//! write) until it succeeds; no restart is needed. The failed write is settled only then:
+//! the recovered log says whether it landed, and its callers get that answer (a local
+//! append that landed is acknowledged, and `on_commit` sees it like any write). The state
+//! is shared through [`LogHealth`] (`log_writable` in status and metrics, readiness).
+//! `recovery.rs` holds this part.
+//!
 //! Must never: reply before the write is durable, reorder requests, or block on async
-//! code (the thread is not a tokio worker; it only uses `blocking_recv`).
+//! code (the thread is not a tokio worker; it only uses `blocking_recv` and `try_recv`).
 
 use std::io;
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::time::Duration;
 
-use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use tandem_replicator::log::{check_local_sequence, ApplyReport, LogError, StateChange};
 use tandem_replicator::merge::Refusal;
@@ -35,6 +45,13 @@ use tandem_schemas::{ChangeEvent, InstanceKey, Mark, Snapshot};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{CommitLog, Retirement, RocksLog};
+
+mod handle;
+mod recovery;
+
+pub use handle::{AppendLocal, CommitterHandle, InlineCommitter};
+use recovery::{InDoubt, Recovery};
+pub use recovery::{LogHealth, LogHealthReport};
 
 /// Builds the events of one local append. Called on the committer thread with the own mark
 /// as it will stand before these events (earlier requests of the same group included); the
@@ -45,6 +62,23 @@ use super::{CommitLog, Retirement, RocksLog};
 /// not durable yet), so a caller that derives an event from current state must account for
 /// its own in-flight writes.
 pub type BuildEvents = Box<dyn FnOnce(Mark) -> Vec<ChangeEvent> + Send>;
+
+/// Runs on the committer thread once the outcome of a local append is known, before its
+/// caller is answered and whether or not the caller still waits (it may have gone away):
+/// `true` when its events are durable (and `on_commit` has seen them), `false` when
+/// nothing of it was written. `ran`: whether the builder was called. This is where a
+/// writer undoes what its builder did besides building events (overlay entries, leases):
+/// a caller dropped mid-write cannot do it.
+pub type Settle = Box<dyn FnOnce(Settled) + Send>;
+
+/// The outcome a [`Settle`] hook is told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settled {
+    /// The events are durable.
+    pub written: bool,
+    /// The builder was called (a request refused before its turn was not built).
+    pub ran: bool,
+}
 
 /// Runs on the committer thread with the log, between two writes. Meant for reads that
 /// must see a consistent log (`snapshot_own`, `read_own`, …); a mutation made here is
@@ -63,8 +97,9 @@ pub const GROUP_SIZE_BUCKETS: usize = 11;
 
 /// A request to the committer thread. [`CommitterHandle`] has one method per variant.
 pub enum Request<L = RocksLog> {
-    /// Append own events; answered with the events as written.
-    LocalAppend { build: BuildEvents, reply: Reply<Vec<ChangeEvent>> },
+    /// Append own events; answered with the events as written. `settle` runs once the
+    /// outcome is known (see [`Settle`]).
+    LocalAppend { build: BuildEvents, settle: Option<Settle>, reply: Reply<Vec<ChangeEvent>> },
     /// [`EventLog::apply_remote`](tandem_replicator::log::EventLog::apply_remote) of a batch received over the channel of `channel_dc`.
     RemoteApply { channel_dc: String, events: Vec<ChangeEvent>, reply: Reply<ApplyReport> },
     /// [`EventLog::install_snapshot`](tandem_replicator::log::EventLog::install_snapshot).
@@ -99,6 +134,10 @@ pub enum CommitError {
     /// The builder of a local append panicked. Nothing of this request was written.
     #[error("the event builder panicked; nothing of the request was written")]
     BuilderPanicked,
+    /// The log cannot be written now (a write failed; recovery is retried with backoff).
+    /// Nothing of this request was written; retry later.
+    #[error("the event log cannot be written now ({reason}); nothing was written, retry later")]
+    Unwritable { reason: String },
 }
 
 /// Default longest group-commit linger, in microseconds.
@@ -107,6 +146,10 @@ pub const LINGER_MAX_US_DEFAULT: u64 = 2_000;
 pub const LINGER_GAP_US_DEFAULT: u64 = 50;
 /// Default largest round a linger waits for.
 pub const LINGER_TARGET_DEFAULT: usize = 64;
+/// Default first wait before a recovery attempt after a failed write, in milliseconds.
+pub const RECOVERY_BACKOFF_INITIAL_MS_DEFAULT: u64 = 100;
+/// Default longest wait between two recovery attempts, in milliseconds.
+pub const RECOVERY_BACKOFF_MAX_MS_DEFAULT: u64 = 5_000;
 
 /// Bounds of the committer's queue and groups.
 #[derive(Clone, Copy, Debug)]
@@ -125,6 +168,10 @@ pub struct CommitterLimits {
     pub linger_gap: std::time::Duration,
     /// A linger never waits for a round larger than this.
     pub linger_target: usize,
+    /// After a failed write, the first recovery attempt waits this long; each failed
+    /// attempt doubles the wait, up to `recovery_backoff_max`.
+    pub recovery_backoff_initial: Duration,
+    pub recovery_backoff_max: Duration,
 }
 
 impl Default for CommitterLimits {
@@ -136,6 +183,8 @@ impl Default for CommitterLimits {
             linger_max: std::time::Duration::from_micros(LINGER_MAX_US_DEFAULT),
             linger_gap: std::time::Duration::from_micros(LINGER_GAP_US_DEFAULT),
             linger_target: LINGER_TARGET_DEFAULT,
+            recovery_backoff_initial: Duration::from_millis(RECOVERY_BACKOFF_INITIAL_MS_DEFAULT),
+            recovery_backoff_max: Duration::from_millis(RECOVERY_BACKOFF_MAX_MS_DEFAULT),
         }
     }
 }
@@ -213,26 +262,40 @@ pub struct Committer<L = RocksLog> {
     sync_writes_at_start: u64,
     /// Requests in the previous round, lingering included (see `linger`).
     last_round: usize,
-}
-
-/// A cloneable handle to the committer. When every handle is dropped the thread stops.
-pub struct CommitterHandle<L = RocksLog> {
-    tx: mpsc::Sender<Request<L>>,
-    own_seq: watch::Receiver<u64>,
-    stats: Arc<Mutex<CommitStats>>,
-}
-
-impl<L> Clone for CommitterHandle<L> {
-    fn clone(&self) -> Self {
-        CommitterHandle { tx: self.tx.clone(), own_seq: self.own_seq.clone(), stats: self.stats.clone() }
-    }
+    /// Shared with the handles: whether the log is writable, failures, recoveries.
+    health: Arc<LogHealth>,
+    /// Set while the log is not writable: the write whose outcome is unknown and the
+    /// schedule of recovery attempts.
+    recovery: Option<Recovery>,
+    /// Inline mode: recovery is attempted at every round, without waiting.
+    inline: bool,
 }
 
 /// Local appends taken so far in this round, not yet written.
 #[derive(Default)]
 struct Group {
     events: Vec<ChangeEvent>,
-    members: Vec<(Range<usize>, Reply<Vec<ChangeEvent>>)>,
+    members: Vec<(Range<usize>, LocalReply)>,
+}
+
+/// The answer of one local append: its reply channel and its settle hook.
+struct LocalReply {
+    reply: Reply<Vec<ChangeEvent>>,
+    settle: Option<Settle>,
+    ran: bool,
+}
+
+impl LocalReply {
+    /// Settles (always, caller or not), then answers.
+    fn finish(self, result: Result<Vec<ChangeEvent>, CommitError>) {
+        if let Some(settle) = self.settle {
+            let settled = Settled { written: result.is_ok(), ran: self.ran };
+            if catch_unwind(AssertUnwindSafe(|| settle(settled))).is_err() {
+                tracing::error!("a local append's settle hook panicked");
+            }
+        }
+        let _ = self.reply.send(result);
+    }
 }
 
 impl<L: CommitLog + Send + 'static> Committer<L> {
@@ -262,7 +325,8 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
         limits: CommitterLimits,
     ) -> (InlineCommitter<L>, CommitterHandle<L>) {
         let limits = CommitterLimits { linger_max: std::time::Duration::ZERO, ..limits };
-        let (committer, handle) = Self::new(log, on_commit, limits);
+        let (mut committer, handle) = Self::new(log, on_commit, limits);
+        committer.inline = true;
         (InlineCommitter { committer, stopped: false }, handle)
     }
 
@@ -270,6 +334,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
         let (tx, rx) = mpsc::channel(limits.queue_requests_max.get());
         let (own_seq_tx, own_seq_rx) = watch::channel(log.own_mark().seq);
         let stats = Arc::new(Mutex::new(CommitStats::default()));
+        let health = Arc::new(LogHealth::new());
         let committer = Committer {
             sync_writes_at_start: log.sync_writes(),
             last_round: 0,
@@ -279,15 +344,18 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
             own_seq: own_seq_tx,
             stats: Arc::clone(&stats),
             limits,
+            health: Arc::clone(&health),
+            recovery: None,
+            inline: false,
         };
-        (committer, CommitterHandle { tx, own_seq: own_seq_rx, stats })
+        (committer, CommitterHandle { tx, own_seq: own_seq_rx, stats, health })
     }
 
     fn run(mut self) {
         let mut round: Vec<Request<L>> = Vec::with_capacity(self.limits.group_requests_max.get());
         let mut shutdown_replies = Vec::new();
         while shutdown_replies.is_empty() {
-            let Some(first) = self.rx.blocking_recv() else {
+            let Some(first) = self.next_request() else {
                 break;
             };
             round.push(first);
@@ -354,9 +422,12 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                 // Keep commit order: the local appends taken before this request go first.
                 self.flush_local(&mut group);
             }
+            let Some(req) = self.refuse_if_unwritable(req) else {
+                continue;
+            };
             match req {
-                Request::LocalAppend { build, reply } => {
-                    self.stage_local(&mut group, build, reply);
+                Request::LocalAppend { build, settle, reply } => {
+                    self.stage_local(&mut group, build, LocalReply { reply, settle, ran: false });
                     if group.events.len() >= self.limits.group_events_max.get() {
                         self.flush_local(&mut group);
                     }
@@ -384,6 +455,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                 Request::Retire { dc, at_ms, reply } => {
                     let before = self.begin_write();
                     let result = self.log.retire_origin(&dc, at_ms);
+                    let result = self.check_failure(result, |_| InDoubt::Nothing);
                     if let Ok(r) = &result {
                         if r.newly {
                             self.after_write(before, || Committed::Retired {
@@ -398,6 +470,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                 Request::Unretire { dc, reply } => {
                     let before = self.begin_write();
                     let result = self.log.unretire_origin(&dc);
+                    let result = self.check_failure(result, |_| InDoubt::Nothing);
                     if let Ok(true) = &result {
                         self.after_write(before, || Committed::Unretired { origin: dc });
                     }
@@ -405,7 +478,10 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                 }
                 Request::RemoteApply { channel_dc, events, reply } => {
                     let before = self.begin_write();
+                    let mark_before = self.log.mark_of(&channel_dc);
                     let result = self.log.apply_remote(&channel_dc, &events);
+                    let result =
+                        self.check_failure(result, |_| InDoubt::remote(&channel_dc, mark_before, &events));
                     if let Ok(report) = &result {
                         self.after_write(before, || Committed::Remote {
                             origin: channel_dc,
@@ -416,7 +492,11 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                 }
                 Request::InstallSnapshot { channel_dc, snapshot, reply } => {
                     let before = self.begin_write();
+                    let mark_before = self.log.mark_of(&channel_dc);
                     let result = self.log.install_snapshot(&channel_dc, &snapshot);
+                    let result = self.check_failure(result, |log| {
+                        InDoubt::snapshot(log, &channel_dc, mark_before, &snapshot)
+                    });
                     if let Ok(report) = &result {
                         self.after_write(before, || Committed::Snapshot {
                             origin: channel_dc,
@@ -427,7 +507,10 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                 }
                 Request::PurgeOwn { upto_seq, reply } => {
                     let before = self.begin_write();
-                    let result = self.log.purge_own_reporting(upto_seq).map(|tombstones_removed| {
+                    let floor_before = self.log.purge_floor();
+                    let result = self.log.purge_own_reporting(upto_seq);
+                    let result = self.check_failure(result, |_| InDoubt::PurgeOwn { floor_before });
+                    let result = result.map(|tombstones_removed| {
                         let floor = self.log.purge_floor();
                         self.after_write(before, || Committed::PurgedOwn { floor, tombstones_removed });
                         floor
@@ -436,17 +519,18 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                 }
                 Request::PurgeRemoteTombstones { origin, upto_seq, reply } => {
                     let before = self.begin_write();
-                    let result =
-                        self.log.purge_remote_tombstones_reporting(&origin, upto_seq).map(|removed| {
-                            self.after_write(before, || Committed::PurgedRemoteTombstones {
-                                origin,
-                                tombstones_removed: removed,
-                            });
+                    let result = self.log.purge_remote_tombstones_reporting(&origin, upto_seq);
+                    let result = self.check_failure(result, |_| InDoubt::Nothing).map(|removed| {
+                        self.after_write(before, || Committed::PurgedRemoteTombstones {
+                            origin,
+                            tombstones_removed: removed,
                         });
+                    });
                     self.answer(reply, result.map_err(CommitError::from));
                 }
                 Request::PeerAck { peer, mark, reply } => {
                     let result = self.log.record_peer_ack(&peer, mark);
+                    let result = self.check_failure(result, |_| InDoubt::Nothing);
                     self.publish();
                     self.answer(reply, result.map_err(CommitError::from));
                 }
@@ -465,24 +549,27 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
         self.flush_local(&mut group);
     }
 
-    fn stage_local(&mut self, group: &mut Group, build: BuildEvents, reply: Reply<Vec<ChangeEvent>>) {
+    fn stage_local(&mut self, group: &mut Group, build: BuildEvents, mut reply: LocalReply) {
         let own = self.log.own_mark();
         let base = Mark { epoch: own.epoch, seq: own.seq + group.events.len() as u64 };
+        reply.ran = true;
         let events = match catch_unwind(AssertUnwindSafe(|| build(base))) {
             Ok(events) => events,
             Err(_) => {
                 tracing::error!("a local append's event builder panicked; request refused");
-                self.answer(reply, Err(CommitError::BuilderPanicked));
+                self.answer_local(reply, Err(CommitError::BuilderPanicked));
                 return;
             }
         };
-        // Checked per request so that one bad builder fails only its own request.
+        // Checked per request (sequence, field limits, key ownership) so that one bad
+        // builder fails only its own request.
         if let Err(e) = check_local_sequence(base, self.log.local_dc(), &events) {
-            self.answer(reply, Err(e.into()));
+            tracing::error!(error = %e, "a local append was refused");
+            self.answer_local(reply, Err(e.into()));
             return;
         }
         if events.is_empty() {
-            self.answer(reply, Ok(Vec::new()));
+            self.answer_local(reply, Ok(Vec::new()));
             return;
         }
         let start = group.events.len();
@@ -509,15 +596,25 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                 }
                 for (range, reply) in members {
                     let mine = events.get(range).map(<[ChangeEvent]>::to_vec).unwrap_or_default();
-                    self.answer(reply, Ok(mine));
+                    self.answer_local(reply, Ok(mine));
                 }
+            }
+            Err(e) if !self.log.writable() => {
+                // The outcome on disk is unknown: the callers wait for the recovery to
+                // tell whether the group landed.
+                self.enter_unwritable(&e, InDoubt::Local { events, members });
             }
             Err(e) => {
                 for (_, reply) in members {
-                    self.answer(reply, Err(CommitError::Log(clone_log_error(&e))));
+                    self.answer_local(reply, Err(CommitError::Log(clone_log_error(&e))));
                 }
             }
         }
+    }
+
+    fn answer_local(&self, reply: LocalReply, result: Result<Vec<ChangeEvent>, CommitError>) {
+        self.stats.lock().requests += 1;
+        reply.finish(result);
     }
 
     /// Stages the next watch index for the coming write; returns the sync count before it.
@@ -556,197 +653,13 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
     }
 }
 
-impl<L: CommitLog + Send + 'static> CommitterHandle<L> {
-    /// Appends own events built on the committer thread (see [`BuildEvents`]); returns them
-    /// once durable and reported to `on_commit`.
-    pub async fn append_local<F>(&self, build: F) -> Result<Vec<ChangeEvent>, CommitError>
-    where
-        F: FnOnce(Mark) -> Vec<ChangeEvent> + Send + 'static,
-    {
-        self.call(|reply| Request::LocalAppend { build: Box::new(build), reply }).await
-    }
-
-    /// Applies a remote batch received over the channel authenticated as `channel_dc`.
-    pub async fn apply_remote(
-        &self,
-        channel_dc: String,
-        events: Vec<ChangeEvent>,
-    ) -> Result<ApplyReport, CommitError> {
-        self.call(|reply| Request::RemoteApply { channel_dc, events, reply }).await
-    }
-
-    /// Installs a remote origin's snapshot received over `channel_dc`.
-    pub async fn install_snapshot(
-        &self,
-        channel_dc: String,
-        snapshot: Snapshot,
-    ) -> Result<ApplyReport, CommitError> {
-        self.call(|reply| Request::InstallSnapshot { channel_dc, snapshot, reply }).await
-    }
-
-    /// Purges own log entries and own tombstones at or below `upto_seq`; returns the floor.
-    pub async fn purge_own(&self, upto_seq: u64) -> Result<u64, CommitError> {
-        self.call(|reply| Request::PurgeOwn { upto_seq, reply }).await
-    }
-
-    /// Drops a remote origin's tombstones at or below `upto_seq`.
-    pub async fn purge_remote_tombstones(&self, origin: String, upto_seq: u64) -> Result<(), CommitError> {
-        self.call(|reply| Request::PurgeRemoteTombstones { origin, upto_seq, reply }).await
-    }
-
-    /// Records a peer's ack of the own origin.
-    /// Retires a DC (see [`CommitLog::retire_origin`]).
-    pub async fn retire(&self, dc: String, at_ms: u64) -> Result<Retirement, CommitError> {
-        self.call(|reply| Request::Retire { dc, at_ms, reply }).await
-    }
-
-    /// Lifts a DC's retirement (see [`CommitLog::unretire_origin`]).
-    pub async fn unretire(&self, dc: String) -> Result<bool, CommitError> {
-        self.call(|reply| Request::Unretire { dc, reply }).await
-    }
-
-    pub async fn record_peer_ack(&self, peer: String, mark: Mark) -> Result<(), CommitError> {
-        self.call(|reply| Request::PeerAck { peer, mark, reply }).await
-    }
-
-    /// Runs `f` with the log on the committer thread, between two writes (see
-    /// [`WithLogFn`]).
-    pub async fn with_log<R, F>(&self, f: F) -> Result<R, CommitError>
-    where
-        R: Send + 'static,
-        F: FnOnce(&mut L) -> R + Send + 'static,
-    {
-        let (tx, rx) = oneshot::channel();
-        let run: WithLogFn<L> = Box::new(move |log| {
-            let _ = tx.send(f(log));
-        });
-        self.send(Request::WithLog(run)).await?;
-        rx.await.map_err(|_| CommitError::Stopped)
-    }
-
-    /// Queues a raw request (waits while the queue is full).
-    pub async fn send(&self, req: Request<L>) -> Result<(), CommitError> {
-        self.tx.send(req).await.map_err(|_| CommitError::Stopped)
-    }
-
-    /// Serves every request queued before this one, closes the log and stops the thread.
-    /// Returns once the log is closed (at once if the committer had already stopped).
-    pub async fn shutdown(&self) {
-        let (reply, done) = oneshot::channel();
-        if self.tx.send(Request::Shutdown { reply }).await.is_ok() {
-            let _ = done.await;
-        }
-    }
-
-    /// The own origin's last durable seq; changes after every durable local write.
-    pub fn own_seq(&self) -> watch::Receiver<u64> {
-        self.own_seq.clone()
-    }
-
-    /// The committer's running totals.
-    pub fn stats(&self) -> CommitStats {
-        self.stats.lock().clone()
-    }
-
-    /// Requests waiting in the channel (a gauge for metrics).
-    pub fn queued_requests(&self) -> usize {
-        self.tx.max_capacity() - self.tx.capacity()
-    }
-
-    async fn call<R>(&self, make: impl FnOnce(Reply<R>) -> Request<L>) -> Result<R, CommitError> {
-        let (tx, rx) = oneshot::channel();
-        self.send(make(tx)).await?;
-        rx.await.map_err(|_| CommitError::Stopped)?
-    }
-}
-
-/// A committer run on its owner's schedule (see [`Committer::inline`]): no thread; each
-/// [`run_round`](Self::run_round) serves the requests waiting at that moment as one round,
-/// exactly as the thread would (without lingering). Deterministic: what a round contains
-/// depends only on what was queued before it.
-pub struct InlineCommitter<L> {
-    committer: Committer<L>,
-    stopped: bool,
-}
-
-impl<L: CommitLog + Send + 'static> InlineCommitter<L> {
-    /// Serves the requests waiting now (up to the round limit) as one round; returns how
-    /// many it took.
-    pub fn run_round(&mut self) -> usize {
-        if self.stopped {
-            return 0;
-        }
-        let mut round = Vec::new();
-        self.committer.take_waiting(&mut round);
-        let taken = round.len();
-        let mut shutdown_replies = Vec::new();
-        self.committer.serve_round(&mut round, &mut shutdown_replies);
-        if !shutdown_replies.is_empty() {
-            self.stopped = true;
-            self.committer.rx.close();
-            while self.committer.rx.try_recv().is_ok() {}
-            for reply in shutdown_replies {
-                let _ = reply.send(());
-            }
-        }
-        taken
-    }
-
-    /// Runs rounds until no request waits; returns how many requests were served.
-    pub fn run_until_idle(&mut self) -> usize {
-        let mut served = 0;
-        loop {
-            let n = self.run_round();
-            if n == 0 {
-                return served;
-            }
-            served += n;
-        }
-    }
-
-    /// The log, between two rounds.
-    pub fn log(&self) -> &L {
-        &self.committer.log
-    }
-
-    /// Stops as a crash would: requests still waiting are dropped unanswered (their
-    /// callers get [`CommitError::Stopped`]); returns the log, which holds exactly what
-    /// was made durable.
-    pub fn into_log(self) -> L {
-        let Committer { log, mut rx, .. } = self.committer;
-        rx.close();
-        while rx.try_recv().is_ok() {}
-        log
-    }
-}
-
-/// The one committer request the registry makes, whatever log stands behind the
-/// committer (the registry is not generic over it).
-pub trait AppendLocal: Send + Sync {
-    /// [`CommitterHandle::append_local`].
-    fn append_local_boxed(
-        &self,
-        build: BuildEvents,
-    ) -> BoxFuture<'static, Result<Vec<ChangeEvent>, CommitError>>;
-}
-
-impl<L: CommitLog + Send + 'static> AppendLocal for CommitterHandle<L> {
-    fn append_local_boxed(
-        &self,
-        build: BuildEvents,
-    ) -> BoxFuture<'static, Result<Vec<ChangeEvent>, CommitError>> {
-        let handle = self.clone();
-        Box::pin(async move { handle.call(|reply| Request::LocalAppend { build, reply }).await })
-    }
-}
-
 fn group_bucket(requests: usize) -> usize {
     let log2 = usize::BITS - 1 - requests.max(1).leading_zeros();
     (log2 as usize).min(GROUP_SIZE_BUCKETS - 1)
 }
 
 /// `LogError` is not `Clone`; one failed group write answers each of its callers.
-fn clone_log_error(e: &LogError) -> LogError {
+pub(crate) fn clone_log_error(e: &LogError) -> LogError {
     match e {
         LogError::Refused(r) => LogError::Refused(r.clone()),
         LogError::Purged { floor } => LogError::Purged { floor: *floor },
@@ -755,5 +668,6 @@ fn clone_log_error(e: &LogError) -> LogError {
         }
         LogError::Storage(s) => LogError::Storage(s.clone()),
         LogError::Corrupt(s) => LogError::Corrupt(s.clone()),
+        LogError::Invalid(s) => LogError::Invalid(s.clone()),
     }
 }

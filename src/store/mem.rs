@@ -1,15 +1,32 @@
 //! [`MemStore`]: the replicator's reference log [`MemLog`] with what a committer needs on
 //! top of it ([`CommitLog`]): the watch index, a count of durable writes and the peers'
 //! acknowledgements. The node simulation runs real registries on it; a simulated crash
-//! keeps the `MemStore` (it is the durable state) and drops everything else.
+//! keeps the `MemStore` (it is the durable state) and drops everything else. A write
+//! fault can be injected ([`MemFault`]) to test what the committer does when the disk fails.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use tandem_replicator::log::{ApplyReport, EventLog, LogError, MemLog, StateChange};
 use tandem_replicator::merge::Held;
-use tandem_schemas::{ChangeEvent, InstanceKey, InstanceRecord, Mark, Op, Snapshot, Tombstone};
+use tandem_schemas::{ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot, Tombstone};
 
+use super::commit_log::local_changes;
 use super::{CommitLog, Retirement};
+
+/// A write fault injected into a [`MemStore`], as a disk would fail.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MemFault {
+    #[default]
+    None,
+    /// Every write fails and writes nothing, and recovery fails too (a full disk).
+    Refuse,
+    /// The next write lands but reports a failure (an fsync whose answer was lost); then
+    /// the fault clears itself.
+    LandThenFail,
+}
 
 /// An in-memory [`CommitLog`]. Every successful mutation counts as one durable write.
 #[derive(Clone, Debug)]
@@ -20,6 +37,10 @@ pub struct MemStore {
     sync_writes: u64,
     peer_acks: BTreeMap<String, Mark>,
     retired: BTreeMap<String, u64>,
+    /// Shared by clones, so a test can set it while a committer owns the store.
+    fault: Arc<Mutex<MemFault>>,
+    /// A write failed: writes are refused until `recover`.
+    poisoned: bool,
 }
 
 impl MemStore {
@@ -31,7 +52,33 @@ impl MemStore {
             sync_writes: 0,
             peer_acks: BTreeMap::new(),
             retired: BTreeMap::new(),
+            fault: Arc::default(),
+            poisoned: false,
         }
+    }
+
+    /// The fault switch of this store and its clones.
+    pub fn fault(&self) -> Arc<Mutex<MemFault>> {
+        Arc::clone(&self.fault)
+    }
+
+    /// Runs a mutation under the injected fault.
+    fn write<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T, LogError>) -> Result<T, LogError> {
+        if self.poisoned {
+            return Err(LogError::Storage("refusing writes after a failed write; recover first".into()));
+        }
+        let fault = *self.fault.lock();
+        if fault == MemFault::Refuse {
+            self.poisoned = true;
+            return Err(LogError::Storage("injected write failure (no space left); nothing written".into()));
+        }
+        let out = f(self)?;
+        if fault == MemFault::LandThenFail {
+            *self.fault.lock() = MemFault::None;
+            self.poisoned = true;
+            return Err(LogError::Storage("injected write failure after the write landed".into()));
+        }
+        Ok(out)
     }
 
     /// The reference log inside.
@@ -93,14 +140,18 @@ impl EventLog for MemStore {
         self.log.read_own(after_seq, max)
     }
     fn apply_remote(&mut self, channel_dc: &str, events: &[ChangeEvent]) -> Result<ApplyReport, LogError> {
-        let report = self.log.apply_remote(channel_dc, events)?;
-        self.wrote();
-        Ok(report)
+        self.write(|s| {
+            let report = s.log.apply_remote(channel_dc, events)?;
+            s.wrote();
+            Ok(report)
+        })
     }
     fn install_snapshot(&mut self, channel_dc: &str, snap: &Snapshot) -> Result<ApplyReport, LogError> {
-        let report = self.log.install_snapshot(channel_dc, snap)?;
-        self.wrote();
-        Ok(report)
+        self.write(|s| {
+            let report = s.log.install_snapshot(channel_dc, snap)?;
+            s.wrote();
+            Ok(report)
+        })
     }
     fn snapshot_own(&self) -> Result<Snapshot, LogError> {
         self.log.snapshot_own()
@@ -138,32 +189,32 @@ impl CommitLog for MemStore {
     }
     fn record_peer_ack(&mut self, peer: &str, mark: Mark) -> Result<(), LogError> {
         // Not a synced write of its own, as in RocksLog.
-        self.peer_acks.insert(peer.to_owned(), mark);
-        Ok(())
+        self.write(|s| {
+            s.peer_acks.insert(peer.to_owned(), mark);
+            Ok(())
+        })
     }
     fn append_local_with_changes(&mut self, events: &[ChangeEvent]) -> Result<Vec<StateChange>, LogError> {
-        self.log.append_local(events)?;
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.wrote();
-        Ok(events
-            .iter()
-            .map(|ev| match &ev.op {
-                Op::Register(r) | Op::Update(r) => StateChange::Put { seq: ev.seq, record: r.clone() },
-                Op::Deregister { key, .. } => StateChange::Remove { key: key.clone() },
-            })
-            .collect())
+        self.write(|s| {
+            s.log.append_local(events)?;
+            if events.is_empty() {
+                return Ok(Vec::new());
+            }
+            s.wrote();
+            Ok(local_changes(events))
+        })
     }
     fn purge_own_reporting(&mut self, upto_seq: u64) -> Result<Vec<InstanceKey>, LogError> {
         if upto_seq.min(self.own_mark().seq) <= self.purge_floor() {
             return Ok(Vec::new());
         }
-        let dc = self.local_dc().to_owned();
-        let before = self.tombstone_keys(&dc);
-        self.log.purge_own(upto_seq)?;
-        self.wrote();
-        Ok(self.removed_tombstones(before, &dc))
+        self.write(|s| {
+            let dc = s.local_dc().to_owned();
+            let before = s.tombstone_keys(&dc);
+            s.log.purge_own(upto_seq)?;
+            s.wrote();
+            Ok(s.removed_tombstones(before, &dc))
+        })
     }
     fn purge_remote_tombstones_reporting(
         &mut self,
@@ -173,10 +224,24 @@ impl CommitLog for MemStore {
         if origin == self.local_dc() {
             return Ok(Vec::new());
         }
-        let before = self.tombstone_keys(origin);
-        self.log.purge_remote_tombstones(origin, upto_seq)?;
-        self.wrote();
-        Ok(self.removed_tombstones(before, origin))
+        self.write(|s| {
+            let before = s.tombstone_keys(origin);
+            s.log.purge_remote_tombstones(origin, upto_seq)?;
+            s.wrote();
+            Ok(s.removed_tombstones(before, origin))
+        })
+    }
+    fn writable(&self) -> bool {
+        !self.poisoned
+    }
+    /// Fails while the fault is [`MemFault::Refuse`]; else one probe write (an index bump).
+    fn recover(&mut self) -> Result<(), LogError> {
+        if *self.fault.lock() == MemFault::Refuse {
+            return Err(LogError::Storage("injected write failure (no space left); still failing".into()));
+        }
+        self.poisoned = false;
+        self.bump_index();
+        Ok(())
     }
     fn retired(&self) -> BTreeMap<String, u64> {
         self.retired.clone()
@@ -190,18 +255,23 @@ impl CommitLog for MemStore {
         if let Some(at) = self.retired.get(dc) {
             return Ok(Retirement { at_ms: *at, newly: false, ..Default::default() });
         }
-        let mark = self.log.mark_of(dc);
-        let (changes, tombstones_removed) = self.log.forget_origin(dc);
-        self.peer_acks.remove(dc);
-        self.retired.insert(dc.to_owned(), at_ms);
-        self.wrote();
-        Ok(Retirement { at_ms, newly: true, changes, tombstones_removed, mark })
+        self.write(|s| {
+            let mark = s.log.mark_of(dc);
+            let (changes, tombstones_removed) = s.log.forget_origin(dc);
+            s.peer_acks.remove(dc);
+            s.retired.insert(dc.to_owned(), at_ms);
+            s.wrote();
+            Ok(Retirement { at_ms, newly: true, changes, tombstones_removed, mark })
+        })
     }
     fn unretire_origin(&mut self, dc: &str) -> Result<bool, LogError> {
-        if self.retired.remove(dc).is_none() {
+        if !self.retired.contains_key(dc) {
             return Ok(false);
         }
-        self.wrote();
-        Ok(true)
+        self.write(|s| {
+            s.retired.remove(dc);
+            s.wrote();
+            Ok(true)
+        })
     }
 }

@@ -108,6 +108,9 @@ pub struct PeerLink {
     /// Wall-clock ms when the oldest unacknowledged batch was sent (0: none in flight).
     pub out_oldest_unacked_wall_ms: u64,
     pub snapshots_sent: u64,
+    /// Times the own log could not be read after some seq (a corrupt or invalid stored
+    /// event) and a snapshot was sent in its place.
+    pub log_unreadable: u64,
     /// Inbound: the peer's events to us.
     pub in_connected: bool,
     /// Wall-clock ms of the last frame from the peer (any kind).
@@ -500,9 +503,17 @@ async fn send_session<S: ReplicaStore>(
             p.out_inflight_batches = inflight;
         });
         for ev in events {
-            if let SenderEvent::SnapshotSent(m) = ev {
-                info!(peer = %peer.dc, seq = m.seq, "sent snapshot to peer");
-                stats.with_peer(&peer.dc, |p| p.snapshots_sent += 1);
+            match ev {
+                SenderEvent::SnapshotSent(m) => {
+                    info!(peer = %peer.dc, seq = m.seq, "sent snapshot to peer");
+                    stats.with_peer(&peer.dc, |p| p.snapshots_sent += 1);
+                }
+                SenderEvent::LogUnreadable { after_seq, error } => {
+                    tracing::error!(peer = %peer.dc, after_seq, %error,
+                        "own log entries unreadable; sent a snapshot in their place");
+                    stats.with_peer(&peer.dc, |p| p.log_unreadable += 1);
+                }
+                SenderEvent::PeerAcked(_) => {}
             }
         }
         if let Some(e) = err {
@@ -537,7 +548,7 @@ async fn send_session<S: ReplicaStore>(
                                     });
                                     store.peer_acked(peer.dc.clone(), m).await.map_err(|e| e.to_string())?;
                                 }
-                                SenderEvent::SnapshotSent(_) => {}
+                                SenderEvent::SnapshotSent(_) | SenderEvent::LogUnreadable { .. } => {}
                             }
                         }
                     }

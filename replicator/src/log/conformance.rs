@@ -79,6 +79,18 @@ pub fn append<H: Harness>(h: &mut H) {
     }
     assert_eq!(log.own_mark(), Mark { epoch: 11, seq: 3 });
     assert_eq!(log.held(&key("dc-a", "x")), Held::Absent);
+    // An event a peer would refuse is never written: a key another DC owns, a record
+    // over a field limit. The whole append is refused, the valid events with it.
+    let mut heavy = record("dc-a", "x");
+    heavy.weight = u32::MAX;
+    let foreign = ev("dc-a", 11, 5, Op::Register(record("dc-b", "y")));
+    for bad in [foreign, ev("dc-a", 11, 5, Op::Update(heavy))] {
+        let r = log.append_local(&[reg("dc-a", 11, 4, "x"), bad]);
+        assert!(matches!(r, Err(LogError::Invalid(_))), "{r:?}");
+    }
+    assert_eq!(log.own_mark(), Mark { epoch: 11, seq: 3 });
+    assert_eq!(log.held(&key("dc-a", "x")), Held::Absent);
+    assert_eq!(log.read_own(3, 10).unwrap(), vec![]);
 }
 
 /// Reading a range returns exactly the requested consecutive events.

@@ -7,7 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch};
 use tandem_replicator::log::{ApplyReport, EventLog, LogError, StateChange};
 use tandem_replicator::merge::{self, Held};
-use tandem_schemas::{ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot, SnapshotInstance, Tombstone};
+use tandem_schemas::{
+    validate_event, validate_key, validate_record, ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot,
+    SnapshotInstance, Tombstone,
+};
 
 use super::{
     check_stored_key, decode_instance, decode_tombstone, meta_name, storage, RocksLog, CF_INSTANCES, CF_LOG,
@@ -47,14 +50,21 @@ impl EventLog for RocksLog {
         let mut out = Vec::with_capacity(want.min(4096));
         let mut ro = ReadOptions::default();
         ro.set_iterate_lower_bound(seq_key(first).to_vec());
-        for item in self.db.iterator_cf_opt(self.cf(CF_LOG)?, ro, IteratorMode::Start).take(want) {
+        for item in self.db()?.iterator_cf_opt(self.cf(CF_LOG)?, ro, IteratorMode::Start).take(want) {
             let (k, v) = item.map_err(storage)?;
             let seq = decode_u64("log key", &k)?;
             let expected = first + out.len() as u64;
             if seq != expected {
                 return Err(LogError::Corrupt(format!("log is missing seq {expected} (next stored: {seq})")));
             }
-            out.push(self.decode_logged(seq, &v)?);
+            let ev = self.decode_logged(seq, &v)?;
+            // A peer refuses an invalid event, and would be sent it again forever.
+            if let Err(e) = validate_event(&ev) {
+                let what = format!("own log entry {seq} ({:?}): {e}", ev.op.key());
+                self.invalid.note(what.clone());
+                return Err(LogError::Invalid(what));
+            }
+            out.push(ev);
         }
         if out.len() != want {
             return Err(LogError::Corrupt(format!(
@@ -176,13 +186,18 @@ impl EventLog for RocksLog {
             let (k, v) = item?;
             let (seq, record) = decode_instance(&v)?;
             check_stored_key(&k, &record.key)?;
-            instances.push(SnapshotInstance { seq, record });
+            if self.valid_record(&record) {
+                instances.push(SnapshotInstance { seq, record });
+            }
         }
         let mut tombstones = Vec::new();
         for item in self.scan_owner(CF_TOMBSTONES, &self.dc)? {
             let (k, v) = item?;
             let (seq, reason) = decode_tombstone(&v)?;
-            tombstones.push(Tombstone { key: decode_key(&k)?, seq, reason });
+            let key = decode_key(&k)?;
+            if self.valid_key(&key) {
+                tombstones.push(Tombstone { key, seq, reason });
+            }
         }
         Ok(Snapshot { origin_dc: self.dc.clone(), mark: self.own, instances, tombstones })
     }
@@ -208,9 +223,12 @@ impl EventLog for RocksLog {
         let mut out = Vec::new();
         for item in self.scan_all(CF_INSTANCES)? {
             let (k, v) = item?;
-            let (seq, record) = decode_instance(&v)?;
+            let (seq, record) = decode_instance(&v)
+                .map_err(|e| LogError::Corrupt(format!("{e} (stored under {:?})", decode_key(&k))))?;
             check_stored_key(&k, &record.key)?;
-            out.push((seq, record));
+            if self.valid_record(&record) {
+                out.push((seq, record));
+            }
         }
         Ok(out)
     }
@@ -220,8 +238,35 @@ impl EventLog for RocksLog {
         for item in self.scan_all(CF_TOMBSTONES)? {
             let (k, v) = item?;
             let (seq, reason) = decode_tombstone(&v)?;
-            out.push(Tombstone { key: decode_key(&k)?, seq, reason });
+            let key = decode_key(&k)?;
+            if self.valid_key(&key) {
+                out.push(Tombstone { key, seq, reason });
+            }
         }
         Ok(out)
+    }
+}
+
+impl RocksLog {
+    /// A stored record that breaks the schema's rules is skipped, logged and counted:
+    /// served by no read, sent to no peer (see the module docs).
+    fn valid_record(&self, r: &InstanceRecord) -> bool {
+        match validate_record(r) {
+            Ok(()) => true,
+            Err(e) => {
+                self.invalid.note(format!("instance {:?}: {e}", r.key));
+                false
+            }
+        }
+    }
+
+    fn valid_key(&self, k: &InstanceKey) -> bool {
+        match validate_key(k) {
+            Ok(()) => true,
+            Err(e) => {
+                self.invalid.note(format!("tombstone {k:?}: {e}"));
+                false
+            }
+        }
     }
 }

@@ -7,6 +7,15 @@
 //! Must never: decide a merge on its own, log a remote event, panic on stored bytes, or
 //! write without `sync = true` anything whose loss could lose an acknowledged change.
 //!
+//! A failed write makes the log refuse writes (its outcome on disk is unknown) until
+//! [`RocksLog::recover`] closes and reopens the database and a probe write succeeds.
+//!
+//! What is read back is checked as well as decoded: an own event or a record that breaks
+//! the schema's rules (written by an older version, or by a bug) is never shipped nor
+//! served. `read_own` reports it ([`LogError::Invalid`], and the sender sends a snapshot in
+//! its place); `instances`, `tombstones` and `snapshot_own` skip it. Each one is logged
+//! with its key and counted in [`InvalidRecords`] (status and metrics).
+//!
 //! The [`EventLog`] contract is implemented in `event_log`; the corruption tests are in
 //! `tests`.
 
@@ -19,6 +28,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DBRecoveryMode, DBWithThreadMode, IteratorMode, Options,
@@ -89,12 +102,43 @@ impl From<OpenError> for LogError {
     }
 }
 
+/// Stored records and own events that broke the schema's rules when read back, skipped
+/// (or, for own events, replaced by a snapshot on the replication stream). Shared with the
+/// node for status and metrics.
+#[derive(Debug, Default)]
+pub struct InvalidRecords {
+    count: AtomicU64,
+    last: Mutex<Option<String>>,
+}
+
+impl InvalidRecords {
+    /// Times a read met an invalid record (one record read twice counts twice).
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// The latest one: what and where (its key or seq) and which rule it breaks.
+    pub fn last(&self) -> Option<String> {
+        self.last.lock().clone()
+    }
+
+    pub(crate) fn note(&self, what: String) {
+        tracing::error!(record = %what, "stored record breaks the schema's rules; skipped (see docs/deploy.md)");
+        self.count.fetch_add(1, Ordering::Relaxed);
+        *self.last.lock() = Some(what);
+    }
+}
+
 /// The production [`EventLog`]: one RocksDB per data dir, owned by one DC.
 ///
 /// Not `Sync` and not meant to be shared: the [`Committer`](super::Committer) thread owns it
 /// and is the single sequencer of writes.
 pub struct RocksLog {
-    db: Db,
+    /// `None` only while a recovery is reopening it (or failed to).
+    db: Option<Db>,
+    write_buffer_mib: usize,
+    max_open_files: u32,
+    invalid: Arc<InvalidRecords>,
     dir: PathBuf,
     dc: String,
     own: Mark,
@@ -179,37 +223,12 @@ impl RocksLog {
         max_open_files: u32,
     ) -> Result<RocksLog, OpenError> {
         validate_dc("dc", dc)?;
-        let mut opts = Options::default();
-        opts.set_max_open_files(i32::try_from(max_open_files.max(16)).unwrap_or(i32::MAX));
-        opts.create_if_missing(true);
-        opts.create_missing_column_families(true);
-        // Replay the WAL up to the first torn or corrupt record: a crash mid-write loses
-        // only writes that were never acknowledged.
-        opts.set_wal_recovery_mode(DBRecoveryMode::PointInTime);
-        opts.set_keep_log_file_num(4);
-        // Flushes and compactions run at a lower CPU priority than the request path: on a
-        // small machine a compaction must not stall writes and heartbeats for whole
-        // scheduler slices (it catches up whenever the node is idle).
-        if let Ok(mut env) = rocksdb::Env::new() {
-            env.lower_thread_pool_cpu_priority();
-            env.lower_high_priority_thread_pool_cpu_priority();
-            opts.set_env(&env);
-        }
-        // One small block cache for every column family: reads are rare (start, catch-up
-        // of a peer, tombstone lookups), and RocksDB's default 32 MiB per table factory
-        // would only hold memory.
-        let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
-        let cfs = COLUMN_FAMILIES.map(|name| {
-            let mut cf = Options::default();
-            cf.set_write_buffer_size(write_buffer_mib.clamp(1, 1024) << 20);
-            let mut table = rocksdb::BlockBasedOptions::default();
-            table.set_block_cache(&cache);
-            cf.set_block_based_table_factory(&table);
-            ColumnFamilyDescriptor::new(name, cf)
-        });
-        let db = Db::open_cf_descriptors(&opts, dir, cfs).map_err(storage)?;
+        let db = open_db(dir, write_buffer_mib, max_open_files)?;
         let mut log = RocksLog {
-            db,
+            db: Some(db),
+            write_buffer_mib,
+            max_open_files,
+            invalid: Arc::default(),
             dir: dir.to_owned(),
             dc: dc.to_owned(),
             own: Mark { epoch: 0, seq: 0 },
@@ -242,11 +261,73 @@ impl RocksLog {
         Ok(log)
     }
 
+    /// After a failed write: closes the database, opens it again, reloads the marks from
+    /// what is durable (the failed write may or may not be among it) and makes one probe
+    /// write (the watch index). `Ok` means the log is writable again; on error it stays
+    /// unwritable (and, if the reopen failed, closed: reads fail too until a later
+    /// attempt succeeds).
+    pub fn recover(&mut self) -> Result<(), LogError> {
+        // RocksDB locks its dir: the old handle must be closed before the new one opens.
+        self.db = None;
+        self.db = Some(open_db(&self.dir, self.write_buffer_mib, self.max_open_files)?);
+        let stored = self.meta_get(META_DC)?;
+        if stored.as_deref() != Some(self.dc.as_bytes()) {
+            return Err(LogError::Corrupt(format!(
+                "meta dc of {} changed under the node",
+                self.dir.display()
+            )));
+        }
+        self.pending_index = None;
+        self.load()?;
+        self.poisoned = false;
+        self.bump_index().map(drop)
+    }
+
+    /// The count of invalid records met by reads, shared.
+    pub fn invalid_records(&self) -> Arc<InvalidRecords> {
+        Arc::clone(&self.invalid)
+    }
+}
+
+/// Opens (or creates) the RocksDB of a data dir with the log's options.
+fn open_db(dir: &Path, write_buffer_mib: usize, max_open_files: u32) -> Result<Db, LogError> {
+    let mut opts = Options::default();
+    opts.set_max_open_files(i32::try_from(max_open_files.max(16)).unwrap_or(i32::MAX));
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    // Replay the WAL up to the first torn or corrupt record: a crash mid-write loses
+    // only writes that were never acknowledged.
+    opts.set_wal_recovery_mode(DBRecoveryMode::PointInTime);
+    opts.set_keep_log_file_num(4);
+    // Flushes and compactions run at a lower CPU priority than the request path: on a
+    // small machine a compaction must not stall writes and heartbeats for whole
+    // scheduler slices (it catches up whenever the node is idle).
+    if let Ok(mut env) = rocksdb::Env::new() {
+        env.lower_thread_pool_cpu_priority();
+        env.lower_high_priority_thread_pool_cpu_priority();
+        opts.set_env(&env);
+    }
+    // One small block cache for every column family: reads are rare (start, catch-up
+    // of a peer, tombstone lookups), and RocksDB's default 32 MiB per table factory
+    // would only hold memory.
+    let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
+    let cfs = COLUMN_FAMILIES.map(|name| {
+        let mut cf = Options::default();
+        cf.set_write_buffer_size(write_buffer_mib.clamp(1, 1024) << 20);
+        let mut table = rocksdb::BlockBasedOptions::default();
+        table.set_block_cache(&cache);
+        cf.set_block_based_table_factory(&table);
+        ColumnFamilyDescriptor::new(name, cf)
+    });
+    Db::open_cf_descriptors(&opts, dir, cfs).map_err(storage)
+}
+
+impl RocksLog {
     /// Writes the identity of a new log. Refuses a dir that holds data but no identity:
     /// that is a damaged log, not an empty one.
     fn initialize(&mut self, epoch: NonZeroU64) -> Result<(), LogError> {
         for name in COLUMN_FAMILIES {
-            if self.db.iterator_cf(self.cf(name)?, IteratorMode::Start).next().is_some() {
+            if self.db()?.iterator_cf(self.cf(name)?, IteratorMode::Start).next().is_some() {
                 return Err(LogError::Corrupt(format!(
                     "column family {name} holds data but meta has no DC name"
                 )));
@@ -280,7 +361,7 @@ impl RocksLog {
         // The log holds exactly floor+1..=own_seq; check its ends against meta.
         let log_cf = self.cf(CF_LOG)?;
         let end_seq = |mode: IteratorMode<'static>| -> Result<Option<u64>, LogError> {
-            match self.db.iterator_cf(log_cf, mode).next().transpose().map_err(storage)? {
+            match self.db()?.iterator_cf(log_cf, mode).next().transpose().map_err(storage)? {
                 Some((k, _)) => decode_u64("log key", &k).map(Some),
                 None => Ok(None),
             }
@@ -343,7 +424,7 @@ impl RocksLog {
         self.sync_writes
     }
 
-    /// True after a failed write: every later write is refused; reopen the log.
+    /// True after a failed write: every later write is refused until [`Self::recover`].
     pub fn is_poisoned(&self) -> bool {
         self.poisoned
     }
@@ -373,7 +454,7 @@ impl RocksLog {
     /// The `commit_time_ms` of a logged own event; `None` when `seq` is not in the log
     /// (purged or not written yet).
     pub fn own_event_time_ms(&self, seq: u64) -> Result<Option<u64>, LogError> {
-        match self.db.get_pinned_cf(self.cf(CF_LOG)?, seq_key(seq)).map_err(storage)? {
+        match self.db()?.get_pinned_cf(self.cf(CF_LOG)?, seq_key(seq)).map_err(storage)? {
             Some(bytes) => Ok(Some(self.decode_logged(seq, &bytes)?.commit_time_ms)),
             None => Ok(None),
         }
@@ -383,14 +464,14 @@ impl RocksLog {
     /// [`EventLog::held`] cannot report them; every merge path here uses this instead.
     pub fn try_held(&self, key: &InstanceKey) -> Result<Held, LogError> {
         let enc = encode_key(key);
-        if let Some(bytes) = self.db.get_pinned_cf(self.cf(CF_INSTANCES)?, &enc).map_err(storage)? {
+        if let Some(bytes) = self.db()?.get_pinned_cf(self.cf(CF_INSTANCES)?, &enc).map_err(storage)? {
             let (seq, record) = decode_instance(&bytes)?;
             if record.key != *key {
                 return Err(LogError::Corrupt(format!("instance stored under {key:?} is {:?}", record.key)));
             }
             return Ok(Held::Live { seq });
         }
-        if let Some(bytes) = self.db.get_pinned_cf(self.cf(CF_TOMBSTONES)?, &enc).map_err(storage)? {
+        if let Some(bytes) = self.db()?.get_pinned_cf(self.cf(CF_TOMBSTONES)?, &enc).map_err(storage)? {
             let (seq, _reason) = decode_tombstone(&bytes)?;
             return Ok(Held::Tombstone { seq });
         }
@@ -505,7 +586,7 @@ impl RocksLog {
     fn check_writable(&self) -> Result<(), LogError> {
         if self.poisoned {
             return Err(LogError::Storage(format!(
-                "event log in {} refuses writes after a failed write; reopen it",
+                "event log in {} refuses writes after a failed write until it is recovered",
                 self.dir.display()
             )));
         }
@@ -528,9 +609,9 @@ impl RocksLog {
         }
         let mut opts = WriteOptions::default();
         opts.set_sync(sync);
-        if let Err(e) = self.db.write_opt(batch, &opts) {
+        if let Err(e) = self.db()?.write_opt(batch, &opts) {
             self.poisoned = true;
-            tracing::error!(dir = %self.dir.display(), error = %e, "event log write failed; refusing further writes");
+            tracing::error!(dir = %self.dir.display(), error = %e, "event log write failed; refusing writes until recovered");
             return Err(storage(e));
         }
         if sync {
@@ -543,12 +624,23 @@ impl RocksLog {
         Ok(())
     }
 
+    fn db(&self) -> Result<&Db, LogError> {
+        self.db.as_ref().ok_or_else(|| {
+            LogError::Storage(format!(
+                "event log in {} is closed until a recovery reopens it",
+                self.dir.display()
+            ))
+        })
+    }
+
     fn cf(&self, name: &str) -> Result<&ColumnFamily, LogError> {
-        self.db.cf_handle(name).ok_or_else(|| LogError::Storage(format!("column family {name} is missing")))
+        self.db()?
+            .cf_handle(name)
+            .ok_or_else(|| LogError::Storage(format!("column family {name} is missing")))
     }
 
     fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, LogError> {
-        self.db.get_cf(self.cf(CF_META)?, key).map_err(storage)
+        self.db()?.get_cf(self.cf(CF_META)?, key).map_err(storage)
     }
 
     fn meta_u64(&self, key: &[u8]) -> Result<u64, LogError> {
@@ -581,11 +673,11 @@ impl RocksLog {
         let mut ro = ReadOptions::default();
         ro.set_iterate_lower_bound(lower.to_vec());
         ro.set_iterate_upper_bound(upper);
-        Ok(self.db.iterator_cf_opt(cf, ro, IteratorMode::Start).map(|r| r.map_err(storage)))
+        Ok(self.db()?.iterator_cf_opt(cf, ro, IteratorMode::Start).map(|r| r.map_err(storage)))
     }
 
     fn scan_all(&self, cf: &str) -> Result<impl Iterator<Item = Entry> + '_, LogError> {
-        Ok(self.db.iterator_cf(self.cf(cf)?, IteratorMode::Start).map(|r| r.map_err(storage)))
+        Ok(self.db()?.iterator_cf(self.cf(cf)?, IteratorMode::Start).map(|r| r.map_err(storage)))
     }
 
     /// Iterates the keys of `owner_dc` in an instance-keyed column family.

@@ -14,7 +14,7 @@ fn fresh(dir: &TempDir) -> RocksLog {
 }
 
 fn poke(log: &RocksLog, cf: &str, k: &[u8], v: &[u8]) {
-    log.db.put_cf(log.cf(cf).unwrap(), k, v).unwrap();
+    log.db().unwrap().put_cf(log.cf(cf).unwrap(), k, v).unwrap();
 }
 
 fn is_corrupt<T: fmt::Debug>(r: Result<T, LogError>) -> bool {
@@ -87,7 +87,7 @@ fn corrupt_log_entries_are_reported() {
     poke(&log, CF_LOG, &seq_key(2), &tandem_schemas::encode_event(&reg("dc-a", EPOCH, 3, "i3")));
     assert!(is_corrupt(log.read_own(1, 10)));
     // A hole in the log.
-    log.db.delete_cf(log.cf(CF_LOG).unwrap(), seq_key(2)).unwrap();
+    log.db().unwrap().delete_cf(log.cf(CF_LOG).unwrap(), seq_key(2)).unwrap();
     assert!(is_corrupt(log.read_own(1, 10)));
 }
 
@@ -119,7 +119,9 @@ fn corrupt_or_inconsistent_meta_refuses_to_open() {
     let cases: [(&str, Damage); 5] = [
         ("short epoch", |log| poke(log, CF_META, META_EPOCH, b"\x01\x02")),
         ("zero epoch", |log| poke(log, CF_META, META_EPOCH, &0u64.to_be_bytes())),
-        ("missing own seq", |log| log.db.delete_cf(log.cf(CF_META).unwrap(), META_OWN_SEQ).unwrap()),
+        ("missing own seq", |log| {
+            log.db().unwrap().delete_cf(log.cf(CF_META).unwrap(), META_OWN_SEQ).unwrap()
+        }),
         ("log past own seq", |log| {
             poke(log, CF_LOG, &seq_key(9), &tandem_schemas::encode_event(&reg("dc-a", EPOCH, 9, "x")))
         }),
@@ -141,7 +143,7 @@ fn data_without_an_identity_is_not_mistaken_for_a_new_log() {
     let dir = TempDir::new().unwrap();
     let mut log = fresh(&dir);
     log.append_local(&[reg("dc-a", EPOCH, 1, "i1")]).unwrap();
-    log.db.delete_cf(log.cf(CF_META).unwrap(), META_DC).unwrap();
+    log.db().unwrap().delete_cf(log.cf(CF_META).unwrap(), META_DC).unwrap();
     drop(log);
     let err = RocksLog::open(dir.path(), "dc-a").unwrap_err();
     assert!(matches!(err, OpenError::Log(LogError::Corrupt(_))), "{err}");
@@ -154,4 +156,91 @@ proptest! {
         let _ = decode_tombstone(&bytes);
         let _ = decode_mark("m", &bytes);
     }
+}
+
+/// Stores own event 3, an update of `i2` that breaks today's limits, as an older version
+/// or a bug could have: the log entry, the record and the own seq.
+fn store_poison(dir: &TempDir) -> RocksLog {
+    let mut log = fresh(dir);
+    log.append_local(&[reg("dc-a", EPOCH, 1, "i1"), reg("dc-a", EPOCH, 2, "i2")]).unwrap();
+    let mut bad = tandem_replicator::log::conformance::record("dc-a", "i2");
+    bad.weight = u32::MAX;
+    let ev = tandem_replicator::log::conformance::ev("dc-a", EPOCH, 3, Op::Update(bad.clone()));
+    poke(&log, CF_LOG, &seq_key(3), &tandem_schemas::encode_event(&ev));
+    poke(&log, CF_INSTANCES, &encode_key(&bad.key), &tandem_schemas::encode(&(3u64, &bad)));
+    poke(&log, CF_META, META_OWN_SEQ, &3u64.to_be_bytes());
+    drop(log);
+    RocksLog::open(dir.path(), "dc-a").unwrap()
+}
+
+#[test]
+fn an_invalid_stored_record_is_skipped_by_reads_and_counted() {
+    // Issue 12 §4: records read back are validated, not only decoded.
+    let dir = TempDir::new().unwrap();
+    let log = store_poison(&dir);
+    assert_eq!(log.own_mark().seq, 3);
+    assert!(matches!(log.read_own(0, 10), Err(LogError::Invalid(_))), "{:?}", log.read_own(0, 10));
+    assert_eq!(log.read_own(0, 2).unwrap().len(), 2, "the entries before it read as usual");
+    let ids =
+        |v: Vec<InstanceRecord>| v.into_iter().map(|r| r.key.instance_id.to_string()).collect::<Vec<_>>();
+    assert_eq!(ids(log.instances().unwrap().into_iter().map(|(_, r)| r).collect()), ["i1"]);
+    let snap = log.snapshot_own().unwrap();
+    assert_eq!(ids(snap.instances.into_iter().map(|i| i.record).collect()), ["i1"]);
+    assert_eq!(snap.mark.seq, 3);
+    let invalid = log.invalid_records();
+    assert_eq!(invalid.count(), 3);
+    assert!(invalid.last().is_some_and(|l| l.contains("i2") && l.contains("weight")), "{:?}", invalid.last());
+}
+
+#[test]
+fn a_poison_event_does_not_stall_the_stream() {
+    // The sender meets the invalid event and sends a snapshot in its place, which a peer
+    // accepts (it passes the wire's validation); the peer ends at the origin's mark.
+    use tandem_replicator::log::MemLog;
+    use tandem_replicator::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamTuning};
+    use tandem_schemas::Frame;
+    let dir = TempDir::new().unwrap();
+    let log = store_poison(&dir);
+    let mut peer = MemLog::new("dc-b", 9);
+    let (mut sender, hello) = Sender::new(&log, "dc-b", StreamTuning::default(), 0);
+    let mut receiver = Receiver::new("dc-b", "dc-a");
+    let mut to_receiver = vec![hello];
+    let mut unreadable = 0;
+    for _ in 0..10 {
+        let mut to_sender = Vec::new();
+        for frame in to_receiver.drain(..) {
+            // Through the wire's codec, which validates what it decodes.
+            let frame = tandem_schemas::decode_frame(&tandem_schemas::encode_frame(&frame), FRAME_BYTES_MAX)
+                .expect("a frame the peer accepts");
+            for action in receiver.handle_frame(peer.mark_of("dc-a"), frame).unwrap() {
+                match action {
+                    ReceiverAction::Send(f) => to_sender.push(f),
+                    ReceiverAction::Apply { batch_id, events } => {
+                        let report = peer.apply_remote("dc-a", &events).unwrap();
+                        to_sender.push(receiver.applied(batch_id, &report).unwrap());
+                    }
+                    ReceiverAction::Install { batch_id, snapshot } => {
+                        let report = peer.install_snapshot("dc-a", &snapshot).unwrap();
+                        to_sender.push(receiver.applied(batch_id, &report).unwrap());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for f in to_sender {
+            sender.handle_frame(&log, f).unwrap();
+        }
+        while let Some((frame, events)) = sender.poll_transmit(&log, 0).unwrap() {
+            unreadable += events.iter().filter(|e| matches!(e, SenderEvent::LogUnreadable { .. })).count();
+            to_receiver.push(frame);
+            if matches!(to_receiver.last(), Some(Frame::Ping { .. })) {
+                break;
+            }
+        }
+    }
+    assert_eq!(peer.mark_of("dc-a").map(|m| m.seq), Some(3), "the stream moved past the poison event");
+    assert_eq!(unreadable, 1);
+    let held: Vec<String> =
+        peer.instances().unwrap().into_iter().map(|(_, r)| r.key.instance_id.to_string()).collect();
+    assert_eq!(held, ["i1"]);
 }
