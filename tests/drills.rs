@@ -140,6 +140,7 @@ fn the_checker_reports_a_resurrection_and_a_lost_write() {
                     status: "up".into(),
                     health: "healthy".into(),
                     stale: false,
+                    damped: false,
                 })
                 .collect(),
         })
@@ -166,7 +167,7 @@ fn the_checker_reports_a_resurrection_and_a_lost_write() {
             dc: dc.into(),
             invoked: t,
             completed: t + 1,
-            result: Ok(StatusView { log, applied: [(other.0.to_owned(), other.1)].into() }),
+            result: Ok(StatusView { log, applied: [(other.0.to_owned(), other.1)].into(), ..StatusView::default() }),
         });
     }
     let r = c.finish(80);
