@@ -195,9 +195,11 @@ async fn kill9_of_the_receiving_dc_mid_stream_then_restart_converges() {
 /// Health of `id` in a `dc=all` answer of service `svc` (`None`: absent).
 async fn health_of(c: &Client, svc: &str, id: &str) -> Option<String> {
     let d = c.discover("default", svc, "dc=all").await.ok()?;
-    d["instances"].as_array()?.iter().find(|i| i["instance_id"] == id).map(|i| {
-        i["health"].as_str().unwrap_or_default().to_owned()
-    })
+    d["instances"]
+        .as_array()?
+        .iter()
+        .find(|i| i["instance_id"] == id)
+        .map(|i| i["health"].as_str().unwrap_or_default().to_owned())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

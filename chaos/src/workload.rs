@@ -226,10 +226,18 @@ pub fn schedule_fixed(seed: u64, cfg: &WorkloadConfig) -> Vec<Scheduled> {
                     break;
                 }
                 let gap = if rng.gen_bool(0.5) {
-                    out.push(Scheduled { at_ms: t, side, op: PlannedOp::Deregister { instance: instance.clone() } });
+                    out.push(Scheduled {
+                        at_ms: t,
+                        side,
+                        op: PlannedOp::Deregister { instance: instance.clone() },
+                    });
                     rng.gen_range(0..1_500u64)
                 } else {
-                    out.push(Scheduled { at_ms: t, side, op: PlannedOp::StopHeartbeat { instance: instance.clone() } });
+                    out.push(Scheduled {
+                        at_ms: t,
+                        side,
+                        op: PlannedOp::StopHeartbeat { instance: instance.clone() },
+                    });
                     // Mostly after its lease expired; sometimes while it is still held.
                     if rng.gen_bool(0.7) {
                         rng.gen_range(ttl + 600..ttl + 2_500)
@@ -246,7 +254,11 @@ pub fn schedule_fixed(seed: u64, cfg: &WorkloadConfig) -> Vec<Scheduled> {
         let every = cfg.race_every_ms.max(1);
         while t < cfg.duration_ms && out.len() < cfg.ops_max {
             let instance = InstanceRef { service: service.clone(), id: format!("{prefix}race-{}", k % 2) };
-            out.push(Scheduled { at_ms: t, side, op: PlannedOp::Race { instance, rounds: cfg.race_rounds, ttl_ms: ttl } });
+            out.push(Scheduled {
+                at_ms: t,
+                side,
+                op: PlannedOp::Race { instance, rounds: cfg.race_rounds, ttl_ms: ttl },
+            });
             k += 1;
             t += rng.gen_range(every..every + every / 2 + 1);
         }
@@ -296,7 +308,9 @@ mod tests {
         assert_eq!(s, schedule_fixed(5, &cfg));
         assert_ne!(s, schedule_fixed(6, &cfg));
         let regs = |id: &str| {
-            s.iter().filter(|x| x.op.instance().id == id && matches!(x.op, PlannedOp::Register { .. })).count()
+            s.iter()
+                .filter(|x| x.op.instance().id == id && matches!(x.op, PlannedOp::Register { .. }))
+                .count()
         };
         assert!(regs("a-fix-0") >= 3 && regs("b-fix-1") >= 3, "fixed-id clients register again");
         let races: Vec<&Scheduled> = s.iter().filter(|x| matches!(x.op, PlannedOp::Race { .. })).collect();

@@ -7,7 +7,8 @@
 
 use tandem_chaos::checker::{
     CheckReport, Checker, CheckerConfig, HealthRules, InstanceRef, Invariant, Mark, ObservedInstance, OpKind,
-    Outcome, PeerLinkView, ProcessEvent, ServiceView, StatusObservation, StatusView, ViewObservation, ViewScope,
+    Outcome, PeerLinkView, ProcessEvent, ServiceView, StatusObservation, StatusView, ViewObservation,
+    ViewScope,
 };
 
 const A: &str = "dc-a";

@@ -258,12 +258,21 @@ impl Checker {
         let ready = st.last_event_before(ProcessEvent::Ready, o.completed).unwrap_or(0);
         let tag = format!("{}..{}ms {} view of {}", o.invoked, o.completed, o.dc, o.service);
         let line = shown.map_or(format!("{tag}: absent"), |i| {
-            format!("{tag}: present, seq {} health {}{}", i.seq, i.health, if i.damped { " (damped)" } else { "" })
+            format!(
+                "{tag}: present, seq {} health {}{}",
+                i.seq,
+                i.health,
+                if i.damped { " (damped)" } else { "" }
+            )
         });
         let mut problems: Vec<String> = Vec::new();
         let resumed = |from: Ms| st.resumed_after(from.saturating_sub(2_000)).map_or(0, |t| t + 200);
         let quiet_from = self.insts.get(r).and_then(|i| {
-            i.life.quiet.iter().rev().find(|q| q.from <= o.invoked && q.until.is_none_or(|u| u >= o.completed))
+            i.life
+                .quiet
+                .iter()
+                .rev()
+                .find(|q| q.from <= o.invoked && q.until.is_none_or(|u| u >= o.completed))
         });
         if let Some(q) = quiet_from {
             let renew = q.from.max(ready).max(resumed(q.from));
@@ -276,7 +285,9 @@ impl Checker {
                 samples
                     .iter()
                     .find(|(inv, comp, active)| {
-                        !*active && inv.saturating_sub(check + rules.tolerance_ms) > deadline && comp + slack <= o.invoked
+                        !*active
+                            && inv.saturating_sub(check + rules.tolerance_ms) > deadline
+                            && comp + slack <= o.invoked
                     })
                     .copied()
             });
@@ -314,9 +325,7 @@ impl Checker {
                 None => {}
             }
             let new_rank = shown.map_or(GONE, |i| rank(&i.health));
-            if let Some(q) =
-                self.insts.get_mut(r).and_then(|i| i.life.quiet_at(o.invoked, o.completed))
-            {
+            if let Some(q) = self.insts.get_mut(r).and_then(|i| i.life.quiet_at(o.invoked, o.completed)) {
                 if q.worst.as_ref().is_none_or(|w| w.1 < new_rank) {
                     q.worst = Some((o.completed, new_rank, line.clone()));
                 }
@@ -324,7 +333,9 @@ impl Checker {
             self.bump_check(Invariant::LeaseHealth);
             if let (Some(_), Some((wt, GONE, wline))) = (shown, &worst) {
                 if *wt <= o.invoked && reused {
-                    problems.push(format!("back after its owner's view had lost it ({wline}), with no registration since"));
+                    problems.push(format!(
+                        "back after its owner's view had lost it ({wline}), with no registration since"
+                    ));
                 }
             }
         } else if let Some(i) = shown {

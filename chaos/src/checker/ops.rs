@@ -289,7 +289,9 @@ impl Checker {
                     inst.last_renewal = Some(prev.max(invoked));
                 }
             }
-            Outcome::Failed { http_status: Some(404), .. } if self.cfg.reused_services.contains(&inst_ref.service) => {
+            Outcome::Failed { http_status: Some(404), .. }
+                if self.cfg.reused_services.contains(&inst_ref.service) =>
+            {
                 self.counts.heartbeats_unknown_instance += 1;
             }
             Outcome::Failed { http_status: Some(404), .. } => {

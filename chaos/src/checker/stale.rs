@@ -25,7 +25,10 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::{Checker, Invariant, Mark, Ms, ObservedInstance, ProcessEvent, StatusObservation, StatusView, ViewObservation};
+use super::{
+    Checker, Invariant, Mark, Ms, ObservedInstance, ProcessEvent, StatusObservation, StatusView,
+    ViewObservation,
+};
 
 /// Slack on the fresh rule: the mark is updated just before the progress time.
 pub const FRESH_TOLERANCE_MS: Ms = 100;
@@ -185,8 +188,12 @@ impl Checker {
         let Some(sa) = self.cfg.stale_after_ms else { return };
         let dc = o.dc.clone();
         for (peer, link) in &s.peers {
-            let sample =
-                Sample { invoked: o.invoked, completed: o.completed, mark: s.applied.get(peer).copied(), origin: link.origin };
+            let sample = Sample {
+                invoked: o.invoked,
+                completed: o.completed,
+                mark: s.applied.get(peer).copied(),
+                origin: link.origin,
+            };
             let what = format!("{}..{}ms {dc} status", o.invoked, o.completed);
             self.stale_read(&dc, peer, o.invoked, o.completed, link.stale, what);
             let pair = self.stale.pairs.entry((dc.clone(), peer.clone())).or_default();
@@ -215,7 +222,8 @@ impl Checker {
             // No progress made: the same mark while the peer is known to be ahead.
             let same_run = pair.run_start.is_some_and(|j| j.mark == sample.mark);
             if !same_run {
-                let behind = sample.mark.is_some_and(|m| m.epoch == link.origin.epoch && link.origin.seq > m.seq);
+                let behind =
+                    sample.mark.is_some_and(|m| m.epoch == link.origin.epoch && link.origin.seq > m.seq);
                 pair.run_start = behind.then_some(sample);
                 continue;
             }
@@ -227,7 +235,11 @@ impl Checker {
             let mut problems = Vec::new();
             let mut judged = 0;
             if let Some(pair) = self.stale.pairs.get_mut(&(dc.clone(), peer.clone())) {
-                for r in pair.reads.iter_mut().filter(|r| !r.judged_static && r.invoked >= from && r.completed <= to) {
+                for r in pair
+                    .reads
+                    .iter_mut()
+                    .filter(|r| !r.judged_static && r.invoked >= from && r.completed <= to)
+                {
                     r.judged_static = true;
                     judged += 1;
                     if !r.stale {

@@ -181,7 +181,12 @@ async fn race(ctx: &Ctx, side: usize, instance: &InstanceRef, rounds: u32, ttl_m
     let ns = &ctx.ns;
     let (svc, id) = (&instance.service, &instance.id);
     let register = || async {
-        let op = ctx.checker.lock().invoke(dc, instance, OpKind::Register { persistent: false, ttl_ms }, ctx.now());
+        let op = ctx.checker.lock().invoke(
+            dc,
+            instance,
+            OpKind::Register { persistent: false, ttl_ms },
+            ctx.now(),
+        );
         let out = ctx.api.register(base, ns, svc, id, "10.99.0.1", 9999, false, ttl_ms, OP_TIMEOUT).await;
         let unreachable = matches!(out, Outcome::Failed { http_status: None, .. });
         ctx.checker.lock().complete(op, ctx.now(), out);
