@@ -142,6 +142,7 @@ fn the_checker_reports_a_resurrection_and_a_lost_write() {
                     status: "up".into(),
                     health: "healthy".into(),
                     stale: false,
+                    damped: false,
                 })
                 .collect(),
         })
@@ -168,7 +169,11 @@ fn the_checker_reports_a_resurrection_and_a_lost_write() {
             dc: dc.into(),
             invoked: t,
             completed: t + 1,
-            result: Ok(StatusView { log, applied: [(other.0.to_owned(), other.1)].into() }),
+            result: Ok(StatusView {
+                log,
+                applied: [(other.0.to_owned(), other.1)].into(),
+                ..StatusView::default()
+            }),
         });
     }
     let r = c.finish(80);

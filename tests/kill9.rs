@@ -1,6 +1,8 @@
 //! kill -9 of real `tandem server` processes: no acknowledged write is lost and no
 //! acknowledged deregistration comes back, on a single node and on a receiving DC killed
-//! in the middle of a replication stream.
+//! in the middle of a replication stream; and leases resume at their stored health (an
+//! Unhealthy instance revives only the slow way, or expires after a full TTL of grace,
+//! never serving again).
 
 mod common;
 
@@ -188,4 +190,105 @@ async fn kill9_of_the_receiving_dc_mid_stream_then_restart_converges() {
     })
     .await;
     p.stop().await;
+}
+
+/// Health of `id` in a `dc=all` answer of service `svc` (`None`: absent).
+async fn health_of(c: &Client, svc: &str, id: &str) -> Option<String> {
+    let d = c.discover("default", svc, "dc=all").await.ok()?;
+    d["instances"]
+        .as_array()?
+        .iter()
+        .find(|i| i["instance_id"] == id)
+        .map(|i| i["health"].as_str().unwrap_or_default().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_resumes_leases_at_their_stored_health() {
+    // Issue 12 §1. Two instances with a TTL of 4 s (Suspect after 1 s of silence,
+    // Unhealthy after 2 s, expired after 4 s). Both go Unhealthy, the node is killed and
+    // restarted: x heartbeats again and must come back the slow way (Suspect first,
+    // Healthy only at the fourth consecutive heartbeat); y never heartbeats and must stay
+    // Unhealthy, never serving again, until it expires a full TTL after the restart.
+    const TTL_MS: u64 = 4_000;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_tcp_port();
+    let cfg = dir.path().join("h.toml");
+    write_config(
+        &cfg,
+        &format!(
+            "dc = \"dc-a\"\ndata_dir = \"{}\"\nhttp_addr = \"127.0.0.1:{port}\"\n\n[health]\ncheck_interval_ms = 100\n",
+            dir.path().join("data").display()
+        ),
+    );
+    let mut server = spawn_server(&cfg);
+    let c = Client::new(&[format!("http://127.0.0.1:{port}")]);
+    wait_up(&c).await;
+    for id in ["x", "y"] {
+        let mut body = reg_body("lh", id, false);
+        body["ttl_ms"] = serde_json::json!(TTL_MS);
+        c.register(&body).await.unwrap();
+    }
+    for _ in 0..3 {
+        for id in ["x", "y"] {
+            c.heartbeat("default", "lh", id).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(health_of(&c, "lh", "x").await.as_deref(), Some("healthy"));
+    // Silence: both turn Unhealthy (the change is committed before it is shown).
+    eventually(Duration::from_secs(10), "x and y are unhealthy", || async {
+        health_of(&c, "lh", "x").await.as_deref() == Some("unhealthy")
+            && health_of(&c, "lh", "y").await.as_deref() == Some("unhealthy")
+    })
+    .await;
+    kill9(&mut server);
+    let spawned = std::time::Instant::now();
+    let _server = spawn_server(&cfg);
+    wait_up(&c).await;
+    let up = std::time::Instant::now();
+    assert_eq!(health_of(&c, "lh", "x").await.as_deref(), Some("unhealthy"), "x resumes Unhealthy");
+    assert_eq!(health_of(&c, "lh", "y").await.as_deref(), Some("unhealthy"), "y resumes Unhealthy");
+
+    // x: heartbeats every 400 ms (consecutive: under the 1 s suspect time).
+    let mut seen_x: Vec<String> = Vec::new();
+    for _ in 0..8 {
+        c.heartbeat("default", "lh", "x").await.unwrap();
+        let h = health_of(&c, "lh", "x").await.unwrap_or_else(|| "absent".into());
+        seen_x.push(h);
+        let y = health_of(&c, "lh", "y").await;
+        assert!(
+            matches!(y.as_deref(), Some("unhealthy") | None),
+            "y served again after the restart without a heartbeat: {y:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let first_healthy = seen_x.iter().position(|h| h == "healthy");
+    let first_suspect = seen_x.iter().position(|h| h == "suspect");
+    assert!(
+        matches!((first_suspect, first_healthy), (Some(s), Some(h)) if s < h && h >= 3),
+        "x must revive the slow way (Suspect first, Healthy at the 4th heartbeat): {seen_x:?}"
+    );
+    assert_eq!(seen_x.last().map(String::as_str), Some("healthy"), "x stays healthy: {seen_x:?}");
+
+    // y: a full TTL of grace from the restart, then gone; never serving meanwhile.
+    loop {
+        let y = health_of(&c, "lh", "y").await;
+        match y.as_deref() {
+            Some("unhealthy") => assert!(
+                up.elapsed() < Duration::from_millis(TTL_MS + 1_500),
+                "y outlived its lease: {:?} after the restart",
+                up.elapsed()
+            ),
+            None => {
+                assert!(
+                    spawned.elapsed() >= Duration::from_millis(TTL_MS - 200),
+                    "y expired {:?} after the restart, before its TTL of grace",
+                    spawned.elapsed()
+                );
+                break;
+            }
+            other => panic!("y served again after the restart without a heartbeat: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -9,7 +9,7 @@ use serde::Deserialize as _;
 use serde_json::Value;
 use tandem_client::api::{DiscoverAnswer, ErrorBody, RegisterRequest, StatusChange, StatusName};
 
-use crate::checker::{Mark, ObservedInstance, Outcome, ServiceView, StatusView, ViewScope};
+use crate::checker::{Mark, ObservedInstance, Outcome, PeerLinkView, ServiceView, StatusView, ViewScope};
 
 /// A client of one or more registries (the base URL is given per call).
 #[derive(Clone)]
@@ -204,6 +204,7 @@ pub fn parse_view(body: &Value) -> Result<ServiceView, String> {
             status: i.status.as_str().to_owned(),
             health: i.health.as_str().to_owned(),
             stale: i.stale,
+            damped: i.damped,
         })
         .collect();
     Ok(ServiceView { index: answer.index, instances })
@@ -226,5 +227,19 @@ pub fn parse_status(body: &Value) -> Result<StatusView, String> {
             }
         }
     }
-    Ok(StatusView { log, applied })
+    let mut peers = std::collections::BTreeMap::new();
+    if let Some(map) = body.get("peers").and_then(Value::as_object) {
+        for (peer, p) in map {
+            let inbound = &p["inbound"];
+            let origin = Mark {
+                epoch: inbound["origin_epoch"].as_u64().unwrap_or(0),
+                seq: inbound["origin_last_seq"].as_u64().unwrap_or(0),
+            };
+            if let Some(stale) = inbound["stale"].as_bool() {
+                peers.insert(peer.clone(), PeerLinkView { stale, origin });
+            }
+        }
+    }
+    let preservation_active = body.pointer("/self_preservation/active").and_then(Value::as_bool);
+    Ok(StatusView { log, applied, peers, preservation_active })
 }

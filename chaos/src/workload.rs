@@ -6,8 +6,15 @@
 //! ephemeral instance is renewed every `heartbeat_interval_ms` from its registration until
 //! the schedule deregisters it or stops its heartbeats (after which its lease expires).
 //!
-//! Architecture invariant: no I/O, no clock. Instance ids are never reused, which the
-//! checker relies on.
+//! Besides, [`schedule_fixed`] gives the clients that reuse their instance ids, on their own
+//! service ([`WorkloadConfig::fixed_service`]): *fixed-id clients*, each registering the
+//! same id again after a deregistration or after letting its lease expire (or before it
+//! expired), and *id races*: rounds of "register the id, then deregister it and register
+//! it again in parallel", with no heartbeats, after which the instance must hold exactly
+//! one lease and expire. Each id's operations run in order on their own task.
+//!
+//! Architecture invariant: no I/O, no clock. Outside the fixed service, instance ids are
+//! never reused, which the checker relies on.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -35,6 +42,13 @@ pub enum PlannedOp {
     StopHeartbeat {
         instance: InstanceRef,
     },
+    /// `rounds` times: register the (ephemeral) instance, then deregister it and register
+    /// it again in parallel. Never heartbeated.
+    Race {
+        instance: InstanceRef,
+        rounds: u32,
+        ttl_ms: u64,
+    },
 }
 
 impl PlannedOp {
@@ -43,7 +57,8 @@ impl PlannedOp {
             PlannedOp::Register { instance, .. }
             | PlannedOp::Deregister { instance }
             | PlannedOp::SetStatus { instance, .. }
-            | PlannedOp::StopHeartbeat { instance } => instance,
+            | PlannedOp::StopHeartbeat { instance }
+            | PlannedOp::Race { instance, .. } => instance,
         }
     }
 }
@@ -77,6 +92,14 @@ pub struct WorkloadConfig {
     pub id_prefixes: [String; 2],
     /// Most operations per side (a bound on the schedule's size).
     pub ops_max: usize,
+    /// The service of the clients that reuse their ids (`None`: none run).
+    pub fixed_service: Option<String>,
+    /// Fixed-id clients per side.
+    pub fixed_clients: usize,
+    /// Id races per side start about this often (each on one of two ids in turn).
+    pub race_every_ms: u64,
+    /// Rounds of one id race.
+    pub race_rounds: u32,
 }
 
 impl WorkloadConfig {
@@ -91,6 +114,10 @@ impl WorkloadConfig {
             live_min: 6,
             id_prefixes: ["a-".into(), "b-".into()],
             ops_max: 200_000,
+            fixed_service: Some("fixed".into()),
+            fixed_clients: 2,
+            race_every_ms: 3_000,
+            race_rounds: 30,
         }
     }
 }
@@ -168,6 +195,78 @@ fn schedule_side(seed: u64, side: usize, cfg: &WorkloadConfig) -> Vec<Scheduled>
     out
 }
 
+/// The schedule of the clients that reuse ids (see the module docs), both sides, sorted by
+/// time. Ids: `<prefix>fix-<k>` and `<prefix>race-<k>`.
+pub fn schedule_fixed(seed: u64, cfg: &WorkloadConfig) -> Vec<Scheduled> {
+    let Some(service) = cfg.fixed_service.clone() else { return Vec::new() };
+    let ttl = cfg.ttl_ms;
+    let mut out = Vec::new();
+    for side in 0..2 {
+        let prefix = &cfg.id_prefixes[side];
+        for k in 0..cfg.fixed_clients {
+            let mut rng = StdRng::seed_from_u64(sub_seed(seed, 20 + 2 * k as u64 + side as u64));
+            let instance = InstanceRef { service: service.clone(), id: format!("{prefix}fix-{k}") };
+            let mut t = rng.gen_range(0..1_500u64);
+            let mut n = 0u64;
+            while t < cfg.duration_ms && out.len() < cfg.ops_max {
+                out.push(Scheduled {
+                    at_ms: t,
+                    side,
+                    op: PlannedOp::Register {
+                        instance: instance.clone(),
+                        persistent: false,
+                        ttl_ms: ttl,
+                        address: format!("10.{}.250.{}", 10 + side, 1 + k),
+                        port: 9000 + (n % 1000) as u16,
+                    },
+                });
+                n += 1;
+                t += rng.gen_range(800..3_000u64);
+                if t >= cfg.duration_ms {
+                    break;
+                }
+                let gap = if rng.gen_bool(0.5) {
+                    out.push(Scheduled {
+                        at_ms: t,
+                        side,
+                        op: PlannedOp::Deregister { instance: instance.clone() },
+                    });
+                    rng.gen_range(0..1_500u64)
+                } else {
+                    out.push(Scheduled {
+                        at_ms: t,
+                        side,
+                        op: PlannedOp::StopHeartbeat { instance: instance.clone() },
+                    });
+                    // Mostly after its lease expired; sometimes while it is still held.
+                    if rng.gen_bool(0.7) {
+                        rng.gen_range(ttl + 600..ttl + 2_500)
+                    } else {
+                        rng.gen_range(0..ttl / 2 + 1)
+                    }
+                };
+                t += gap;
+            }
+        }
+        let mut rng = StdRng::seed_from_u64(sub_seed(seed, 40 + side as u64));
+        let mut t = rng.gen_range(500..2_000u64);
+        let mut k = 0u64;
+        let every = cfg.race_every_ms.max(1);
+        while t < cfg.duration_ms && out.len() < cfg.ops_max {
+            let instance = InstanceRef { service: service.clone(), id: format!("{prefix}race-{}", k % 2) };
+            out.push(Scheduled {
+                at_ms: t,
+                side,
+                op: PlannedOp::Race { instance, rounds: cfg.race_rounds, ttl_ms: ttl },
+            });
+            k += 1;
+            t += rng.gen_range(every..every + every / 2 + 1);
+        }
+    }
+    out.sort_by(|a, b| (a.at_ms, a.side, a.op.instance()).cmp(&(b.at_ms, b.side, b.op.instance())));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,7 +296,32 @@ mod tests {
                     removed.insert(r);
                 }
                 PlannedOp::SetStatus { .. } => assert!(registered.contains(&r)),
+                PlannedOp::Race { .. } => panic!("no races outside the fixed service"),
             }
         }
+    }
+
+    #[test]
+    fn fixed_ids_are_reused_in_a_seeded_schedule() {
+        let cfg = WorkloadConfig::new(30_000);
+        let s = schedule_fixed(5, &cfg);
+        assert_eq!(s, schedule_fixed(5, &cfg));
+        assert_ne!(s, schedule_fixed(6, &cfg));
+        let regs = |id: &str| {
+            s.iter()
+                .filter(|x| x.op.instance().id == id && matches!(x.op, PlannedOp::Register { .. }))
+                .count()
+        };
+        assert!(regs("a-fix-0") >= 3 && regs("b-fix-1") >= 3, "fixed-id clients register again");
+        let races: Vec<&Scheduled> = s.iter().filter(|x| matches!(x.op, PlannedOp::Race { .. })).collect();
+        assert!(races.len() >= 10, "{}", races.len());
+        // The same race id waits long enough for its lease to expire before its next race.
+        let mut last: std::collections::BTreeMap<&InstanceRef, u64> = Default::default();
+        for r in &races {
+            if let Some(prev) = last.insert(r.op.instance(), r.at_ms) {
+                assert!(r.at_ms - prev >= 2 * cfg.race_every_ms);
+            }
+        }
+        assert!(s.iter().all(|x| x.op.instance().service == "fixed"));
     }
 }

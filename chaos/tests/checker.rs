@@ -78,6 +78,7 @@ impl H {
                         status: status.clone(),
                         health: "healthy".into(),
                         stale: false,
+                        damped: false,
                     })
                     .collect()
             })
@@ -101,6 +102,7 @@ impl H {
             result: Ok(StatusView {
                 log,
                 applied: applied.iter().map(|(k, m)| ((*k).to_owned(), *m)).collect(),
+                ..StatusView::default()
             }),
         });
     }

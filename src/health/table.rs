@@ -105,7 +105,6 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
         self.map.keys().map(|k| &**k)
     }
 
-    /// Adds or replaces the lease of `key`.
     /// Adds or replaces the lease of `key`. A new lease is not counted by
     /// self-preservation until it renews.
     pub fn insert(&mut self, key: K, lease: Lease) {
@@ -115,6 +114,9 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
         let key = std::sync::Arc::new(key);
         let (generation, due_ms) = self.schedule(&key, &lease);
         self.map.insert(key, Slot { lease, generation, due_ms, renewed: false, out: false, overdue: false });
+        // Only now: compacting before the lease is in the map would drop its own entry as
+        // stale, and the lease would never be checked again.
+        self.compact();
     }
 
     pub fn remove(&mut self, key: &K) -> Option<Lease> {
@@ -231,7 +233,6 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
         self.generation += 1;
         let Some(d) = lease.next_deadline_ms() else { return (self.generation, u64::MAX) };
         self.due.push(std::cmp::Reverse((d, self.generation, key.clone())));
-        self.compact();
         (self.generation, d)
     }
 

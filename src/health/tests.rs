@@ -431,6 +431,24 @@ impl LeaseGroup for u8 {
     }
 }
 
+#[test]
+fn a_lease_inserted_while_the_queue_compacts_still_ticks() {
+    // Found by the chaos drills' lease-health invariant (crash-restart, seed 1): `insert`
+    // queued the new lease's entry and compacted the queue before the lease was in the
+    // map, so compaction dropped that entry as stale and the lease never turned Suspect or
+    // Unhealthy, nor expired. Each re-insertion of key 1 leaves a stale entry; the 65th
+    // push compacts.
+    let cfg = HealthConfig::default();
+    let times = LeaseTimes::from_ttl(2_400);
+    let mut table: LeaseTable<u8> = LeaseTable::default();
+    for _ in 0..65 {
+        table.insert(1, Lease::new(0, times, &cfg));
+    }
+    assert_eq!(table.check(600, false), vec![(1, to(Health::Suspect).unwrap())]);
+    assert_eq!(table.check(1_200, false), vec![(1, to(Health::Unhealthy).unwrap())]);
+    assert_eq!(table.check(2_400, false), vec![(1, Transition::Expire)]);
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Op {
     Beat,

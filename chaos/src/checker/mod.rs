@@ -71,8 +71,10 @@
 //! - `verdict`: the invariants, violations, the report, and [`Checker::finish`].
 
 mod convergence;
+mod health;
 mod ops;
 mod process;
+mod stale;
 mod state;
 mod status;
 mod verdict;
@@ -85,9 +87,10 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 pub use convergence::{digest, divergence, view_set, ViewEntry};
+pub use health::HealthRules;
 pub use ops::{InstanceRef, OpId, OpKind, OpRecord, Outcome};
 pub use process::ProcessEvent;
-pub use status::{Mark, StatusObservation, StatusView};
+pub use status::{Mark, PeerLinkView, StatusObservation, StatusView};
 pub use verdict::{CheckReport, Invariant, InvariantResult, OpCounts, RecoveryResult, Violation};
 pub use views::{ObservedInstance, ServiceView, ViewObservation, ViewScope};
 
@@ -113,6 +116,13 @@ pub struct CheckerConfig {
     pub recovery_budget_ms: Ms,
     /// Violations kept in detail per invariant (all are counted).
     pub violations_kept_max: usize,
+    /// The owners' lease rules (`None`: lease-health is not judged).
+    pub health: Option<HealthRules>,
+    /// The nodes' `stale_after_ms` (`None`: staleness is not judged).
+    pub stale_after_ms: Option<Ms>,
+    /// Services whose instance ids the workload reuses: judged by lease-health (and
+    /// ownership) only, since the other invariants follow one life per id.
+    pub reused_services: BTreeSet<String>,
 }
 
 impl CheckerConfig {
@@ -124,6 +134,9 @@ impl CheckerConfig {
             availability_grace_ms: 1_000,
             recovery_budget_ms: 20_000,
             violations_kept_max: 20,
+            health: None,
+            stale_after_ms: None,
+            reused_services: BTreeSet::new(),
         }
     }
 }
@@ -194,6 +207,10 @@ pub struct Checker {
     statuses_judged: u64,
     /// (invariant, instance, dc) already reported: one violation per instance and DC.
     reported: std::collections::HashSet<(Invariant, InstanceRef, String)>,
+    /// Self-preservation samples per DC: (invoked, completed, expiry paused somewhere).
+    preservation: HashMap<String, std::collections::VecDeque<(Ms, Ms, bool)>>,
+    damped_excused: u64,
+    stale: stale::Staleness,
 }
 
 impl Checker {
@@ -219,6 +236,9 @@ impl Checker {
             views_judged: 0,
             statuses_judged: 0,
             reported: std::collections::HashSet::new(),
+            preservation: HashMap::new(),
+            damped_excused: 0,
+            stale: Default::default(),
         }
     }
 

@@ -125,6 +125,9 @@ impl Checker {
             OpKind::Heartbeat => {
                 self.counts.heartbeats += 1;
                 self.hb_inflight.insert(id, (instance.clone(), at));
+                if let Some(i) = self.insts.get_mut(instance) {
+                    i.life.on_invoke(&kind, at);
+                }
                 return id;
             }
             OpKind::Register { persistent, ttl_ms } => {
@@ -151,6 +154,7 @@ impl Checker {
                             status_acked: None,
                             status_unknown: Vec::new(),
                             per_dc: BTreeMap::new(),
+                            life: Default::default(),
                         },
                     );
                 }
@@ -165,6 +169,7 @@ impl Checker {
         }
         if let Some(i) = self.insts.get_mut(instance) {
             i.ops.push(id);
+            i.life.on_invoke(&kind, at);
         }
         self.ops.push(OpRecord {
             id,
@@ -181,6 +186,9 @@ impl Checker {
     /// Records how an operation ended.
     pub fn complete(&mut self, id: OpId, at: Ms, outcome: Outcome) {
         if let Some((inst, invoked)) = self.hb_inflight.remove(&id) {
+            if let Some(i) = self.insts.get_mut(&inst) {
+                i.life.on_complete(&OpKind::Heartbeat, invoked, at, &outcome);
+            }
             match &outcome {
                 Outcome::Acked { .. } => {}
                 Outcome::Failed { .. } => self.counts.heartbeats_failed += 1,
@@ -199,7 +207,17 @@ impl Checker {
         self.ops[pos].outcome = outcome.clone();
         let (kind, inst_ref, invoked) =
             (self.ops[pos].kind.clone(), self.ops[pos].instance.clone(), self.ops[pos].invoked);
+        let reused = self.cfg.reused_services.contains(&inst_ref.service);
         let Some(inst) = self.insts.get_mut(&inst_ref) else { return };
+        inst.life.on_complete(&kind, invoked, at, &outcome);
+        if reused {
+            // Reused ids are judged by lease-health only (their registrations and
+            // deregistrations interleave; tombstones and lost acks assume one life).
+            if let (OpKind::Register { .. }, Outcome::Acked { .. }) = (&kind, &outcome) {
+                inst.reg_acked.get_or_insert(at);
+            }
+            return;
+        }
         match (kind, outcome) {
             (OpKind::Register { .. }, Outcome::Acked { epoch, .. }) => {
                 inst.reg_acked.get_or_insert(at);
@@ -271,6 +289,11 @@ impl Checker {
                     inst.last_renewal = Some(prev.max(invoked));
                 }
             }
+            Outcome::Failed { http_status: Some(404), .. }
+                if self.cfg.reused_services.contains(&inst_ref.service) =>
+            {
+                self.counts.heartbeats_unknown_instance += 1;
+            }
             Outcome::Failed { http_status: Some(404), .. } => {
                 self.counts.heartbeats_unknown_instance += 1;
                 // Keep the heartbeat: it is evidence.
@@ -327,8 +350,12 @@ impl Checker {
     /// The workload stopped heartbeating `instance` at `at`: its lease may expire from now.
     pub fn stop_heartbeats(&mut self, instance: &InstanceRef, at: Ms) {
         self.counts.lease_stops += 1;
+        let reused = self.cfg.reused_services.contains(&instance.service);
         if let Some(i) = self.insts.get_mut(instance) {
-            i.stop_hb.get_or_insert(at);
+            if !reused {
+                i.stop_hb.get_or_insert(at);
+            }
+            i.life.stop(at);
         }
     }
 

@@ -64,6 +64,8 @@ pub(super) struct Inst {
     pub(super) status_acked: Option<(Ms, String)>,
     pub(super) status_unknown: Vec<String>,
     pub(super) per_dc: BTreeMap<String, DcInst>,
+    /// Renewals and quiet periods, for lease-health.
+    pub(super) life: super::health::Life,
 }
 
 impl Inst {

@@ -27,6 +27,19 @@ pub struct StatusView {
     pub log: Mark,
     /// Applied high-water mark per remote origin.
     pub applied: BTreeMap<String, Mark>,
+    /// The inbound link of each peer (`peers.*.inbound`).
+    pub peers: BTreeMap<String, PeerLinkView>,
+    /// `self_preservation.active`: lease expiry is paused in some namespace.
+    pub preservation_active: Option<bool>,
+}
+
+/// A peer's inbound link as `/v1/status` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PeerLinkView {
+    /// The peer's copies are stale (no progress for `stale_after_ms`).
+    pub stale: bool,
+    /// The peer's epoch and last seq, as it last said.
+    pub origin: Mark,
 }
 
 #[derive(Clone, Debug)]
@@ -39,6 +52,9 @@ pub struct StatusObservation {
 
 impl Checker {
     pub fn observe_status(&mut self, obs: StatusObservation) {
+        if let Ok(StatusView { preservation_active: Some(active), .. }) = &obs.result {
+            self.preservation_sample(&obs.dc, obs.invoked, obs.completed, *active);
+        }
         self.push(Timed::Status(obs));
     }
 
@@ -54,6 +70,8 @@ impl Checker {
         };
         self.statuses_judged += 1;
         st.latest_status = Some((o.invoked, s.clone()));
+        self.judge_status_staleness(&o, &s);
+        let Some(st) = self.dcs.get_mut(&dc) else { return };
         let tag = format!("{}..{}ms {} status", o.invoked, o.completed, dc);
         let mut problems: Vec<(String, Vec<String>)> = Vec::new();
 

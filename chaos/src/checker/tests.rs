@@ -28,6 +28,7 @@ fn digest_is_order_free_and_content_sensitive() {
                 status: "up".into(),
                 health: "healthy".into(),
                 stale: false,
+                damped: false,
             },
             ObservedInstance {
                 id: "y".into(),
@@ -36,6 +37,7 @@ fn digest_is_order_free_and_content_sensitive() {
                 status: "up".into(),
                 health: "healthy".into(),
                 stale: true,
+                damped: false,
             },
         ],
     };

@@ -20,10 +20,12 @@ pub enum Invariant {
     Ownership,
     Availability,
     BoundedRecovery,
+    LeaseHealth,
+    Staleness,
 }
 
 impl Invariant {
-    pub const ALL: [Invariant; 7] = [
+    pub const ALL: [Invariant; 9] = [
         Invariant::NoResurrection,
         Invariant::Convergence,
         Invariant::NoLostAck,
@@ -31,6 +33,8 @@ impl Invariant {
         Invariant::Ownership,
         Invariant::Availability,
         Invariant::BoundedRecovery,
+        Invariant::LeaseHealth,
+        Invariant::Staleness,
     ];
 
     pub fn name(self) -> &'static str {
@@ -42,6 +46,8 @@ impl Invariant {
             Invariant::Ownership => "ownership",
             Invariant::Availability => "availability",
             Invariant::BoundedRecovery => "bounded-recovery",
+            Invariant::LeaseHealth => "lease-health",
+            Invariant::Staleness => "staleness",
         }
     }
 }
@@ -257,6 +263,9 @@ impl Checker {
         let mut sorted = refs;
         sorted.sort();
         for r in &sorted {
+            if self.cfg.reused_services.contains(&r.service) {
+                continue;
+            }
             let Some(inst) = self.insts.get(r) else { continue };
             let owner = inst.owner.clone();
             let dereg = inst.dereg_acked;
@@ -426,6 +435,20 @@ impl Checker {
                 });
                 format!("{ok} discovery polls answered, {failed} failed while up, {excused} failed while down (excused)")
             }
+            Invariant::LeaseHealth => match &self.cfg.health {
+                None => "not judged (the owners' lease rules are not known)".into(),
+                Some(h) => format!(
+                    "{checks} owner reads judged (healthy after a chain of renewals {}ms apart, {} heartbeats or a registration; silent: suspect {}ms, unhealthy {}ms, gone {}ms after the last renewal, never better); {} damped reads excused",
+                    h.suspect_ms, 2 * h.recovery_heartbeats, h.suspect_ms, h.unhealthy_ms, h.expire_ms, self.damped_excused
+                ),
+            },
+            Invariant::Staleness => match self.cfg.stale_after_ms {
+                None => "not judged (stale_after_ms is not known)".into(),
+                Some(sa) => format!(
+                    "{checks} reads of a peer's copies judged against stale_after_ms {sa}: {} required fresh (progress seen), {} required stale (no progress possible)",
+                    self.stale.required_fresh, self.stale.required_stale
+                ),
+            },
             Invariant::BoundedRecovery => {
                 let done: Vec<String> = recs
                     .iter()

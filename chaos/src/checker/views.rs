@@ -7,7 +7,7 @@ use super::state::Seen;
 use super::{Checker, InstanceRef, Invariant, Ms, Timed};
 
 /// One instance in a `?dc=all` answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct ObservedInstance {
     pub id: String,
     pub owner_dc: String,
@@ -15,6 +15,8 @@ pub struct ObservedInstance {
     pub status: String,
     pub health: String,
     pub stale: bool,
+    /// Flap damping holds its published health.
+    pub damped: bool,
 }
 
 /// A discovery answer.
@@ -144,6 +146,12 @@ impl Checker {
                     vec![format!("{pt}ms: index {pi}"), format!("{tag}: index {}", view.index)],
                 );
             }
+        }
+
+        self.judge_health(&o, &view.instances);
+        self.judge_view_staleness(&o, &view.instances);
+        if self.cfg.reused_services.contains(&o.service) {
+            return;
         }
 
         // Presence.

@@ -32,14 +32,14 @@ use tokio::time::Instant;
 
 use crate::api::Api;
 use crate::checker::{
-    divergence, view_set, CheckReport, Checker, CheckerConfig, InstanceRef, Ms, ProcessEvent, ServiceView,
-    StatusView, ViewScope,
+    divergence, view_set, CheckReport, Checker, CheckerConfig, HealthRules, InstanceRef, Ms, ProcessEvent,
+    ServiceView, StatusView, ViewScope,
 };
 use crate::cluster::{Cluster, Environment, NodeTuning, SetupError};
 use crate::ledger::{FaultLedger, StepEffect};
-use crate::plan::{plan, Action, DrillKind, Plan};
+use crate::plan::{plan, Action, Cut, DrillKind, Plan};
 use crate::report::{DrillReport, Expectation, Figures, Sample};
-use crate::workload::{schedule, Scheduled, WorkloadConfig};
+use crate::workload::{schedule, schedule_fixed, Scheduled, WorkloadConfig};
 
 pub use cli::{main, parse_duration_ms};
 use figures::{figures, snapshot_metrics};
@@ -274,6 +274,9 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     let mut wl = WorkloadConfig::new(the_plan.span_ms + recoveries * opts.recovery_budget_ms);
     wl.ttl_ms = tuning.expire_after_ms;
     let sched = schedule(opts.seed, &wl);
+    let fixed = schedule_fixed(opts.seed, &wl);
+    let mut services = wl.services.clone();
+    services.extend(wl.fixed_service.clone());
     say(&format!(
         "dir {} | {} {} | {} {} | namespace {ns} | ~{} ops/s per DC, {} faults, span {:.1}s",
         dir.display(),
@@ -289,6 +292,18 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     let mut ccfg = CheckerConfig::new(&[&names[0], &names[1]]);
     ccfg.recovery_budget_ms = opts.recovery_budget_ms;
     ccfg.hold_ms = POLL_TIMEOUT.as_millis() as u64 + 3_000;
+    ccfg.reused_services.extend(wl.fixed_service.clone());
+    if matches!(opts.env, Environment::Sandbox | Environment::Netns) {
+        // The nodes' settings are ours: judge health, leases and staleness by them.
+        ccfg.health = Some(HealthRules {
+            suspect_ms: tuning.suspect_after_ms,
+            unhealthy_ms: tuning.unhealthy_after_ms,
+            expire_ms: tuning.expire_after_ms,
+            check_interval_ms: tuning.check_interval_ms,
+            ..HealthRules::sandbox()
+        });
+        ccfg.stale_after_ms = Some(tuning.stale_after_ms);
+    }
     let ctx = Arc::new(Ctx {
         start: Instant::now(),
         checker: Mutex::new(Checker::new(ccfg)),
@@ -296,7 +311,7 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         bases: bases.clone(),
         names: names.clone(),
         ns: ns.clone(),
-        services: wl.services.clone(),
+        services,
         heartbeating: [Mutex::new(BTreeSet::new()), Mutex::new(BTreeSet::new())],
         samples: Mutex::new(Vec::new()),
         stop_workload: AtomicBool::new(false),
@@ -318,6 +333,11 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         per_side[s.side].push(s);
     }
     let [ops_a, ops_b] = per_side;
+    // One task per reused id, so that a long race never delays another id's schedule.
+    let mut per_id: std::collections::BTreeMap<(usize, InstanceRef), Vec<Scheduled>> = Default::default();
+    for s in fixed {
+        per_id.entry((s.side, s.op.instance().clone())).or_default().push(s);
+    }
     let mut background = Tasks(vec![
         tokio::spawn(advancer(ctx.clone())),
         tokio::spawn(progress(ctx.clone(), Duration::from_secs(2))),
@@ -325,10 +345,13 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     let pollers = Tasks(vec![tokio::spawn(poller(ctx.clone(), 0)), tokio::spawn(poller(ctx.clone(), 1))]);
     let heartbeaters =
         Tasks(vec![tokio::spawn(heartbeater(ctx.clone(), 0)), tokio::spawn(heartbeater(ctx.clone(), 1))]);
-    let executors = Tasks(vec![
+    let mut executors = Tasks(vec![
         tokio::spawn(executor(ctx.clone(), 0, ops_a)),
         tokio::spawn(executor(ctx.clone(), 1, ops_b)),
     ]);
+    for ((side, _), ops) in per_id {
+        executors.0.push(tokio::spawn(executor(ctx.clone(), side, ops)));
+    }
 
     // The fault plan.
     let mut ledger = FaultLedger::new(names.clone());
@@ -349,6 +372,12 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         for (side, ev) in process_events.before {
             ctx.checker.lock().process(&names[side], t0, ev);
         }
+        if real && matches!(step.action, Action::Heal) {
+            // Conservative: the link may flow again from the moment the heal starts.
+            let mut c = ctx.checker.lock();
+            c.link(t0, &names[0], &names[1], false);
+            c.link(t0, &names[1], &names[0], false);
+        }
         if matches!(step.action, Action::Heal) {
             for (side, floor) in purge_floor_before_heal.iter_mut().enumerate() {
                 let samples = ctx.samples.lock();
@@ -362,6 +391,16 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         ctx.say(&format!("fault: {label}{}", note.map(|n| format!(" ({n})")).unwrap_or_default()));
         for (side, ev) in process_events.after {
             ctx.checker.lock().process(&names[side], t1, ev);
+        }
+        if let (true, Action::Cut(cut)) = (real, step.action) {
+            // The cut is certain once applied.
+            let mut c = ctx.checker.lock();
+            if matches!(cut, Cut::Both | Cut::AToB) {
+                c.link(t1, &names[0], &names[1], true);
+            }
+            if matches!(cut, Cut::Both | Cut::BToA) {
+                c.link(t1, &names[1], &names[0], true);
+            }
         }
         if let StepEffect::Ended { quiet } = ledger.record(step.action, t0, t1) {
             last_fault_end = t1;

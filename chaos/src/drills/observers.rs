@@ -167,8 +167,46 @@ pub(super) async fn executor(ctx: Arc<Ctx>, side: usize, ops: Vec<Scheduled>) {
                 ctx.heartbeating[side].lock().remove(&instance);
                 ctx.checker.lock().stop_heartbeats(&instance, ctx.now());
             }
+            PlannedOp::Race { instance, rounds, ttl_ms } => race(&ctx, side, &instance, rounds, ttl_ms).await,
         }
     }
+}
+
+/// An id race: `rounds` times, register `instance`, then deregister it and register it
+/// again in parallel (issue 12's repro). No heartbeats: it must end with one lease and
+/// expire. Stops early when the owner is unreachable.
+async fn race(ctx: &Ctx, side: usize, instance: &InstanceRef, rounds: u32, ttl_ms: u64) {
+    let dc = &ctx.names[side];
+    let base = &ctx.bases[side];
+    let ns = &ctx.ns;
+    let (svc, id) = (&instance.service, &instance.id);
+    let register = || async {
+        let op = ctx.checker.lock().invoke(
+            dc,
+            instance,
+            OpKind::Register { persistent: false, ttl_ms },
+            ctx.now(),
+        );
+        let out = ctx.api.register(base, ns, svc, id, "10.99.0.1", 9999, false, ttl_ms, OP_TIMEOUT).await;
+        let unreachable = matches!(out, Outcome::Failed { http_status: None, .. });
+        ctx.checker.lock().complete(op, ctx.now(), out);
+        unreachable
+    };
+    for _ in 0..rounds {
+        if ctx.stop_workload.load(Ordering::Relaxed) || register().await {
+            break;
+        }
+        let del = async {
+            let op = ctx.checker.lock().invoke(dc, instance, OpKind::Deregister, ctx.now());
+            let out = ctx.api.deregister(base, ns, svc, id, OP_TIMEOUT).await;
+            ctx.checker.lock().complete(op, ctx.now(), out);
+        };
+        let ((), unreachable) = tokio::join!(del, register());
+        if unreachable {
+            break;
+        }
+    }
+    ctx.checker.lock().heartbeats_ended(instance, ctx.now());
 }
 
 pub(super) async fn heartbeater(ctx: Arc<Ctx>, side: usize) {
@@ -189,6 +227,7 @@ pub(super) async fn heartbeater(ctx: Arc<Ctx>, side: usize) {
                 if forgotten {
                     // The client would re-register under a new id; this workload just stops.
                     ctx.heartbeating[side].lock().remove(&inst);
+                    ctx.checker.lock().heartbeats_ended(&inst, ctx.now());
                 }
             });
         }
