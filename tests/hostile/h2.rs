@@ -189,20 +189,13 @@ async fn http2_limits_refuse_extra_streams_and_big_headers_and_close_silent_conn
         .await
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
-    let mut closed = false;
-    loop {
+    let closed = loop {
         match read_frame(&mut s, deadline).await {
-            None => {
-                closed = tokio::time::Instant::now() < deadline;
-                break;
-            }
-            Some(f) if f.kind == GOAWAY => {
-                closed = true;
-                break;
-            }
+            None => break tokio::time::Instant::now() < deadline,
+            Some(f) if f.kind == GOAWAY => break true,
             Some(_) => {}
         }
-    }
+    };
     assert!(closed, "a connection that ignores pings stayed open for {:?}", started.elapsed());
     assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
     well_behaved(&c, 2).await;
