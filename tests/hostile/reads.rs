@@ -414,3 +414,32 @@ async fn c_stream(url: &str) -> reqwest::Response {
     assert_eq!(r.status(), 200, "a well-behaved client's stream is served");
     r
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_cap_never_refuses_replicated_records() {
+    let p = pair_with(|c| {
+        if c.dc == "dc-a" {
+            c.limits.services_max = 2;
+        }
+    })
+    .await;
+    let (a, b) = (p.client_a(), p.client_b());
+    for svc in ["r1", "r2", "r3"] {
+        b.register(&reg_body(svc, &format!("{svc}-b"), true)).await.unwrap();
+    }
+    eventually(Duration::from_secs(10), "dc-a holds dc-b's three services", || async {
+        let mut n = 0;
+        for svc in ["r1", "r2", "r3"] {
+            n += a.discover("default", svc, "dc=dc-b").await.map_or(0, |d| ids(&d).len());
+        }
+        n == 3
+    })
+    .await;
+    let m = Metrics::of(p.a.as_ref().unwrap()).await;
+    assert_eq!(metric(&m, "tandem_services{}").await, 3.0, "replicated services are counted");
+    // dc-a's own new services are refused past its cap; its instances of held ones are not.
+    let e = a.register(&reg_body("mine", "m-a", true)).await.unwrap_err().to_string();
+    assert!(e.contains("too_many_services"), "{e}");
+    a.register(&reg_body("r1", "r1-a", true)).await.unwrap();
+    p.stop().await;
+}
