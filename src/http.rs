@@ -153,6 +153,7 @@ fn parse_bool(field: &str, v: Option<&str>) -> Result<bool, ApiError> {
     }
 }
 
+#[allow(clippy::result_large_err)] // errors carry headers (Retry-After); answered at once
 async fn discover(
     State(node): State<Arc<NodeShared>>,
     Path((ns, svc)): Path<(String, String)>,

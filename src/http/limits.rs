@@ -171,6 +171,7 @@ impl Drop for Slot {
 /// Takes a streaming-watch place (`streams`) or a blocking-query place (`blocking`) for
 /// `ip` under the caps in force; a refusal is the client's error: 429 per address, 503
 /// node-wide, both with `Retry-After: 1`, logged sampled.
+#[allow(clippy::result_large_err)] // a refusal is answered at once, never stored
 pub fn take_slot(node: &NodeShared, ip: Option<IpAddr>, streams: bool) -> Result<Slot, Response> {
     let cfg = node.registry.config();
     let h = &cfg.http;

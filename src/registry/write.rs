@@ -300,7 +300,9 @@ impl Registry {
         };
         // A new service (or namespace) must fit the caps; replicated ones never are refused.
         let limits = self.config().limits.clone();
-        if let Err(key) = self.view.room_for(&namespace, &req.service, limits.services_max, limits.namespaces_max) {
+        if let Err(key) =
+            self.view.room_for(&namespace, &req.service, limits.services_max, limits.namespaces_max)
+        {
             let (counter, code, cap) = if key == "services_max" {
                 (&self.counters.refused_services_max, "too_many_services", limits.services_max)
             } else {

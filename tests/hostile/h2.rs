@@ -155,7 +155,7 @@ async fn http2_limits_refuse_extra_streams_and_big_headers_and_close_silent_conn
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
     while answered < STREAMS_MAX {
         let f = read_frame(&mut s, deadline).await.expect("the held streams are answered");
-        if f.kind == DATA && f.flags & END_STREAM != 0 || f.kind == HEADERS && f.flags & END_STREAM != 0 {
+        if (f.kind == DATA || f.kind == HEADERS) && f.flags & END_STREAM != 0 {
             answered += 1;
         }
     }
@@ -185,9 +185,12 @@ async fn http2_limits_refuse_extra_streams_and_big_headers_and_close_silent_conn
     // A client that never answers the server's pings: closed once the keep-alive times out,
     // even with a request in flight.
     let started = Instant::now();
-    s.write_all(&request(29, &get_block(addr, &format!("/v1/services/default/quiet?index={}&wait=10s", u64::MAX - 1), &[])))
-        .await
-        .unwrap();
+    s.write_all(&request(
+        29,
+        &get_block(addr, &format!("/v1/services/default/quiet?index={}&wait=10s", u64::MAX - 1), &[]),
+    ))
+    .await
+    .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
     let closed = loop {
         match read_frame(&mut s, deadline).await {

@@ -135,7 +135,8 @@ async fn reads_of_made_up_services_create_no_state_and_move_no_index() {
                         3 if i % 100 == 3 => format!("?index={index_before}&wait=20ms"),
                         _ => String::new(),
                     };
-                    let r = h.get(format!("{base}/v1/services/default/{}{q}", made_up(i))).send().await.unwrap();
+                    let r =
+                        h.get(format!("{base}/v1/services/default/{}{q}", made_up(i))).send().await.unwrap();
                     assert_eq!(r.status(), 200);
                     r.bytes().await.unwrap();
                 }
@@ -147,7 +148,8 @@ async fn reads_of_made_up_services_create_no_state_and_move_no_index() {
     }
     // Streaming watches of made-up services, opened and left.
     for i in 0..100 {
-        let mut r = h.get(format!("{base}/v1/services/default/{}?stream=true", made_up(READS + i))).send().await;
+        let mut r =
+            h.get(format!("{base}/v1/services/default/{}?stream=true", made_up(READS + i))).send().await;
         let r = r.as_mut().unwrap();
         assert!(r.chunk().await.unwrap().is_some());
     }
@@ -193,8 +195,11 @@ async fn watchers_of_absent_services_sleep_through_other_writes_and_emptied_serv
     let lines = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for i in 0..WATCHERS {
-        let mut r =
-            h2.get(format!("http://{addr}/v1/services/default/{}?stream=true", made_up(i))).send().await.unwrap();
+        let mut r = h2
+            .get(format!("http://{addr}/v1/services/default/{}?stream=true", made_up(i)))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200);
         assert!(r.chunk().await.unwrap().is_some(), "first answer");
         tasks.push(count_lines(r, lines.clone()));
@@ -207,7 +212,9 @@ async fn watchers_of_absent_services_sleep_through_other_writes_and_emptied_serv
     assert!(later_stream.chunk().await.unwrap().is_some());
     let blocked = {
         let c = client(&node);
-        tokio::spawn(async move { c.discover("default", "later", &format!("index={later_index}&wait=20s")).await })
+        tokio::spawn(
+            async move { c.discover("default", "later", &format!("index={later_index}&wait=20s")).await },
+        )
     };
 
     // 20 writes to "calm" only.
@@ -230,7 +237,8 @@ async fn watchers_of_absent_services_sleep_through_other_writes_and_emptied_serv
     let answer = blocked.await.unwrap().unwrap();
     assert_eq!(ids(&answer), vec!["l-1".to_owned()]);
     assert!(answer["index"].as_u64().unwrap() > later_index);
-    let line = tokio::time::timeout(Duration::from_secs(3), later_stream.chunk()).await.unwrap().unwrap().unwrap();
+    let line =
+        tokio::time::timeout(Duration::from_secs(3), later_stream.chunk()).await.unwrap().unwrap().unwrap();
     assert!(String::from_utf8_lossy(&line).contains("l-1"));
     assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
     assert_eq!(metric(&m, "tandem_services{}").await, 2.0);
@@ -239,7 +247,8 @@ async fn watchers_of_absent_services_sleep_through_other_writes_and_emptied_serv
     // never goes backwards.
     let shown = answer["index"].as_u64().unwrap();
     c.deregister("default", "later", "l-1").await.unwrap();
-    let gone = tokio::time::timeout(Duration::from_secs(3), later_stream.chunk()).await.unwrap().unwrap().unwrap();
+    let gone =
+        tokio::time::timeout(Duration::from_secs(3), later_stream.chunk()).await.unwrap().unwrap().unwrap();
     let gone: Value = serde_json::from_slice(&gone).unwrap();
     assert!(ids(&gone).is_empty(), "{gone}");
     let gone_index = gone["index"].as_u64().unwrap();
@@ -248,7 +257,8 @@ async fn watchers_of_absent_services_sleep_through_other_writes_and_emptied_serv
         metric(&m, "tandem_services{}").await == 1.0
     })
     .await;
-    let list = reqwest::get(format!("http://{addr}/v1/services")).await.unwrap().json::<Value>().await.unwrap();
+    let list =
+        reqwest::get(format!("http://{addr}/v1/services")).await.unwrap().json::<Value>().await.unwrap();
     assert!(!list.to_string().contains("later"), "{list}");
     let again = c.discover("default", "later", "").await.unwrap();
     assert!(again["index"].as_u64().unwrap() >= gone_index, "{again}");
@@ -261,7 +271,8 @@ async fn watchers_of_absent_services_sleep_through_other_writes_and_emptied_serv
     c.register(&reg_body("later", "l-2", true)).await.unwrap();
     let back = tokio::time::timeout(Duration::from_secs(3), blocked).await.unwrap().unwrap().unwrap();
     assert_eq!(ids(&back), vec!["l-2".to_owned()]);
-    let line = tokio::time::timeout(Duration::from_secs(3), later_stream.chunk()).await.unwrap().unwrap().unwrap();
+    let line =
+        tokio::time::timeout(Duration::from_secs(3), later_stream.chunk()).await.unwrap().unwrap().unwrap();
     let line: Value = serde_json::from_slice(&line).unwrap();
     assert_eq!(ids(&line), vec!["l-2".to_owned()]);
     assert!(line["index"].as_u64().unwrap() > gone_index);
