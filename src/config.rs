@@ -39,6 +39,8 @@ pub struct Config {
     /// Access control (tokens and policies); see docs/security.md.
     #[serde(default)]
     pub acl: crate::acl::AclSection,
+    #[serde(default)]
+    pub limits: LimitsSection,
 }
 
 fn default_http_addr() -> SocketAddr {
@@ -177,13 +179,22 @@ pub struct LogSection {
 
 /// The client-facing HTTP API and its limits (docs/deploy.md, "Limits"). The listener's
 /// limits (connections, timeouts, header size, HTTP/2) take effect at start; `allowed_hosts`,
-/// `watch_streams_max` and `admin_calls_per_minute` also on reload.
+/// the stream and blocking-query caps and `admin_calls_per_minute` also on reload.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpSection {
     /// Most streaming watches (`?stream=true`) open at once; one more is refused with 503
     /// `too_many_watches` (each holds a connection and a task).
     pub watch_streams_max: u64,
+    /// Most streaming watches open at once from one client IP address; one more is refused
+    /// with 429 `too_many_watches` (so one client cannot take every stream). Above
+    /// `watch_streams_max` it has no effect.
+    pub watch_streams_per_address_max: u64,
+    /// Most blocking queries (`?index=`) waiting at once; one more is refused with 503
+    /// `too_many_blocking_queries`.
+    pub blocking_queries_max: u64,
+    /// Most blocking queries waiting at once from one client IP address; one more gets 429.
+    pub blocking_queries_per_address_max: u64,
     /// Most client connections open at once (further capped by the descriptor budget: the
     /// open-files limit less what RocksDB and the node keep). One more is closed at accept.
     pub connections_max: u64,
@@ -220,6 +231,9 @@ impl Default for HttpSection {
     fn default() -> Self {
         HttpSection {
             watch_streams_max: 65_536,
+            watch_streams_per_address_max: 16_384,
+            blocking_queries_max: 65_536,
+            blocking_queries_per_address_max: 16_384,
             connections_max: 16_384,
             connections_per_address_max: 1_024,
             header_read_timeout_ms: 10_000,
@@ -237,8 +251,11 @@ impl Default for HttpSection {
 
 impl HttpSection {
     fn validate(&self) -> Result<(), ConfigError> {
-        let ranges: [(&str, u64, u64, u64); 10] = [
+        let ranges: [(&str, u64, u64, u64); 13] = [
             ("watch_streams_max", self.watch_streams_max, 1, 1_000_000),
+            ("watch_streams_per_address_max", self.watch_streams_per_address_max, 1, 1_000_000),
+            ("blocking_queries_max", self.blocking_queries_max, 1, 1_000_000),
+            ("blocking_queries_per_address_max", self.blocking_queries_per_address_max, 1, 1_000_000),
             ("connections_max", self.connections_max, 1, 1_000_000),
             ("connections_per_address_max", self.connections_per_address_max, 1, 1_000_000),
             ("header_read_timeout_ms", self.header_read_timeout_ms, 100, 600_000),
@@ -254,6 +271,8 @@ impl HttpSection {
                 return Err(inv(format!("[http] {key}"), format!("must be {lo}..={hi}")));
             }
         }
+        // (The stream and blocking-query caps per address may exceed their totals: the
+        // total is checked first, so the lower one rules.)
         if self.connections_per_address_max > self.connections_max {
             return Err(inv("[http] connections_per_address_max", "must be at most connections_max"));
         }
@@ -270,6 +289,27 @@ impl HttpSection {
             }
         }
         Ok(())
+    }
+}
+
+/// What the registry holds, bounded (docs/deploy.md, "Limits"). Checked by local
+/// registrations only: records replicated from a peer are always taken (refusing them
+/// would break convergence), and each DC caps its own, so the view holds at most the sum
+/// of the DCs' caps. Reloadable.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsSection {
+    /// Most services the view holds (local and replicated); a local registration of one
+    /// more is refused with 507 `too_many_services`.
+    pub services_max: u64,
+    /// Most namespaces the view holds; a local registration in one more is refused with
+    /// 507 `too_many_namespaces`.
+    pub namespaces_max: u64,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        LimitsSection { services_max: 100_000, namespaces_max: 1_000 }
     }
 }
 
@@ -362,6 +402,7 @@ impl Config {
             store: Default::default(),
             http: Default::default(),
             acl: Default::default(),
+            limits: Default::default(),
         }
     }
 
@@ -388,6 +429,12 @@ impl Config {
         }
         self.http.validate()?;
         self.acl.validate().map_err(|(key, reason)| inv(key, reason))?;
+        if !(1..=10_000_000).contains(&self.limits.services_max) {
+            return Err(inv("[limits] services_max", "must be 1..=10000000"));
+        }
+        if !(1..=1_000_000).contains(&self.limits.namespaces_max) {
+            return Err(inv("[limits] namespaces_max", "must be 1..=1000000"));
+        }
         let st = &self.store;
         if st.group_commit_linger_us > 10_000 {
             return Err(inv("[store] group_commit_linger_us", "must be 0..=10000"));
@@ -498,6 +545,12 @@ mod tests {
         let mut c = base();
         c.http.watch_streams_max = 0;
         assert_eq!(key_of(&c), "[http] watch_streams_max");
+        let mut c = base();
+        c.http.blocking_queries_per_address_max = 0;
+        assert_eq!(key_of(&c), "[http] blocking_queries_per_address_max");
+        let mut c = base();
+        c.limits.services_max = 0;
+        assert_eq!(key_of(&c), "[limits] services_max");
         for bad in [0, 86_400_001] {
             let mut c = base();
             c.protection.self_preservation_max_pause_ms = bad;

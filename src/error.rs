@@ -55,6 +55,14 @@ impl std::fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
+/// So that a handler answering `Result<_, Response>` (an error with headers, such as
+/// `Retry-After`) can still use `?` on an `ApiError`.
+impl From<ApiError> for Response {
+    fn from(e: ApiError) -> Response {
+        e.into_response()
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let retry = self.code == LOG_UNWRITABLE;

@@ -170,11 +170,14 @@ fn parse_bool(field: &str, v: Option<&str>) -> Result<bool, ApiError> {
     }
 }
 
+#[allow(clippy::result_large_err)] // errors carry headers (Retry-After); answered at once
 async fn discover(
     State(node): State<Arc<NodeShared>>,
     Path((ns, svc)): Path<(String, String)>,
+    client: Option<Extension<limits::ClientAddr>>,
     query: Result<Query<DiscoverQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, Response> {
+    let client = client.map(|Extension(a)| a.0);
     let Query(q) =
         query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", e.body_text()))?;
     let filter = match q.dc.as_deref() {
@@ -193,19 +196,9 @@ async fn discover(
     };
     if parse_bool("stream", q.stream.as_deref())? {
         if explain || q.wait.is_some() {
-            return Err(ApiError::invalid_field("stream", "cannot be combined with explain or wait"));
+            return Err(ApiError::invalid_field("stream", "cannot be combined with explain or wait").into());
         }
-        let max = node.registry.config().http.watch_streams_max;
-        let open = OpenStream::reserve(&node, max).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "too_many_watches",
-                format!(
-                    "{max} streaming watches are open on this node ([http] watch_streams_max); \
-                     use a blocking query or retry later"
-                ),
-            )
-        })?;
+        let open = limits::take_slot(&node, client, true)?;
         return Ok(stream_answers(node, ns, svc, filter, index, open));
     }
     if let Some(idx) = index {
@@ -213,9 +206,10 @@ async fn discover(
             Some(w) => parse_wait(w)?,
             None => WAIT_DEFAULT,
         };
+        let _waiting = limits::take_slot(&node, client, false)?;
         node.registry.wait_for(&ns, &svc, idx, wait).await;
     } else if q.wait.is_some() {
-        return Err(ApiError::invalid_field("wait", "needs index"));
+        return Err(ApiError::invalid_field("wait", "needs index").into());
     }
     let (index, body) = if explain {
         let answer = node.registry.discover(&ns, &svc, &filter, true)?;
@@ -244,7 +238,7 @@ fn stream_answers(
     svc: String,
     filter: DcFilter,
     after: Option<u64>,
-    open: OpenStream,
+    open: limits::Slot,
 ) -> Response {
     use futures::StreamExt as _;
     let mut closing = node.closing.clone();
@@ -263,12 +257,16 @@ fn stream_answers(
                         } else {
                             match tokio::time::timeout(STREAM_KEEPALIVE, rx.changed()).await {
                                 Ok(Ok(())) => true,
-                                Ok(Err(_)) => return None,
+                                // The service was dropped (emptied): watch its absence.
+                                Ok(Err(_)) => {
+                                    st.rx = None;
+                                    continue;
+                                }
                                 Err(_) => false,
                             }
                         }
                     }
-                    // Not (yet) in the view: wait on the global index, then look again.
+                    // Not (yet) in the view: wait on its absence bucket, then look again.
                     None => {
                         st.node.registry.wait_for(&st.ns, &st.svc, l, STREAM_KEEPALIVE).await;
                         st.node.registry.service_index(&st.ns, &st.svc) > l
@@ -286,7 +284,7 @@ fn stream_answers(
                 }
             };
             if st.last.is_some_and(|l| idx <= l) {
-                // Woken by the global index for another service: wait again.
+                // Woken for another service of its bucket: wait again.
                 continue;
             }
             st.node.registry.counters.watch_wakeups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -311,30 +309,8 @@ struct StreamState {
     filter: DcFilter,
     last: Option<u64>,
     rx: Option<tokio::sync::watch::Receiver<u64>>,
-    _open: OpenStream,
-}
-
-/// Counts a streaming watch in `tandem_watch_streams` for as long as it lives.
-struct OpenStream(Arc<crate::registry::Counters>);
-
-impl OpenStream {
-    /// Counts one more stream, unless `max` are open already.
-    fn reserve(node: &NodeShared, max: u64) -> Option<OpenStream> {
-        let counters = &node.registry.counters;
-        counters
-            .watch_streams
-            .fetch_update(std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| OpenStream(counters.clone()))
-    }
-}
-
-impl Drop for OpenStream {
-    fn drop(&mut self) {
-        self.0.watch_streams.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
+    /// Its place among the streaming watches (`tandem_watch_streams`), for its whole life.
+    _open: limits::Slot,
 }
 
 /// Most discovery answers kept encoded (see [`answer_bytes`]).
@@ -361,6 +337,10 @@ fn answer_bytes(node: &NodeShared, ns: &str, svc: &str, filter: &DcFilter) -> Re
     let mut encoded = serde_json::to_vec(&answer).unwrap_or_default();
     encoded.push(b'\n');
     let bytes = Bytes::from(encoded);
+    // An absent service's answer is cheap and not kept: reads of made-up names store nothing.
+    if !node.registry.knows(ns, svc) {
+        return Ok((answer.index, bytes));
+    }
     let mut cache = node.answers.lock();
     if cache.len() >= ANSWER_CACHE_ENTRIES_MAX {
         cache.clear();

@@ -5,8 +5,14 @@
 //! what is refused, what `/metrics` counts, that the node stays up, and that a well-behaved
 //! client's register and discover succeed during and after the probe. Flooders connect from
 //! other loopback addresses (127.0.0.2 and up) than the well-behaved client (127.0.0.1).
+//! `hostile/reads.rs`: reads and watches of made-up services, caps on services, streams and
+//! blocking queries; `hostile/h2.rs`: the HTTP/2 limits probed with raw frames.
 
 mod common;
+#[path = "hostile/h2.rs"]
+mod h2;
+#[path = "hostile/reads.rs"]
+mod reads;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

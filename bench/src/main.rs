@@ -224,6 +224,8 @@ pub fn bench_config(dir: &std::path::Path, dc: &str) -> Config {
     // the writers), far past the per-address default meant for one client host.
     c.http.connections_max = 65_536;
     c.http.connections_per_address_max = 65_536;
+    c.http.watch_streams_per_address_max = c.http.watch_streams_max;
+    c.http.blocking_queries_per_address_max = c.http.blocking_queries_max;
     // Blocking watchers wait up to their `wait`; pooled writer connections may sit idle
     // between steps: neither should be cut by the idle limits while a step measures.
     c.http.header_read_timeout_ms = 120_000;

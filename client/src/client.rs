@@ -148,7 +148,9 @@ impl Client {
                     let body = read_body(resp).await.map_err(ClientError::Decode)?;
                     let v: Value = serde_json::from_slice(&body)
                         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
-                    if status.is_server_error() {
+                    // A 5xx is that node's trouble: try the next address. Except 507 (a
+                    // node's cap on services or namespaces): a definite refusal.
+                    if status.is_server_error() && status != reqwest::StatusCode::INSUFFICIENT_STORAGE {
                         last = format!("{url}: {status}");
                         continue;
                     }

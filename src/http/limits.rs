@@ -2,9 +2,11 @@
 //! node does not serve (DNS rebinding), admin calls without a JSON content type or the
 //! `X-Tandem-Admin` header (cross-site bodyless POSTs) or beyond the admin rate, and
 //! requests that outlive their time budget. Also [`HttpState`], the listener's and these
-//! checks' counters (shown in `/metrics`), and [`LogSampler`], which keeps a flood of
-//! refusals from flooding the log.
+//! checks' counters (shown in `/metrics`), [`Slots`], the caps on streaming watches and
+//! blocking queries (in total and per client address), and [`LogSampler`], which keeps a
+//! flood of refusals from flooding the log.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -52,6 +54,10 @@ pub struct HttpState {
     pub refused_admin_unmarked: AtomicU64,
     /// Admin calls refused by the admin rate limit.
     pub refused_admin_rate: AtomicU64,
+    /// Streaming watches open now, and those refused.
+    pub streams: Slots,
+    /// Blocking queries waiting now, and those refused.
+    pub blocking: Slots,
     /// One sampler per kind of refusal, so each kind shows up in the log.
     pub(crate) log_accept: LogSampler,
     pub(crate) log_request: LogSampler,
@@ -80,6 +86,130 @@ impl HttpState {
             Err(((1.0 - *tokens) / rate).ceil().max(1.0) as u64)
         }
     }
+}
+
+/// The client address of a request, set by the listener.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub IpAddr);
+
+/// Places of one kind (streaming watches, waiting blocking queries): at most a node-wide
+/// number at once, and at most a per-address number for one client address.
+#[derive(Debug, Default)]
+pub struct Slots {
+    /// Gauge: places taken now.
+    pub open: AtomicU64,
+    /// Refused for the node-wide cap.
+    pub refused_total: AtomicU64,
+    /// Refused for the per-address cap.
+    pub refused_per_address: AtomicU64,
+    by_address: Mutex<HashMap<IpAddr, u64>>,
+}
+
+/// Which cap refused a place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotRefusal {
+    Total,
+    PerAddress,
+}
+
+/// A place taken in [`Slots`] (which one: `pick` from the node's [`HttpState`]); freed on drop.
+pub struct Slot {
+    state: Arc<HttpState>,
+    pick: fn(&HttpState) -> &Slots,
+    ip: Option<IpAddr>,
+}
+
+impl Slots {
+    /// Takes a place for `ip` (None: a request that came not through the listener, counted
+    /// in the total only), unless `max` are taken or `per_address` by `ip`.
+    pub fn take(
+        state: &Arc<HttpState>,
+        pick: fn(&HttpState) -> &Slots,
+        ip: Option<IpAddr>,
+        max: u64,
+        per_address: u64,
+    ) -> Result<Slot, SlotRefusal> {
+        let s = pick(state);
+        if s.open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_err() {
+            HttpState::bump(&s.refused_total);
+            return Err(SlotRefusal::Total);
+        }
+        if let Some(ip) = ip {
+            let mut by = s.by_address.lock();
+            let n = by.entry(ip).or_insert(0);
+            if *n >= per_address {
+                if *n == 0 {
+                    by.remove(&ip);
+                }
+                drop(by);
+                s.open.fetch_sub(1, Ordering::AcqRel);
+                HttpState::bump(&s.refused_per_address);
+                return Err(SlotRefusal::PerAddress);
+            }
+            *n += 1;
+        }
+        Ok(Slot { state: state.clone(), pick, ip })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let s = (self.pick)(&self.state);
+        if let Some(ip) = self.ip {
+            let mut by = s.by_address.lock();
+            if let Some(n) = by.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    by.remove(&ip);
+                }
+            }
+        }
+        s.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Takes a streaming-watch place (`streams`) or a blocking-query place (`blocking`) for
+/// `ip` under the caps in force; a refusal is the client's error: 429 per address, 503
+/// node-wide, both with `Retry-After: 1`, logged sampled.
+#[allow(clippy::result_large_err)] // a refusal is answered at once, never stored
+pub fn take_slot(node: &NodeShared, ip: Option<IpAddr>, streams: bool) -> Result<Slot, Response> {
+    let cfg = node.registry.config();
+    let h = &cfg.http;
+    let (pick, max, per_address, code, what, keys): (fn(&HttpState) -> &Slots, _, _, _, _, _) = if streams {
+        (
+            |s| &s.streams,
+            h.watch_streams_max,
+            h.watch_streams_per_address_max,
+            "too_many_watches",
+            "streaming watches",
+            ("watch_streams_max", "watch_streams_per_address_max"),
+        )
+    } else {
+        (
+            |s| &s.blocking,
+            h.blocking_queries_max,
+            h.blocking_queries_per_address_max,
+            "too_many_blocking_queries",
+            "blocking queries",
+            ("blocking_queries_max", "blocking_queries_per_address_max"),
+        )
+    };
+    Slots::take(&node.http, pick, ip, max, per_address).map_err(|why| {
+        let (status, message, key) = match why {
+            SlotRefusal::Total => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{max} {what} are open on this node ([http] {})", keys.0),
+                keys.0,
+            ),
+            SlotRefusal::PerAddress => (
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("{per_address} {what} are open from this client address ([http] {})", keys.1),
+                keys.1,
+            ),
+        };
+        log_refusal(node, key, &ip.map(|i| i.to_string()).unwrap_or_default());
+        retry_after(ApiError::new(status, code, message), 1)
+    })
 }
 
 /// Lets one log line through per period and counts the ones held back, which the next

@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tower_service::Service as _;
 
-use super::limits::HttpState;
+use super::limits::{ClientAddr, HttpState};
 use crate::config::Config;
 
 /// Descriptors kept for the node besides RocksDB's table files and client connections:
@@ -338,8 +338,9 @@ async fn run_connection(
     state: Arc<HttpState>,
     idle: Duration,
     mut shut: watch::Receiver<bool>,
-    _slot: Slot,
+    slot: Slot,
 ) {
+    let ip = slot.ip;
     let read = Arc::new(AtomicU64::new(0));
     let activity = Arc::new(Activity {
         in_flight: AtomicU64::new(0),
@@ -347,8 +348,9 @@ async fn run_connection(
         read: read.clone(),
     });
     let act = activity.clone();
-    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         let busy = Busy::enter(&act);
+        req.extensions_mut().insert(ClientAddr(ip));
         let mut app = app.clone();
         async move {
             let answer = app.call(req.map(Body::new)).await;

@@ -119,8 +119,28 @@ impl NodeShared {
             "tandem_watch_streams",
             "Streaming watches open now",
             &[("dc", dc)],
-            c.watch_streams.load(Ordering::Relaxed) as f64,
+            self.http.streams.open.load(Ordering::Relaxed) as f64,
         );
+        m.gauge(
+            "tandem_blocking_queries",
+            "Blocking queries waiting now",
+            &[("dc", dc)],
+            self.http.blocking.open.load(Ordering::Relaxed) as f64,
+        );
+        m.gauge("tandem_services", "Services the view holds (local and replicated)", &[("dc", dc)], {
+            reg.view().service_count() as f64
+        });
+        m.gauge("tandem_namespaces", "Namespaces holding a service", &[("dc", dc)], {
+            reg.view().namespace_count() as f64
+        });
+        let refused = "tandem_registrations_refused_total";
+        let help = "Local registrations of a new service or namespace refused, by the [limits] cap";
+        m.counter(refused, help, &[("dc", dc), ("limit", "services_max")], {
+            c.refused_services_max.load(Ordering::Relaxed)
+        });
+        m.counter(refused, help, &[("dc", dc), ("limit", "namespaces_max")], {
+            c.refused_namespaces_max.load(Ordering::Relaxed)
+        });
         self.render_http_limits(&mut m, dc);
         let st = self.committer.stats();
         m.counter(
@@ -349,6 +369,15 @@ impl NodeShared {
         m.counter(req, help, &[("dc", dc), ("reason", "host")], get(&h.refused_host));
         m.counter(req, help, &[("dc", dc), ("reason", "admin_unmarked")], get(&h.refused_admin_unmarked));
         m.counter(req, help, &[("dc", dc), ("reason", "admin_rate")], get(&h.refused_admin_rate));
+        let by_cap = [
+            ("watch_streams_max", &h.streams.refused_total),
+            ("watch_streams_per_address_max", &h.streams.refused_per_address),
+            ("blocking_queries_max", &h.blocking.refused_total),
+            ("blocking_queries_per_address_max", &h.blocking.refused_per_address),
+        ];
+        for (reason, c) in by_cap {
+            m.counter(req, help, &[("dc", dc), ("reason", reason)], get(c));
+        }
     }
 }
 

@@ -262,7 +262,7 @@ impl NodeShared {
             },
             instances: reg.counts_by_owner(),
             leases: reg.lease_count(),
-            watch_streams: reg.counters.watch_streams.load(Ordering::Relaxed),
+            watch_streams: self.http.streams.open.load(Ordering::Relaxed),
             disk_writes: self.committer.stats().fsyncs,
             heartbeats: reg.counters.heartbeats.load(Ordering::Relaxed),
         }

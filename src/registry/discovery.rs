@@ -55,6 +55,11 @@ impl Registry {
     }
 
     pub(super) fn refresh_failover(&self, now: u64) {
+        // The state of services the view dropped goes with them.
+        {
+            let v = self.view.view.read();
+            self.failover.lock().retain(|sid, _| v.services.contains_key(sid));
+        }
         let sids: Vec<ServiceId> = self.failover.lock().keys().cloned().collect();
         for sid in sids {
             // evaluate_failover bumps the service's index itself when the decision flips.
@@ -73,14 +78,20 @@ impl Registry {
         c
     }
 
+    /// The failover decision for `sid`, kept (and switches bumping its index) only for a
+    /// service the view holds: an absent one is judged from the initial state, and nothing
+    /// is stored for it, so reads of made-up names leave nothing behind.
     fn evaluate_failover(&self, sid: &ServiceId, now: u64) -> (Policy, LocalCounts, Decision) {
         let policy = self.config().failover.policy_for(&sid.0, &sid.1);
         let counts = {
             let v = self.view.view.read();
-            v.services
-                .get(sid)
-                .map(|s| self.local_counts(&s.instances))
-                .unwrap_or(LocalCounts { healthy: 0, total: 0 })
+            v.services.get(sid).map(|s| self.local_counts(&s.instances))
+        };
+        let Some(counts) = counts else {
+            let none = LocalCounts { healthy: 0, total: 0 };
+            self.failover.lock().remove(sid);
+            let (_, decision) = failover::evaluate(&policy, &Default::default(), none, now);
+            return (policy, none, decision);
         };
         let mut states = self.failover.lock();
         let state = states.get(sid).cloned().unwrap_or_default();
@@ -98,7 +109,12 @@ impl Registry {
     /// The service's current index (for blocking queries).
     pub fn service_index(&self, ns: &str, svc: &str) -> u64 {
         let v = self.view.view.read();
-        v.services.get(&SvcRef(ns, svc)).map_or(v.index, |s| s.index)
+        v.services.get(&SvcRef(ns, svc)).map_or_else(|| self.view.absent_index(ns, svc), |s| s.index)
+    }
+
+    /// Whether the view holds the service now.
+    pub fn knows(&self, ns: &str, svc: &str) -> bool {
+        self.view.view.read().services.contains_key(&SvcRef(ns, svc))
     }
 
     /// A receiver of the service's index, when the view holds the service (a streaming
@@ -115,8 +131,8 @@ impl Registry {
                 let v = self.view.view.read();
                 match v.services.get(&SvcRef(ns, svc)) {
                     Some(s) => (s.index, s.notify.subscribe()),
-                    // Unknown services wait on the global index and look again.
-                    None => (v.index, self.view.global.subscribe()),
+                    // Absent services wait on their absence bucket and look again.
+                    None => (self.view.absent_index(ns, svc), self.view.absent_subscribe(ns, svc)),
                 }
             };
             if cur > index {
@@ -126,7 +142,8 @@ impl Registry {
                 Ok(Ok(())) => {
                     self.counters.watch_wakeups.fetch_add(1, Ordering::Relaxed);
                 }
-                Ok(Err(_)) => return,
+                // The service was dropped (emptied): look again, now at its bucket.
+                Ok(Err(_)) => {}
                 Err(_) => return,
             }
         }
@@ -161,7 +178,7 @@ impl Registry {
         let stale_fn = self.stale.read().clone();
         let protect = self.config().protect_threshold(ns, svc);
         let v = self.view.view.read();
-        let index = v.services.get(&sid).map_or(v.index, |s| s.index);
+        let index = v.services.get(&sid).map_or_else(|| self.view.absent_index(ns, svc), |s| s.index);
         let empty = BTreeMap::new();
         let instances = v.services.get(&sid).map_or(&empty, |s| &s.instances);
 

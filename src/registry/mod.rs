@@ -61,10 +61,12 @@ pub struct Counters {
     pub events_remote: AtomicU64,
     pub discover_requests: AtomicU64,
     pub watch_wakeups: AtomicU64,
-    /// Streaming watches open now (a gauge).
-    pub watch_streams: AtomicU64,
     /// POST /v1/heartbeats requests (their entries count in `heartbeats`).
     pub heartbeat_batches: AtomicU64,
+    /// Local registrations of a new service refused by `[limits] services_max`.
+    pub refused_services_max: AtomicU64,
+    /// Local registrations in a new namespace refused by `[limits] namespaces_max`.
+    pub refused_namespaces_max: AtomicU64,
 }
 
 /// Tells whether a remote origin's copies are stale (its link silent too long).

@@ -206,3 +206,34 @@ mod dropped_callers {
         assert_eq!((&mut third).now_or_never().expect("answered").expect("written").version, 2);
     }
 }
+
+#[test]
+fn services_that_empty_are_dropped_and_absent_indexes_never_go_backwards() {
+    use std::sync::Arc;
+    use tandem_replicator::log::StateChange;
+
+    let view = super::ViewCell::new("dc-a", 1, Arc::new(super::Counters::default()));
+    let r = rec();
+    let (ns, svc) = (r.key.namespace.to_string(), r.key.service.to_string());
+    let absent_at_start = view.absent_index("other-ns", "nosuch");
+    // Created by its first instance.
+    view.apply(2, &[StateChange::Put { seq: 1, record: r.clone() }]);
+    assert_eq!((view.service_count(), view.namespace_count()), (1, 1));
+    // Updates of a held service never move an absent service's index.
+    let absent = view.absent_index("other-ns", "nosuch");
+    assert!(absent >= absent_at_start);
+    for seq in 2..10 {
+        view.apply(seq + 1, &[StateChange::Put { seq, record: r.clone() }]);
+    }
+    assert_eq!(view.absent_index("other-ns", "nosuch"), absent);
+    let held_index = view.view.read().services.values().next().unwrap().index;
+    // Its last instance goes: dropped, uncounted, and its index (now its bucket's) is
+    // the removal's, past every index it had.
+    view.apply(11, &[StateChange::Remove { key: r.key.clone() }]);
+    assert_eq!((view.service_count(), view.namespace_count()), (0, 0));
+    let after = view.absent_index(&ns, &svc);
+    assert!(after > held_index && after == view.index(), "{after} {held_index}");
+    // A removal of an instance the view does not hold creates nothing.
+    view.apply(12, &[StateChange::Remove { key: r.key.clone() }]);
+    assert_eq!(view.service_count(), 0);
+}

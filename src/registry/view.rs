@@ -1,8 +1,18 @@
 //! The in-memory view of one DC's registry: every held instance by service (records shared,
 //! their repeated names interned per service), the watch index that blocking queries wait
 //! on, and [`ViewCell`], which the commit callback folds every durable write into.
+//!
+//! A service exists while it holds an instance: its first instance creates it, the removal
+//! of its last one drops it. A service the view does not hold (never registered, or
+//! emptied) has the index of its *absence bucket*: one of [`ABSENT_BUCKETS`] indexes, chosen
+//! by a hash of its names, moved only when a service of that bucket is created or dropped
+//! (or on a reload that changes answers). So reading or watching an absent service stores
+//! nothing, its index does not move with other services' writes, and its watchers wake
+//! when it appears; and a service's index never goes backwards across a drop (the bucket
+//! takes the dropping write's index).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -130,12 +140,44 @@ impl hashbrown::Equivalent<ServiceId> for SvcRef<'_> {
 pub(super) struct View {
     pub(super) index: u64,
     pub(super) services: hashbrown::HashMap<ServiceId, Service>,
+    /// Services held per namespace (namespaces holding none are not listed).
+    pub(super) namespaces: HashMap<Name, usize>,
+}
+
+/// How many absence buckets (see the module's header) the view keeps: an absent service's
+/// watchers wake for the creation or drop of about one service in this many.
+pub const ABSENT_BUCKETS: usize = 1024;
+
+impl View {
+    /// The service `sid`, created (counted in its namespace) when absent; true when created.
+    fn create(&mut self, sid: &ServiceId, idx: u64) -> (&mut Service, bool) {
+        let created = !self.services.contains_key(sid);
+        if created {
+            *self.namespaces.entry(sid.0.clone()).or_insert(0) += 1;
+        }
+        (self.services.entry(sid.clone()).or_insert_with(|| Service::new(idx, sid.clone())), created)
+    }
+
+    /// Drops `sid` (which holds no instance any more) and uncounts it.
+    fn drop_service(&mut self, sid: &ServiceId) {
+        if self.services.remove(sid).is_some() {
+            if let Some(n) = self.namespaces.get_mut(&sid.0) {
+                *n -= 1;
+                if *n == 0 {
+                    self.namespaces.remove(&sid.0);
+                }
+            }
+        }
+    }
 }
 
 /// State shared with the commit callback.
 pub struct ViewCell {
     pub(super) view: RwLock<View>,
     pub(super) global: watch::Sender<u64>,
+    /// The absence buckets' indexes (see the module's header), and their hash.
+    absent: Box<[watch::Sender<u64>]>,
+    absent_hash: foldhash::fast::RandomState,
     counters: Arc<Counters>,
     local_dc: Name,
 }
@@ -144,8 +186,10 @@ impl ViewCell {
     pub fn new(local_dc: &str, durable_writes: u64, counters: Arc<Counters>) -> Arc<Self> {
         let idx = ViewIndex::from_durable(durable_writes).0;
         Arc::new(ViewCell {
-            view: RwLock::new(View { index: idx, services: Default::default() }),
+            view: RwLock::new(View { index: idx, ..View::default() }),
             global: watch::channel(idx).0,
+            absent: (0..ABSENT_BUCKETS).map(|_| watch::channel(idx).0).collect(),
+            absent_hash: Default::default(),
             counters,
             local_dc: local_dc.into(),
         })
@@ -157,7 +201,7 @@ impl ViewCell {
         let idx = v.index;
         for (seq, record) in instances {
             let sid = (record.key.namespace.clone(), record.key.service.clone());
-            v.services.entry(sid.clone()).or_insert_with(|| Service::new(idx, sid)).put(seq, record);
+            v.create(&sid, idx).0.put(seq, record);
         }
     }
 
@@ -171,6 +215,8 @@ impl ViewCell {
         let idx = ViewIndex::from_durable(durable_writes).0.max(v.index + 1);
         v.index = idx;
         let mut touched: Vec<ServiceId> = Vec::new();
+        // Services created or dropped: their absence buckets move.
+        let mut appeared: Vec<ServiceId> = Vec::new();
         for ch in changes {
             match ch {
                 StateChange::Put { seq, record } => {
@@ -180,9 +226,12 @@ impl ViewCell {
                         self.counters.events_remote.fetch_add(1, Ordering::Relaxed);
                     }
                     let sid = (record.key.namespace.clone(), record.key.service.clone());
-                    let svc = v.services.entry(sid.clone()).or_insert_with(|| Service::new(idx, sid.clone()));
+                    let (svc, created) = v.create(&sid, idx);
                     svc.put(*seq, record.clone());
                     svc.index = idx;
+                    if created {
+                        appeared.push(sid.clone());
+                    }
                     touched.push(sid);
                 }
                 StateChange::Remove { key } => {
@@ -204,9 +253,17 @@ impl ViewCell {
         touched.sort();
         touched.dedup();
         for sid in touched {
-            if let Some(svc) = v.services.get(&sid) {
-                svc.notify.send_replace(idx);
+            let Some(svc) = v.services.get(&sid) else { continue };
+            svc.notify.send_replace(idx);
+            if svc.instances.is_empty() {
+                // Its last instance went: the service goes too (its watchers, woken above,
+                // find it absent and wait on its bucket, whose index is now this one).
+                v.drop_service(&sid);
+                appeared.push(sid);
             }
+        }
+        for sid in appeared {
+            self.bucket(&sid.0, &sid.1).send_replace(idx);
         }
         drop(v);
         self.global.send_replace(idx);
@@ -237,12 +294,63 @@ impl ViewCell {
             svc.index = idx;
             svc.notify.send_replace(idx);
         }
+        for b in self.absent.iter() {
+            b.send_replace(idx);
+        }
         drop(v);
         self.global.send_replace(idx);
     }
 
     pub fn index(&self) -> u64 {
         self.view.read().index
+    }
+
+    /// The absence bucket of (ns, svc).
+    fn bucket(&self, ns: &str, svc: &str) -> &watch::Sender<u64> {
+        let h = self.absent_hash.hash_one(SvcRef(ns, svc));
+        &self.absent[(h % ABSENT_BUCKETS as u64) as usize]
+    }
+
+    /// The index of a service the view does not hold.
+    pub(super) fn absent_index(&self, ns: &str, svc: &str) -> u64 {
+        *self.bucket(ns, svc).borrow()
+    }
+
+    /// A receiver of the index of a service the view does not hold.
+    pub(super) fn absent_subscribe(&self, ns: &str, svc: &str) -> watch::Receiver<u64> {
+        self.bucket(ns, svc).subscribe()
+    }
+
+    /// Services held now.
+    pub fn service_count(&self) -> usize {
+        self.view.read().services.len()
+    }
+
+    /// Namespaces holding a service now.
+    pub fn namespace_count(&self) -> usize {
+        self.view.read().namespaces.len()
+    }
+
+    /// Whether the view holds the service, and else whether there is room for it within
+    /// `services_max` and `namespaces_max`: `Err("services_max")` or `Err("namespaces_max")`.
+    pub(super) fn room_for(
+        &self,
+        ns: &str,
+        svc: &str,
+        services_max: u64,
+        namespaces_max: u64,
+    ) -> Result<(), &'static str> {
+        let v = self.view.read();
+        if v.services.contains_key(&SvcRef(ns, svc)) {
+            return Ok(());
+        }
+        if !v.namespaces.contains_key(ns) && v.namespaces.len() as u64 >= namespaces_max {
+            return Err("namespaces_max");
+        }
+        if v.services.len() as u64 >= services_max {
+            return Err("services_max");
+        }
+        Ok(())
     }
 
     pub fn instance_count(&self) -> usize {

@@ -304,6 +304,27 @@ impl Registry {
                 format!("{}#{}:{}#{}", req.service, host, port, Uuid::new_v4())
             }
         };
+        // A new service (or namespace) must fit the caps; replicated ones never are refused.
+        let limits = self.config().limits.clone();
+        if let Err(key) =
+            self.view.room_for(&namespace, &req.service, limits.services_max, limits.namespaces_max)
+        {
+            let (counter, code, cap) = if key == "services_max" {
+                (&self.counters.refused_services_max, "too_many_services", limits.services_max)
+            } else {
+                (&self.counters.refused_namespaces_max, "too_many_namespaces", limits.namespaces_max)
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::new(
+                axum::http::StatusCode::INSUFFICIENT_STORAGE,
+                code,
+                format!(
+                    "this node holds {cap} {} ([limits] {key}); register within an existing one or \
+                     raise the cap",
+                    if key == "services_max" { "services" } else { "namespaces" }
+                ),
+            ));
+        }
         // The service's shared names when it exists, so the lease shares them too.
         let (ns_name, svc_name) = self
             .view
