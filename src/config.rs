@@ -331,6 +331,11 @@ pub struct StoreSection {
     /// Most table files RocksDB keeps open. Part of the descriptor budget: the HTTP
     /// listener refuses connections before they could take RocksDB's descriptors.
     pub max_open_files: u32,
+    /// After a failed write (full disk, I/O error) the event log refuses writes; the first
+    /// recovery attempt (reopen and a probe write) waits this long, ms.
+    pub recovery_backoff_initial_ms: u64,
+    /// Each failed attempt doubles the wait, up to this, ms.
+    pub recovery_backoff_max_ms: u64,
 }
 
 impl Default for StoreSection {
@@ -342,6 +347,8 @@ impl Default for StoreSection {
             group_commit_target: c::LINGER_TARGET_DEFAULT,
             write_buffer_mib: c::WRITE_BUFFER_MIB_DEFAULT,
             max_open_files: c::MAX_OPEN_FILES_DEFAULT,
+            recovery_backoff_initial_ms: c::RECOVERY_BACKOFF_INITIAL_MS_DEFAULT,
+            recovery_backoff_max_ms: c::RECOVERY_BACKOFF_MAX_MS_DEFAULT,
         }
     }
 }
@@ -352,6 +359,8 @@ impl StoreSection {
             linger_max: std::time::Duration::from_micros(self.group_commit_linger_us),
             linger_gap: std::time::Duration::from_micros(self.group_commit_gap_us),
             linger_target: self.group_commit_target,
+            recovery_backoff_initial: std::time::Duration::from_millis(self.recovery_backoff_initial_ms),
+            recovery_backoff_max: std::time::Duration::from_millis(self.recovery_backoff_max_ms),
             ..Default::default()
         }
     }
@@ -450,6 +459,12 @@ impl Config {
         }
         if !(16..=1_000_000).contains(&st.max_open_files) {
             return Err(inv("[store] max_open_files", "must be 16..=1000000"));
+        }
+        if !(10..=60_000).contains(&st.recovery_backoff_initial_ms) {
+            return Err(inv("[store] recovery_backoff_initial_ms", "must be 10..=60000"));
+        }
+        if !(st.recovery_backoff_initial_ms..=300_000).contains(&st.recovery_backoff_max_ms) {
+            return Err(inv("[store] recovery_backoff_max_ms", "must be recovery_backoff_initial_ms..=300000"));
         }
         if let Some(r) = &self.replication {
             for peer in &r.peers {

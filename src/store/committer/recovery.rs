@@ -276,9 +276,8 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                     events.last().is_some_and(|last| own.epoch == last.origin_epoch && own.seq >= last.seq);
                 tracing::warn!(events = events.len(), landed, "settled the local write that failed");
                 if !landed {
-                    let e = CommitError::Unwritable { reason: format!("{reason}; the write was not made") };
                     for (_, reply) in members {
-                        let e = CommitError::Unwritable { reason: e.to_string() };
+                        let e = CommitError::Unwritable { reason: reason.to_owned() };
                         self.answer_local(reply, Err(e));
                     }
                     return;
