@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 
 use tandem_replicator::log::conformance::{ev, record};
 use tandem_replicator::log::{ApplyReport, EventLog, LogError, MemLog};
-use tandem_replicator::protocol::{Receiver, ReceiverAction, Sender, StreamTuning};
+use tandem_replicator::epoch;
+use tandem_replicator::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamError, StreamTuning};
 use tandem_schemas::{DeregisterReason, Frame, InstanceRecord, Op};
 
 /// Appends one own event of `origin` with an event id unique to (`tag`, seq): two
@@ -37,16 +38,16 @@ fn deregister(log: &mut MemLog, tag: u128, id: &str) {
 }
 
 /// Performs the receiver's actions for one frame on `log`; returns the frames it answers.
-fn receive(log: &mut MemLog, receiver: &mut Receiver, frame: Frame) -> Result<Vec<Frame>, String> {
+fn receive(log: &mut MemLog, receiver: &mut Receiver, frame: Frame) -> Result<Vec<Frame>, StreamError> {
     let origin = receiver.channel_dc().to_owned();
     let mut out = Vec::new();
-    let actions = receiver.handle_frame(log.mark_of(&origin), frame).map_err(|e| e.to_string())?;
+    let actions = receiver.handle_frame(log.mark_of(&origin), log.mark_event_id(&origin), frame)?;
     for action in actions {
         match action {
             ReceiverAction::Send(f) => out.push(f),
             ReceiverAction::Apply { batch_id, events } => {
                 let report = log.apply_remote(&origin, &events).unwrap();
-                out.push(receiver.applied(batch_id, &report).map_err(|e| e.to_string())?);
+                out.push(receiver.applied(batch_id, &report)?);
             }
             ReceiverAction::Install { batch_id, snapshot } => {
                 let report = match log.install_snapshot(&origin, &snapshot) {
@@ -54,7 +55,7 @@ fn receive(log: &mut MemLog, receiver: &mut Receiver, frame: Frame) -> Result<Ve
                     Err(LogError::Refused(r)) => ApplyReport { refusal: Some(r), ..Default::default() },
                     Err(e) => panic!("storage: {e}"),
                 };
-                out.push(receiver.applied(batch_id, &report).map_err(|e| e.to_string())?);
+                out.push(receiver.applied(batch_id, &report)?);
             }
             ReceiverAction::PurgeTombstones { upto_seq } => {
                 log.purge_remote_tombstones(&origin, upto_seq).unwrap()
@@ -72,6 +73,10 @@ enum Outcome {
     Idle,
     /// A side refused; the gateway would reconnect after a backoff.
     Refused(String),
+    /// The origin took this new epoch (the gateway reconnects at once).
+    NewEpoch(u64),
+    /// The origin is fenced: it ships nothing more.
+    Fenced(String),
 }
 
 /// One session: handshake, then every frame the sender has at `now_ms`.
@@ -84,12 +89,29 @@ fn session(origin: &mut MemLog, peer: &mut MemLog, now_ms: u64) -> Outcome {
         for f in inbox.drain(..) {
             match receive(peer, &mut receiver, f) {
                 Ok(a) => answers.extend(a),
-                Err(e) => return Outcome::Refused(e),
+                // The receiver's refusal reaches the sender, as the gateway sends it.
+                Err(e) => answers.push(e.to_frame()),
             }
         }
         for a in answers {
-            if let Err(e) = sender.handle_frame(&*origin, a) {
-                return Outcome::Refused(e.to_string());
+            match sender.handle_frame(&*origin, a) {
+                Err(e) => return Outcome::Refused(e.to_string()),
+                Ok(events) => {
+                    for e in events {
+                        match e {
+                            SenderEvent::NewEpoch { above, .. } => {
+                                // What the gateway's store does (NodeStore::begin_epoch).
+                                let own = origin.own_mark().epoch;
+                                if own <= above {
+                                    origin.begin_epoch(epoch::above(above.max(own), now_ms)).unwrap();
+                                }
+                                return Outcome::NewEpoch(origin.own_mark().epoch);
+                            }
+                            SenderEvent::Fenced { reason } => return Outcome::Fenced(reason),
+                            SenderEvent::PeerAcked(_) | SenderEvent::SnapshotSent(_) => {}
+                        }
+                    }
+                }
             }
         }
         match sender.poll_transmit(&*origin, now_ms) {
@@ -106,7 +128,7 @@ fn sync(origin: &mut MemLog, peer: &mut MemLog, now_ms: u64) -> Vec<Outcome> {
     let mut outcomes = Vec::new();
     for attempt in 0..4 {
         let o = session(origin, peer, now_ms + attempt);
-        let idle = o == Outcome::Idle;
+        let idle = matches!(o, Outcome::Idle | Outcome::Fenced(_));
         outcomes.push(o);
         if idle {
             break;
@@ -164,7 +186,11 @@ fn restored_world() -> (MemLog, MemLog) {
 #[test]
 fn restored_origin_meets_the_peer_before_passing_its_mark() {
     let (mut a, mut b) = restored_world();
-    sync(&mut a, &mut b, 1_000);
+    let before = a.own_mark().epoch;
+    let outcomes = sync(&mut a, &mut b, 1_000);
+    assert!(matches!(outcomes[0], Outcome::NewEpoch(e) if e > before), "{outcomes:?}");
+    assert_eq!(outcomes.last(), Some(&Outcome::Idle));
+    assert_same(&b, &a);
     for id in ["r1", "r2", "r3", "r4", "r5", "r6", "r7"] {
         register(&mut a, 2, id);
     }
@@ -182,7 +208,8 @@ fn restored_origin_meets_the_peer_after_passing_its_mark() {
         register(&mut a, 2, id);
     }
     assert_eq!(a.own_mark().seq, 10);
-    sync(&mut a, &mut b, 2_000);
+    let outcomes = sync(&mut a, &mut b, 2_000);
+    assert!(matches!(outcomes[0], Outcome::NewEpoch(_)), "{outcomes:?}");
     assert_same(&b, &a);
 }
 
@@ -216,7 +243,8 @@ fn old_incarnation_next_to_its_replacement_cannot_flip_the_peer() {
     let followed = b.mark_of("dc-a").unwrap().epoch;
     for round in 0..3u64 {
         register(&mut old, 1, &format!("old-late{round}"));
-        sync(&mut old, &mut b, 2_000 + round * 100);
+        let outcomes = sync(&mut old, &mut b, 2_000 + round * 100);
+        assert!(matches!(outcomes.as_slice(), [Outcome::Fenced(_)]), "round {round}: {outcomes:?}");
         assert_eq!(b.mark_of("dc-a").unwrap().epoch, followed, "round {round}: dc-b went back to the old epoch");
         assert_eq!(live_of(&b, "dc-a"), vec!["new1".to_owned()], "round {round}");
         sync(&mut new, &mut b, 2_050 + round * 100);

@@ -20,6 +20,9 @@ pub struct Status {
     pub uptime_ms: u64,
     pub index: u64,
     pub log: LogStatus,
+    /// The replication gateway's own state (absent without `[replication]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replication: Option<ReplicationStatus>,
     /// Applied high-water mark per origin DC.
     pub applied: BTreeMap<String, MarkStatus>,
     pub peers: BTreeMap<String, PeerStatus>,
@@ -38,6 +41,20 @@ pub struct LogStatus {
     pub first_seq: u64,
     pub last_seq: u64,
     pub purge_floor: u64,
+}
+
+/// Epochs and fencing (docs/replication.md, "Epochs").
+#[derive(Debug, Serialize)]
+pub struct ReplicationStatus {
+    /// True when a peer showed that this process is an older incarnation of its DC (its
+    /// replacement runs on another data dir): it ships nothing to any peer any more.
+    pub fenced: bool,
+    /// Why, as the first peer said it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fenced_reason: Option<String>,
+    /// New epochs this process took (its history went back, or its new data dir learned of
+    /// a newer epoch of its DC).
+    pub new_epochs: u64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -190,6 +207,14 @@ impl NodeShared {
             uptime_ms: self.started.elapsed().as_millis() as u64,
             index: reg.view().index(),
             log: LogStatus { epoch: own.epoch, first_seq: floor + 1, last_seq: own.seq, purge_floor: floor },
+            replication: self.gateway_stats.as_ref().map(|g| {
+                let reason = g.fenced.lock().clone();
+                ReplicationStatus {
+                    fenced: reason.is_some(),
+                    fenced_reason: reason,
+                    new_epochs: g.new_epochs.load(Ordering::Relaxed),
+                }
+            }),
             applied: remote.into_iter().map(|(dc, m)| (dc, m.into())).collect(),
             peers: self.peer_status(),
             self_preservation: PreservationStatus {

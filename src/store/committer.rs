@@ -689,6 +689,9 @@ fn clone_log_error(e: &LogError) -> LogError {
         LogError::OutOfSequence { expected, got } => {
             LogError::OutOfSequence { expected: *expected, got: *got }
         }
+        LogError::EpochNotAbove { current, requested } => {
+            LogError::EpochNotAbove { current: *current, requested: *requested }
+        }
         LogError::Storage(s) => LogError::Storage(s.clone()),
         LogError::Corrupt(s) => LogError::Corrupt(s.clone()),
     }
