@@ -436,7 +436,9 @@ impl Config {
                     "need 0 < backoff_initial_ms <= backoff_max_ms",
                 ));
             }
-            if !(tandem_schemas::SCHEMA_VERSION_MIN..=tandem_schemas::SCHEMA_VERSION).contains(&r.schema_version) {
+            if !(tandem_schemas::SCHEMA_VERSION_MIN..=tandem_schemas::SCHEMA_VERSION)
+                .contains(&r.schema_version)
+            {
                 return Err(inv(
                     "[replication] schema_version",
                     format!(

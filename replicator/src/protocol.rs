@@ -272,7 +272,8 @@ impl Sender {
             )));
         }
         let Some(peer_id) = peer_id else { return Ok(None) };
-        let mine = log.own_event_id(m.seq).map_err(|e| StreamError::new(RefuseCode::Internal, e.to_string()))?;
+        let mine =
+            log.own_event_id(m.seq).map_err(|e| StreamError::new(RefuseCode::Internal, e.to_string()))?;
         Ok(match mine {
             Some(mine) if mine != peer_id => Some(format!(
                 "peer {} holds event {peer_id} at seq {} of epoch {}, this DC's log holds {mine} there: \
@@ -438,7 +439,12 @@ impl Receiver {
                 let ack = Frame::HelloAck { dc: self.local_dc.clone(), mark, mark_event_id };
                 let mut actions = vec![ReceiverAction::Send(ack)];
                 if epoch >= held {
-                    actions.push(ReceiverAction::Contact { epoch, last_seq, origin_now_ms: 0, caught_up: false });
+                    actions.push(ReceiverAction::Contact {
+                        epoch,
+                        last_seq,
+                        origin_now_ms: 0,
+                        caught_up: false,
+                    });
                 }
                 Ok(actions)
             }

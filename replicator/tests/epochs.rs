@@ -8,9 +8,9 @@
 
 use std::collections::BTreeMap;
 
+use tandem_replicator::epoch;
 use tandem_replicator::log::conformance::{ev, record};
 use tandem_replicator::log::{ApplyReport, EventLog, LogError, MemLog};
-use tandem_replicator::epoch;
 use tandem_replicator::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamError, StreamTuning};
 use tandem_schemas::{DeregisterReason, Frame, InstanceRecord, Op};
 
@@ -30,11 +30,7 @@ fn register(log: &mut MemLog, tag: u128, id: &str) {
 
 fn deregister(log: &mut MemLog, tag: u128, id: &str) {
     let dc = log.local_dc().to_owned();
-    write(
-        log,
-        tag,
-        Op::Deregister { key: record(&dc, id).key, reason: DeregisterReason::Explicit },
-    );
+    write(log, tag, Op::Deregister { key: record(&dc, id).key, reason: DeregisterReason::Explicit });
 }
 
 /// Performs the receiver's actions for one frame on `log`; returns the frames it answers.
@@ -245,7 +241,11 @@ fn old_incarnation_next_to_its_replacement_cannot_flip_the_peer() {
         register(&mut old, 1, &format!("old-late{round}"));
         let outcomes = sync(&mut old, &mut b, 2_000 + round * 100);
         assert!(matches!(outcomes.as_slice(), [Outcome::Fenced(_)]), "round {round}: {outcomes:?}");
-        assert_eq!(b.mark_of("dc-a").unwrap().epoch, followed, "round {round}: dc-b went back to the old epoch");
+        assert_eq!(
+            b.mark_of("dc-a").unwrap().epoch,
+            followed,
+            "round {round}: dc-b went back to the old epoch"
+        );
         assert_eq!(live_of(&b, "dc-a"), vec!["new1".to_owned()], "round {round}");
         sync(&mut new, &mut b, 2_050 + round * 100);
     }

@@ -1451,7 +1451,8 @@ fn view(log: &MemLog) -> View {
 #[test]
 fn idle_origin_repairs_a_peer_that_a_half_open_session_fed_its_lost_epoch() {
     let mut a1 = MemLog::new("dc-a", 1 << 20);
-    a1.append_local(&[ev("dc-a", 1 << 20, 1, Op::Register(record_at("dc-a", "zombie", 1 << 20, 1)))]).unwrap();
+    a1.append_local(&[ev("dc-a", 1 << 20, 1, Op::Register(record_at("dc-a", "zombie", 1 << 20, 1)))])
+        .unwrap();
     let mut b = MemLog::new("dc-b", 7);
     let (mut s1, mut r1) = handshake(&a1, &mut b, 0);
     let (batch, _) = s1.poll_transmit(&a1, 0).unwrap().unwrap();

@@ -71,7 +71,10 @@ impl Checker {
                 // docs/replication.md, "Epochs"); a silent loss of the log shows a
                 // provisional epoch instead.
                 let ordered_move = settled_epoch(s.log.epoch) && s.log.epoch > prev.epoch;
-                if prev.epoch != s.log.epoch && !ordered_move && st.history_lost_between(pt, o.completed).is_none() {
+                if prev.epoch != s.log.epoch
+                    && !ordered_move
+                    && st.history_lost_between(pt, o.completed).is_none()
+                {
                     problems.push((
                         format!(
                             "own origin epoch changed from {:x} to {:x} without a declared history loss (the DC lost its log?)",

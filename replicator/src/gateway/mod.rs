@@ -25,10 +25,10 @@ use tandem_schemas::{
     decode_frame_versioned, encode_frame_as, ChangeEvent, Frame, Mark, Snapshot, FRAME_BYTES_MAX,
     SNAPSHOT_FRAME_BYTES_MAX,
 };
-use uuid::Uuid;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
+use uuid::Uuid;
 
 use crate::log::{ApplyReport, EventLog, LogError};
 use crate::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamError, StreamTuning};
@@ -101,7 +101,6 @@ pub struct GatewayConfig {
     /// everything after). A receiver answers in the version of the Hello it got.
     pub schema_version_write: u16,
 }
-
 
 /// A running gateway. Dropping it does not stop it; call [`Gateway::shutdown`].
 pub struct Gateway {
@@ -223,10 +222,8 @@ impl Gateway {
 }
 
 async fn write_frame(send: &mut quinn::SendStream, frame: &Frame, version: u16) -> Result<(), StreamError> {
-    let bytes = encode_frame_as(frame, version).map_err(|e| StreamError {
-        code: tandem_schemas::RefuseCode::Internal,
-        message: e.to_string(),
-    })?;
+    let bytes = encode_frame_as(frame, version)
+        .map_err(|e| StreamError { code: tandem_schemas::RefuseCode::Internal, message: e.to_string() })?;
     let len = u32::try_from(bytes.len()).map_err(|_| StreamError {
         code: tandem_schemas::RefuseCode::Internal,
         message: "frame too large".into(),
@@ -268,8 +265,10 @@ async fn dial_loop<S: ReplicaStore>(
     mut shut: watch::Receiver<bool>,
 ) {
     let mut backoff_ms = cfg.backoff_initial_ms.max(1);
-    // The schema version written to this peer: the configured one, or the older one the
-    // peer answered in (it does not read the newer one yet: a DC not yet upgraded).
+    // The schema version written to this peer's next session: the configured one, or,
+    // right after a session showed the peer does not read it (it answered in an older
+    // version, or closed without a word after our Hello: a DC not yet upgraded), the older
+    // one. Every later session tries the configured version again.
     let mut version = cfg.schema_version_write;
     loop {
         if *shut.borrow() {
@@ -282,10 +281,20 @@ async fn dial_loop<S: ReplicaStore>(
             return;
         }
         let started = tokio::time::Instant::now();
+        let tried = version;
+        let mut silent = false;
         let res = tokio::select! {
-            r = send_session(&endpoint, &cfg, &peer, &tls, &store, &stats, &mut version) => r,
+            r = send_session(&endpoint, &cfg, &peer, &tls, &store, &stats, &mut version, &mut silent) => r,
             _ = shut.changed() => return,
         };
+        if version == tried {
+            version = if silent && tried > tandem_schemas::SCHEMA_VERSION_MIN {
+                debug!(peer = %peer.dc, version = tried - 1, "peer closed after our Hello without a word; trying an older schema version");
+                tried - 1
+            } else {
+                cfg.schema_version_write
+            };
+        }
         stats.with_peer(&peer.dc, |p| {
             p.out_connected = false;
             p.out_failures += 1;
@@ -336,6 +345,7 @@ async fn send_session<S: ReplicaStore>(
     store: &S,
     stats: &GatewayStats,
     version: &mut u16,
+    silent: &mut bool,
 ) -> Result<SessionEnd, String> {
     let v = *version;
     let client_cfg = tls.client_config(ALPN).map_err(|e| e.to_string())?;
@@ -353,6 +363,8 @@ async fn send_session<S: ReplicaStore>(
         .await
         .map_err(|e| e.to_string())?;
     write_frame(&mut send, &hello, v).await.map_err(|e| e.message)?;
+    // Until the peer's first frame: a peer that cannot read our version may just close.
+    *silent = true;
     stats.with_peer(&peer.dc, |p| {
         p.out_connected = true;
         p.out_connects += 1;
@@ -416,6 +428,7 @@ async fn send_session<S: ReplicaStore>(
             f = read_frame(&mut recv, FRAME_BYTES_MAX) => {
                 let f = f.map_err(|e| e.message)?;
                 let Some((f, answered_in)) = f else { return Err("peer closed the stream".into()) };
+                *silent = false;
                 if answered_in < v {
                     // A receiver answers in the version of the Hello; an older one means
                     // the peer does not read ours. Speak its version from now on.

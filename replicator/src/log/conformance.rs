@@ -233,12 +233,20 @@ pub fn epochs_and_event_ids<H: Harness>(h: &mut H) {
     assert_eq!(log.own_mark(), Mark { epoch: 1 << 30, seq: 4 });
     assert_eq!(log.read_own(3, 10).unwrap().len(), 1);
     assert_eq!(log.snapshot_own().unwrap().mark, Mark { epoch: 1 << 30, seq: 4 });
-    let snap = Snapshot { origin_dc: "dc-a".into(), mark: Mark { epoch: 9, seq: 2 }, instances: vec![], tombstones: vec![] };
+    let snap = Snapshot {
+        origin_dc: "dc-a".into(),
+        mark: Mark { epoch: 9, seq: 2 },
+        instances: vec![],
+        tombstones: vec![],
+    };
     log.install_snapshot("dc-a", &snap).unwrap();
     assert_eq!(log.mark_event_id("dc-a"), None);
     // A snapshot of an older epoch than the one followed is refused.
     let old = Snapshot { mark: Mark { epoch: 8, seq: 50 }, ..snap };
-    assert!(matches!(log.install_snapshot("dc-a", &old), Err(LogError::Refused(Refusal::EpochRegressed { .. }))));
+    assert!(matches!(
+        log.install_snapshot("dc-a", &old),
+        Err(LogError::Refused(Refusal::EpochRegressed { .. }))
+    ));
     let log = h.reopen(log);
     assert_eq!(log.mark_event_id("dc-a"), None);
     assert_eq!(log.mark_of("dc-a"), Some(Mark { epoch: 9, seq: 2 }));

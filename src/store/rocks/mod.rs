@@ -25,11 +25,11 @@ use rocksdb::{
 };
 use tandem_replicator::log::{check_local_sequence, local_effect, EventLog, LogError, StateChange};
 use tandem_replicator::merge::{Effect, Held, Refusal};
-use uuid::Uuid;
 use tandem_schemas::{
     validate_dc, ChangeEvent, DeregisterReason, InstanceKey, InstanceRecord, Mark, Op, ValidationError,
     FRAME_BYTES_MAX,
 };
+use uuid::Uuid;
 
 use super::keys::{
     decode_key, decode_mark, decode_u64, encode_key, encode_mark, owner_prefix, prefix_end, seq_key,
