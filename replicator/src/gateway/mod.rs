@@ -282,13 +282,14 @@ async fn dial_loop<S: ReplicaStore>(
         }
         let started = tokio::time::Instant::now();
         let tried = version;
-        let mut silent = false;
+        let mut wire = WireVersion { version, silent: false };
         let res = tokio::select! {
-            r = send_session(&endpoint, &cfg, &peer, &tls, &store, &stats, &mut version, &mut silent) => r,
+            r = send_session(&endpoint, &cfg, &peer, &tls, &store, &stats, &mut wire) => r,
             _ = shut.changed() => return,
         };
+        version = wire.version;
         if version == tried {
-            version = if silent && tried > tandem_schemas::SCHEMA_VERSION_MIN {
+            version = if wire.silent && tried > tandem_schemas::SCHEMA_VERSION_MIN {
                 debug!(peer = %peer.dc, version = tried - 1, "peer closed after our Hello without a word; trying an older schema version");
                 tried - 1
             } else {
@@ -329,6 +330,14 @@ fn now_ms(started: tokio::time::Instant) -> u64 {
     started.elapsed().as_millis() as u64
 }
 
+/// The schema version a send session writes, and what it learned about the peer's.
+struct WireVersion {
+    /// Written by the session; lowered when the peer answers in an older version.
+    version: u16,
+    /// The Hello went out and nothing came back (yet).
+    silent: bool,
+}
+
 /// How a send session ended without an error.
 enum SessionEnd {
     /// The own origin took a new epoch: reconnect at once.
@@ -344,10 +353,9 @@ async fn send_session<S: ReplicaStore>(
     tls: &ReloadableTls,
     store: &S,
     stats: &GatewayStats,
-    version: &mut u16,
-    silent: &mut bool,
+    wire: &mut WireVersion,
 ) -> Result<SessionEnd, String> {
-    let v = *version;
+    let v = wire.version;
     let client_cfg = tls.client_config(ALPN).map_err(|e| e.to_string())?;
     let conn = endpoint
         .connect_with(client_cfg, peer.addr, &peer.dc)
@@ -364,7 +372,7 @@ async fn send_session<S: ReplicaStore>(
         .map_err(|e| e.to_string())?;
     write_frame(&mut send, &hello, v).await.map_err(|e| e.message)?;
     // Until the peer's first frame: a peer that cannot read our version may just close.
-    *silent = true;
+    wire.silent = true;
     stats.with_peer(&peer.dc, |p| {
         p.out_connected = true;
         p.out_connects += 1;
@@ -428,11 +436,11 @@ async fn send_session<S: ReplicaStore>(
             f = read_frame(&mut recv, FRAME_BYTES_MAX) => {
                 let f = f.map_err(|e| e.message)?;
                 let Some((f, answered_in)) = f else { return Err("peer closed the stream".into()) };
-                *silent = false;
+                wire.silent = false;
                 if answered_in < v {
                     // A receiver answers in the version of the Hello; an older one means
                     // the peer does not read ours. Speak its version from now on.
-                    *version = answered_in;
+                    wire.version = answered_in;
                     warn!(peer = %peer.dc, version = answered_in, "peer answers in an older schema version; writing that version to it");
                     return Err(format!("peer speaks schema version {answered_in}; reconnecting in it"));
                 }
