@@ -189,7 +189,10 @@ impl Checker {
                     if let (Some((tt, target)), None) = (ps.target, ps.done) {
                         if o.invoked >= tt {
                             if let Some(m) = s.applied.get(p) {
-                                if m.epoch == target.epoch && m.seq >= target.seq {
+                                // Or past it in a newer settled epoch: the provider took one
+                                // carrying its state (a new data dir settling at the heal).
+                                let newer = settled_epoch(m.epoch) && m.epoch > target.epoch;
+                                if (m.epoch == target.epoch || newer) && m.seq >= target.seq {
                                     ps.done = Some(o.completed);
                                 }
                             }
