@@ -383,6 +383,7 @@ pub fn dev_configs(
             stale_after_ms,
             purge_grace_ms: 600_000,
             ping_interval_ms: 500,
+            schema_version: tandem_schemas::SCHEMA_VERSION,
         });
         Ok(c)
     };

@@ -144,6 +144,11 @@ pub struct ReplicationSection {
     /// Liveness ping when a stream is idle.
     #[serde(default = "d_ping")]
     pub ping_interval_ms: u64,
+    /// Wire schema version written on the streams this DC dials (docs/schemas.md): the
+    /// newest by default; a peer that answers in an older one is written that one. Set 1
+    /// to write only version 1.
+    #[serde(default = "d_schema_version")]
+    pub schema_version: u16,
 }
 
 fn d_batch() -> usize {
@@ -166,6 +171,9 @@ fn d_grace() -> u64 {
 }
 fn d_ping() -> u64 {
     1_000
+}
+fn d_schema_version() -> u16 {
+    tandem_schemas::SCHEMA_VERSION
 }
 
 #[derive(Clone, Debug, Deserialize, Default)]
@@ -464,7 +472,10 @@ impl Config {
             return Err(inv("[store] recovery_backoff_initial_ms", "must be 10..=60000"));
         }
         if !(st.recovery_backoff_initial_ms..=300_000).contains(&st.recovery_backoff_max_ms) {
-            return Err(inv("[store] recovery_backoff_max_ms", "must be recovery_backoff_initial_ms..=300000"));
+            return Err(inv(
+                "[store] recovery_backoff_max_ms",
+                "must be recovery_backoff_initial_ms..=300000",
+            ));
         }
         if let Some(r) = &self.replication {
             for peer in &r.peers {
@@ -493,6 +504,18 @@ impl Config {
                 return Err(inv(
                     "[replication] backoff_initial_ms",
                     "need 0 < backoff_initial_ms <= backoff_max_ms",
+                ));
+            }
+            if !(tandem_schemas::SCHEMA_VERSION_MIN..=tandem_schemas::SCHEMA_VERSION)
+                .contains(&r.schema_version)
+            {
+                return Err(inv(
+                    "[replication] schema_version",
+                    format!(
+                        "must be {}..={}",
+                        tandem_schemas::SCHEMA_VERSION_MIN,
+                        tandem_schemas::SCHEMA_VERSION
+                    ),
                 ));
             }
             if r.ping_interval_ms == 0 || r.ping_interval_ms >= r.stale_after_ms {

@@ -47,6 +47,7 @@ pub struct Node {
 #[derive(Clone)]
 struct NodeStore {
     committer: CommitterHandle,
+    /// Updated by commit notices; a new epoch (no commit notice) updates it here.
     live: Arc<parking_lot::RwLock<LiveMarks>>,
 }
 
@@ -77,8 +78,29 @@ impl ReplicaStore for NodeStore {
     async fn peer_acked(&self, peer_dc: String, mark: Mark) -> Result<(), LogError> {
         self.committer.record_peer_ack(peer_dc, mark).await.map_err(log_err)
     }
-    async fn mark_of(&self, origin: String) -> Result<Option<Mark>, LogError> {
-        self.committer.with_log(move |log: &mut RocksLog| log.mark_of(&origin)).await.map_err(log_err)
+    async fn mark_of(&self, origin: String) -> Result<(Option<Mark>, Option<uuid::Uuid>), LogError> {
+        self.committer
+            .with_log(move |log: &mut RocksLog| (log.mark_of(&origin), log.mark_event_id(&origin)))
+            .await
+            .map_err(log_err)
+    }
+    async fn begin_epoch(&self, above: u64, tiebreak: u64) -> Result<Mark, LogError> {
+        let own = self
+            .committer
+            .with_log(move |log: &mut RocksLog| -> Result<Mark, LogError> {
+                let own = log.own_mark();
+                if own.epoch > above {
+                    return Ok(own);
+                }
+                log.begin_epoch(tandem_replicator::epoch::above(above.max(own.epoch), tiebreak))?;
+                Ok(log.own_mark())
+            })
+            .await
+            .map_err(log_err)??;
+        let mut l = self.live.write();
+        l.own = own;
+        l.floor = own.seq;
+        Ok(own)
     }
     fn own_progress(&self) -> watch::Receiver<u64> {
         self.committer.own_seq()
@@ -183,13 +205,11 @@ impl Node {
                     },
                     backoff_initial_ms: r.backoff_initial_ms,
                     backoff_max_ms: r.backoff_max_ms,
+                    schema_version_write: r.schema_version,
                 };
-                let gw = Gateway::start(
-                    gcfg,
-                    Arc::new(tls),
-                    NodeStore { committer: committer.clone(), live: live.clone() },
-                )
-                .context("cannot start the replication gateway")?;
+                let store = NodeStore { committer: committer.clone(), live: live.clone() };
+                let gw = Gateway::start(gcfg, Arc::new(tls), store)
+                    .context("cannot start the replication gateway")?;
                 let addr = gw.local_addr().ok();
                 (Some(gw), addr)
             }

@@ -126,6 +126,12 @@ async fn a_replayed_old_batch_changes_nothing() {
     use tandem_replicator::log::EventLog;
     let p = pair().await;
     let (a, b) = (p.client_a(), p.client_b());
+    // A new data dir takes its first ordered epoch at its first handshake (purging its
+    // log); wait for it so the log below holds both events.
+    eventually(Duration::from_secs(10), "dc-a took its first ordered epoch", || async {
+        a.status().await.unwrap()["replication"]["new_epochs"].as_u64() == Some(1)
+    })
+    .await;
     a.register(&reg_body("r", "x", true)).await.unwrap();
     a.deregister("default", "r", "x").await.unwrap();
     eventually(Duration::from_secs(10), "b applied both", || async {
@@ -186,6 +192,7 @@ async fn a_peer_with_a_certificate_of_another_dc_name_is_refused() {
         stale_after_ms: 1_500,
         purge_grace_ms: 3_600_000,
         ping_interval_ms: 200,
+        schema_version: tandem_schemas::SCHEMA_VERSION,
     });
     let intruder = tandem::node::Node::start(cfg, None).await.unwrap();
     client(&intruder).register(&reg_body("evil", "e1", true)).await.unwrap();

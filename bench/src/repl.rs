@@ -57,6 +57,7 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             stale_after_ms: 30_000,
             purge_grace_ms: 3_600_000,
             ping_interval_ms: 500,
+            schema_version: tandem_schemas::SCHEMA_VERSION,
         });
         Ok(c)
     };

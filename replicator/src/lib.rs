@@ -1,5 +1,6 @@
 //! Cross-DC replication for tandem.
 //!
+//! - [`epoch`]: ordered origin epochs (generation and tiebreak), pure functions.
 //! - [`merge`]: the merge rules as pure functions (no I/O, no clock).
 //! - [`log`]: the event-log contract, its in-memory model and the conformance suite.
 //! - [`purge`]: the purge rule (how far a DC may purge its own log), a pure function.
@@ -10,6 +11,7 @@
 //! Architecture invariant: only this crate knows quinn and rustls; it never depends on
 //! RocksDB (the root crate provides the durable [`log::EventLog`]).
 
+pub mod epoch;
 pub mod gateway;
 pub mod log;
 pub mod merge;

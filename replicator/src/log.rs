@@ -14,6 +14,7 @@ use tandem_schemas::{
     validate_event, ChangeEvent, DeregisterReason, InstanceKey, InstanceRecord, Mark, Op, Snapshot,
     SnapshotInstance, Tombstone,
 };
+use uuid::Uuid;
 
 use crate::merge::{self, Effect, Held, Refusal};
 
@@ -29,6 +30,10 @@ pub enum LogError {
     /// A local append that does not continue the own log; nothing changed.
     #[error("local append out of sequence: expected seq {expected}, got {got}")]
     OutOfSequence { expected: u64, got: u64 },
+    /// [`EventLog::begin_epoch`] with an epoch that is not above the current one (epochs
+    /// only move up); nothing changed.
+    #[error("a new epoch must be above the current {current}, got {requested}")]
+    EpochNotAbove { current: u64, requested: u64 },
     /// The storage failed; the write may or may not have happened (retry is safe: every
     /// apply is idempotent).
     #[error("storage: {0}")]
@@ -74,6 +79,18 @@ pub trait EventLog {
     fn marks(&self) -> BTreeMap<String, Mark>;
     /// Seqs of the own origin at or below this are purged.
     fn purge_floor(&self) -> u64;
+    /// The id of the event at this DC's mark of a remote origin, when known: set by every
+    /// applied batch that moves the mark, unknown after a snapshot (and for marks written
+    /// before ids were kept).
+    fn mark_event_id(&self, origin: &str) -> Option<Uuid>;
+    /// The id of the own event at `seq`: from the log, or the one remembered for the purge
+    /// floor. `None` when unknown: seq 0, purged below the floor, or not written yet.
+    fn own_event_id(&self, seq: u64) -> Result<Option<Uuid>, LogError>;
+    /// Starts a new history of the own origin under `epoch`, which must be above the
+    /// current one ([`crate::epoch`]). The state is kept and own seqs continue; the log is
+    /// purged up to the own seq (every peer holds another epoch, so it needs a snapshot
+    /// anyway). Atomic and durable.
+    fn begin_epoch(&mut self, epoch: u64) -> Result<(), LogError>;
 
     /// Appends own-origin events (consecutive seqs after `own_mark().seq`) and their
     /// effects on state, atomically and durably.
@@ -121,6 +138,12 @@ pub fn check_local_sequence(own: Mark, local_dc: &str, events: &[ChangeEvent]) -
     Ok(())
 }
 
+/// The id of the event of `events` that a batch's new mark points at. Shared by
+/// implementations.
+pub fn mark_event_id(events: &[ChangeEvent], mark: Mark) -> Option<Uuid> {
+    events.iter().rev().find(|e| e.seq == mark.seq && e.origin_epoch == mark.epoch).map(|e| e.event_id)
+}
+
 /// The in-memory reference model of [`EventLog`].
 #[derive(Clone, Debug)]
 pub struct MemLog {
@@ -128,7 +151,10 @@ pub struct MemLog {
     own: Mark,
     floor: u64,
     log: BTreeMap<u64, ChangeEvent>,
+    /// The id of the event at the purge floor, when known.
+    floor_id: Option<Uuid>,
     marks: BTreeMap<String, Mark>,
+    mark_ids: BTreeMap<String, Uuid>,
     live: BTreeMap<InstanceKey, (u64, InstanceRecord)>,
     tombs: BTreeMap<InstanceKey, (u64, DeregisterReason)>,
 }
@@ -140,7 +166,9 @@ impl MemLog {
             own: Mark { epoch, seq: 0 },
             floor: 0,
             log: BTreeMap::new(),
+            floor_id: None,
             marks: BTreeMap::new(),
+            mark_ids: BTreeMap::new(),
             live: BTreeMap::new(),
             tombs: BTreeMap::new(),
         }
@@ -154,6 +182,7 @@ impl MemLog {
         self.tombs.retain(|k, _| *k.owner_dc != *origin);
         let tombstones = before - self.tombs.len();
         self.marks.remove(origin);
+        self.mark_ids.remove(origin);
         let changes = live
             .into_iter()
             .map(|key| {
@@ -201,6 +230,26 @@ impl EventLog for MemLog {
     fn purge_floor(&self) -> u64 {
         self.floor
     }
+    fn mark_event_id(&self, origin: &str) -> Option<Uuid> {
+        self.mark_ids.get(origin).copied()
+    }
+    fn own_event_id(&self, seq: u64) -> Result<Option<Uuid>, LogError> {
+        Ok(match self.log.get(&seq) {
+            Some(e) => Some(e.event_id),
+            None if seq == self.floor && seq != 0 => self.floor_id,
+            None => None,
+        })
+    }
+    fn begin_epoch(&mut self, epoch: u64) -> Result<(), LogError> {
+        if epoch <= self.own.epoch {
+            return Err(LogError::EpochNotAbove { current: self.own.epoch, requested: epoch });
+        }
+        self.log.clear();
+        self.floor = self.own.seq;
+        self.floor_id = None;
+        self.own.epoch = epoch;
+        Ok(())
+    }
 
     fn append_local(&mut self, events: &[ChangeEvent]) -> Result<(), LogError> {
         check_local_sequence(self.own, &self.dc, events)?;
@@ -244,6 +293,10 @@ impl EventLog for MemLog {
         }
         if let Some(m) = plan.new_mark {
             self.marks.insert(channel_dc.to_owned(), m);
+            match mark_event_id(events, m) {
+                Some(id) => self.mark_ids.insert(channel_dc.to_owned(), id),
+                None => self.mark_ids.remove(channel_dc),
+            };
         }
         Ok(report)
     }
@@ -281,6 +334,7 @@ impl EventLog for MemLog {
         }
         report.applied = snap.instances.len() + snap.tombstones.len();
         self.marks.insert(channel_dc.to_owned(), plan.new_mark);
+        self.mark_ids.remove(channel_dc);
         Ok(report)
     }
 
@@ -308,6 +362,7 @@ impl EventLog for MemLog {
         if upto <= self.floor {
             return Ok(());
         }
+        self.floor_id = self.log.get(&upto).map(|e| e.event_id);
         self.log.retain(|s, _| *s > upto);
         let dc = self.dc.clone();
         self.tombs.retain(|k, (s, _)| *k.owner_dc != *dc || *s > upto);

@@ -16,7 +16,8 @@
 //!    key; DEREGISTER leaves a tombstone; a REGISTER at or below a tombstone's version is a
 //!    no-op, so a stale REGISTER never resurrects an instance.
 //! 5. A snapshot replaces the origin's state at or below its seq; one that would move the
-//!    origin's cursor backwards inside the same epoch is refused.
+//!    origin's cursor backwards inside the same epoch is refused, and so is one of an
+//!    older epoch (epochs are ordered, see [`crate::epoch`]: a receiver never goes back).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -50,6 +51,8 @@ pub enum Refusal {
     Gap { expected: u64, got: u64 },
     #[error("cursor regressed: receiver is at seq {held}, snapshot is at seq {got}")]
     CursorRegressed { held: u64, got: u64 },
+    #[error("epoch {got} is older than epoch {held} the receiver follows: the sender is fenced")]
+    EpochRegressed { held: u64, got: u64 },
     #[error("event of origin {origin} touches an instance owned by {owner}")]
     NotOwner { origin: String, owner: String },
     /// The receiver's operator retired this DC: its frames are refused until it is
@@ -215,6 +218,9 @@ pub fn plan_snapshot(
         Some(m) if m.epoch == snap.mark.epoch && snap.mark.seq < m.seq => {
             return Err(Refusal::CursorRegressed { held: m.seq, got: snap.mark.seq });
         }
+        Some(m) if snap.mark.epoch < m.epoch => {
+            return Err(Refusal::EpochRegressed { held: m.epoch, got: snap.mark.epoch });
+        }
         Some(_) | None => {}
     }
     let live: BTreeMap<&InstanceKey, ()> = snap.instances.iter().map(|i| (&i.record.key, ())).collect();
@@ -359,7 +365,11 @@ mod tests {
             plan_snapshot("dc-a", M(11), &[], &[], &snap),
             Err(Refusal::CursorRegressed { held: 11, got: 10 })
         );
-        // Another epoch replaces the history whatever its seq.
+        // A newer epoch replaces the history whatever its seq; an older one never does.
         assert!(plan_snapshot("dc-a", Some(Mark { epoch: 1, seq: 99 }), &[], &[], &snap).is_ok());
+        assert_eq!(
+            plan_snapshot("dc-a", Some(Mark { epoch: 8, seq: 1 }), &[], &[], &snap),
+            Err(Refusal::EpochRegressed { held: 8, got: 7 })
+        );
     }
 }

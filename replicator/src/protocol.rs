@@ -5,8 +5,10 @@
 //!
 //! ```text
 //! sender                                   receiver
-//!   Hello{dc, epoch, last_seq}  ------->
-//!                               <-------  HelloAck{dc, mark of sender's origin}
+//!   Hello{dc, epoch, last_seq}  ------->  (Refuse Fenced: the receiver follows a newer epoch)
+//!                               <-------  HelloAck{dc, mark of sender's origin, its event id}
+//!   (the sender takes a new epoch and reconnects if its history went back, or if it is a
+//!    new data dir and the peer knows a newer epoch; it is fenced if it is an older one)
 //!   Snapshot{..}  (only if the receiver's mark is of another epoch or below the purge floor)
 //!   Batch{id, events after the mark} --->  apply durably with the mark, then
 //!                               <-------  Ack{id, mark}
@@ -22,7 +24,9 @@
 use std::collections::VecDeque;
 
 use tandem_schemas::{ChangeEvent, Frame, Mark, RefuseCode, Snapshot};
+use uuid::Uuid;
 
+use crate::epoch;
 use crate::log::{ApplyReport, EventLog, LogError};
 use crate::merge::Refusal;
 
@@ -74,6 +78,14 @@ pub enum SenderEvent {
     /// stored event): a snapshot replaced them, so one bad entry cannot stall the stream.
     /// The driver makes it visible (a log line, a counter).
     LogUnreadable { after_seq: u64, error: String },
+    /// The origin must start a new history ([`EventLog::begin_epoch`]) with an epoch above
+    /// `above` ([`epoch::above`]) and reconnect: its history went back (the peer holds
+    /// events of this epoch the log does not), or it is a new data dir and the peer follows
+    /// a newer epoch of it. The stream is over.
+    NewEpoch { above: u64, reason: String },
+    /// The peer follows a newer epoch of this origin: this process is an older incarnation
+    /// of its DC and must stop shipping (to every peer). The stream is over.
+    Fenced { reason: String },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,7 +160,7 @@ impl Sender {
         frame: Frame,
     ) -> Result<Vec<SenderEvent>, StreamError> {
         match (self.phase, frame) {
-            (SenderPhase::AwaitHelloAck, Frame::HelloAck { dc, mark }) => {
+            (SenderPhase::AwaitHelloAck, Frame::HelloAck { dc, mark, mark_event_id }) => {
                 if dc != self.peer_dc {
                     return Err(StreamError::new(
                         RefuseCode::UnknownDc,
@@ -157,22 +169,42 @@ impl Sender {
                 }
                 let own = log.own_mark();
                 let floor = log.purge_floor();
+                if epoch::is_provisional(own.epoch) {
+                    // A new data dir learns here which epochs of its DC exist: it takes its
+                    // first ordered epoch above the one this peer follows (its writes so far
+                    // reach the peers in the snapshot of that epoch).
+                    self.phase = SenderPhase::Closed;
+                    let seen = mark.map_or(0, |m| m.epoch);
+                    return Ok(vec![SenderEvent::NewEpoch {
+                        above: seen.max(own.epoch),
+                        reason: format!(
+                            "this data dir is new (provisional epoch {}); peer {} follows epoch {seen} of this DC",
+                            own.epoch, self.peer_dc
+                        ),
+                    }]);
+                }
                 match mark {
-                    Some(m) if m.epoch == own.epoch && m.seq >= floor && m.seq <= own.seq => {
-                        self.sent_seq = m.seq;
-                        self.acked_seq = m.seq;
-                    }
-                    Some(m) if m.epoch == own.epoch && m.seq > own.seq => {
-                        // The peer holds more of this epoch than the origin does: the origin
-                        // lost its tail without taking a new epoch. Refuse loudly.
-                        return Err(StreamError::new(
-                            RefuseCode::CursorRegressed,
-                            format!(
-                                "peer holds seq {} of epoch {} but this origin is at {}; \
-                                 the origin must take a new epoch",
-                                m.seq, m.epoch, own.seq
+                    Some(m) if m.epoch > own.epoch => {
+                        self.phase = SenderPhase::Closed;
+                        return Ok(vec![SenderEvent::Fenced {
+                            reason: format!(
+                                "peer {} follows epoch {} of this DC, newer than this process's epoch {}: \
+                                 this is an older incarnation of the DC",
+                                self.peer_dc, m.epoch, own.epoch
                             ),
-                        ));
+                        }]);
+                    }
+                    Some(m) if m.epoch == own.epoch => {
+                        if let Some(reason) = self.went_back(log, m, mark_event_id)? {
+                            self.phase = SenderPhase::Closed;
+                            return Ok(vec![SenderEvent::NewEpoch { above: own.epoch, reason }]);
+                        }
+                        if m.seq >= floor {
+                            self.sent_seq = m.seq;
+                            self.acked_seq = m.seq;
+                        } else {
+                            self.pending_snapshot = true;
+                        }
                     }
                     None if floor == 0 => {
                         self.sent_seq = 0;
@@ -210,6 +242,10 @@ impl Sender {
                 Ok(vec![SenderEvent::PeerAcked(mark)])
             }
             (SenderPhase::Closed, _) => Err(StreamError::new(RefuseCode::Invalid, "stream closed")),
+            (_, Frame::Refuse { code: RefuseCode::Fenced, message }) => {
+                self.phase = SenderPhase::Closed;
+                Ok(vec![SenderEvent::Fenced { reason: format!("peer {} refused: {message}", self.peer_dc) }])
+            }
             (_, Frame::Refuse { code, message }) => {
                 self.phase = SenderPhase::Closed;
                 Err(StreamError { code, message: format!("peer refused: {message}") })
@@ -219,6 +255,37 @@ impl Sender {
                 format!("unexpected {} in phase {phase:?}", frame_name(&other)),
             )),
         }
+    }
+
+    /// Whether the peer's mark `m` (of the own epoch) shows that this origin's history went
+    /// back: the peer holds a seq the log never reached, or the event the peer holds at its
+    /// mark is not the one the log holds at that seq (the log went back and was written
+    /// again). An unknown id on either side is no evidence (a mark set by a snapshot, or a
+    /// seq purged below the floor: the snapshot path replaces the peer's copy anyway).
+    fn went_back<L: EventLog + ?Sized>(
+        &self,
+        log: &L,
+        m: Mark,
+        peer_id: Option<Uuid>,
+    ) -> Result<Option<String>, StreamError> {
+        let own = log.own_mark();
+        if m.seq > own.seq {
+            return Ok(Some(format!(
+                "peer {} holds seq {} of epoch {} but this DC's log ends at {}: its history went back",
+                self.peer_dc, m.seq, m.epoch, own.seq
+            )));
+        }
+        let Some(peer_id) = peer_id else { return Ok(None) };
+        let mine =
+            log.own_event_id(m.seq).map_err(|e| StreamError::new(RefuseCode::Internal, e.to_string()))?;
+        Ok(match mine {
+            Some(mine) if mine != peer_id => Some(format!(
+                "peer {} holds event {peer_id} at seq {} of epoch {}, this DC's log holds {mine} there: \
+                 its history went back and was written again",
+                self.peer_dc, m.seq, m.epoch
+            )),
+            Some(_) | None => None,
+        })
     }
 
     /// The next frame to send, if any: a snapshot, a batch within the window, or a ping
@@ -353,10 +420,11 @@ impl Receiver {
     }
 
     /// Handles a frame from the sender. `mark` is the receiver's current mark of the
-    /// channel's origin.
+    /// channel's origin and `mark_event_id` the id of the event at it, when known.
     pub fn handle_frame(
         &mut self,
         mark: Option<Mark>,
+        mark_event_id: Option<Uuid>,
         frame: Frame,
     ) -> Result<Vec<ReceiverAction>, StreamError> {
         match (self.phase, frame) {
@@ -367,12 +435,32 @@ impl Receiver {
                         format!("certificate says {}, hello says {dc}", self.channel_dc),
                     ));
                 }
+                let held = mark.map_or(0, |m| m.epoch);
+                // A receiver never goes back to an older epoch. An older settled epoch is an
+                // older incarnation of the origin: fenced. A provisional one (a new data dir)
+                // gets the HelloAck and takes an epoch above the one held.
+                if epoch < held && !crate::epoch::is_provisional(epoch) {
+                    return Err(StreamError::new(
+                        RefuseCode::Fenced,
+                        format!(
+                            "{} follows epoch {held} of {dc}; epoch {epoch} is an older incarnation",
+                            self.local_dc
+                        ),
+                    ));
+                }
                 self.phase = ReceiverPhase::Streaming;
                 self.handshake = Some((epoch, mark));
-                Ok(vec![
-                    ReceiverAction::Send(Frame::HelloAck { dc: self.local_dc.clone(), mark }),
-                    ReceiverAction::Contact { epoch, last_seq, origin_now_ms: 0, caught_up: false },
-                ])
+                let ack = Frame::HelloAck { dc: self.local_dc.clone(), mark, mark_event_id };
+                let mut actions = vec![ReceiverAction::Send(ack)];
+                if epoch >= held {
+                    actions.push(ReceiverAction::Contact {
+                        epoch,
+                        last_seq,
+                        origin_now_ms: 0,
+                        caught_up: false,
+                    });
+                }
+                Ok(actions)
             }
             (ReceiverPhase::Streaming, Frame::Batch { batch_id, events }) => {
                 self.begin_apply(batch_id)?;
@@ -471,6 +559,7 @@ pub fn refusal_error(r: &Refusal) -> StreamError {
         Refusal::EpochMismatch { .. } | Refusal::Gap { .. } => RefuseCode::Gap,
         Refusal::CursorRegressed { .. } => RefuseCode::CursorRegressed,
         Refusal::Retired { .. } => RefuseCode::UnknownDc,
+        Refusal::EpochRegressed { .. } => RefuseCode::Fenced,
     };
     StreamError::new(code, r.to_string())
 }

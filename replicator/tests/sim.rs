@@ -230,9 +230,14 @@ impl Fail {
     fn is_stale_cursor(&self) -> bool {
         match self {
             Fail::Refused(
-                Refusal::Gap { .. } | Refusal::EpochMismatch { .. } | Refusal::CursorRegressed { .. },
+                Refusal::Gap { .. }
+                | Refusal::EpochMismatch { .. }
+                | Refusal::CursorRegressed { .. }
+                | Refusal::EpochRegressed { .. },
             ) => true,
-            Fail::Stream(e) => matches!(e.code, RefuseCode::Gap | RefuseCode::CursorRegressed),
+            Fail::Stream(e) => {
+                matches!(e.code, RefuseCode::Gap | RefuseCode::CursorRegressed | RefuseCode::Fenced)
+            }
             Fail::Refused(
                 Refusal::WrongChannel { .. } | Refusal::NotOwner { .. } | Refusal::Retired { .. },
             )
@@ -375,7 +380,9 @@ impl World {
         let mut oracle = Vec::new();
         let mut dcs = Vec::new();
         for name in &DC_NAMES[..p.dcs] {
-            let epoch = rng.gen_range(1..=u64::from(u32::MAX));
+            // Settled epochs (generation >= 1): a provisional one is a new data dir that takes
+            // its first ordered epoch at its first handshake (tests/epochs.rs).
+            let epoch = rng.gen_range(1 << 20..=u64::from(u32::MAX));
             oracle.push(vec![EpochHistory::new(epoch)]);
             dcs.push(Dc {
                 name,
@@ -750,7 +757,8 @@ impl World {
         let oname = self.dcs[origin].name;
         self.trace(|| format!("{peer} <- {origin}: {}", describe(&frame)));
         let mark = self.dcs[peer].log.mark_of(oname);
-        let actions = receiver.handle_frame(mark, frame).map_err(Fail::Stream)?;
+        let mark_id = self.dcs[peer].log.mark_event_id(oname);
+        let actions = receiver.handle_frame(mark, mark_id, frame).map_err(Fail::Stream)?;
         for action in actions {
             match action {
                 ReceiverAction::Send(f) => {
@@ -853,6 +861,11 @@ impl World {
                 }
                 SenderEvent::SnapshotSent(_) => unreachable!("only poll_transmit sends snapshots"),
                 SenderEvent::LogUnreadable { .. } => unreachable!("the simulation logs hold valid events"),
+                // Histories never go back in this model and every new one is minted above
+                // all earlier ones (tests/epochs.rs drives these paths).
+                SenderEvent::NewEpoch { reason, .. } | SenderEvent::Fenced { reason } => {
+                    panic!("{origin}: no history goes back in this model: {reason}")
+                }
             }
         }
         Ok(())
@@ -875,7 +888,9 @@ impl World {
                                     self.stats.snapshots_mid_stream += 1;
                                 }
                             }
-                            SenderEvent::PeerAcked(_) => unreachable!("acks come from handle_frame"),
+                            SenderEvent::PeerAcked(_)
+                            | SenderEvent::NewEpoch { .. }
+                            | SenderEvent::Fenced { .. } => unreachable!("these come from handle_frame"),
                             SenderEvent::LogUnreadable { .. } => {
                                 unreachable!("the simulation logs hold valid events")
                             }
@@ -1029,12 +1044,10 @@ impl World {
         self.trace(|| format!("{dc} restarts (data loss: {data_loss})"));
         if data_loss {
             self.stats.data_losses += 1;
-            let epoch = loop {
-                let e = self.rng.gen_range(1..=u64::from(u32::MAX));
-                if self.oracle[dc].iter().all(|h| h.epoch != e) {
-                    break e;
-                }
-            };
+            // Epochs are ordered: the new history is minted above every epoch the DC had,
+            // as a new data dir's first handshake makes it (tests/epochs.rs).
+            let seen = self.oracle[dc].iter().map(|h| h.epoch).max().unwrap_or(0);
+            let epoch = tandem_replicator::epoch::above(seen, self.rng.gen());
             let d = &mut self.dcs[dc];
             d.log = MemLog::new(d.name, epoch);
             d.acks.clear();
@@ -1388,7 +1401,7 @@ fn regression_seeds() {
 fn receive(log: &mut MemLog, receiver: &mut Receiver, frame: Frame) -> Result<Vec<Frame>, StreamError> {
     let origin = receiver.channel_dc().to_owned();
     let mut out = Vec::new();
-    for action in receiver.handle_frame(log.mark_of(&origin), frame)? {
+    for action in receiver.handle_frame(log.mark_of(&origin), log.mark_event_id(&origin), frame)? {
         match action {
             ReceiverAction::Send(f) => out.push(f),
             ReceiverAction::Apply { batch_id, events } => {
@@ -1444,17 +1457,18 @@ fn view(log: &MemLog) -> View {
 /// healthy. The ping must end the stream, and the fresh handshake repairs dc-b.
 #[test]
 fn idle_origin_repairs_a_peer_that_a_half_open_session_fed_its_lost_epoch() {
-    let mut a1 = MemLog::new("dc-a", 1);
-    a1.append_local(&[ev("dc-a", 1, 1, Op::Register(record_at("dc-a", "zombie", 1, 1)))]).unwrap();
+    let mut a1 = MemLog::new("dc-a", 1 << 20);
+    a1.append_local(&[ev("dc-a", 1 << 20, 1, Op::Register(record_at("dc-a", "zombie", 1 << 20, 1)))])
+        .unwrap();
     let mut b = MemLog::new("dc-b", 7);
     let (mut s1, mut r1) = handshake(&a1, &mut b, 0);
     let (batch, _) = s1.poll_transmit(&a1, 0).unwrap().unwrap();
     assert!(matches!(batch, Frame::Batch { .. }));
 
-    let a2 = MemLog::new("dc-a", 2);
+    let a2 = MemLog::new("dc-a", 2 << 20);
     let (mut s2, mut r2) = handshake(&a2, &mut b, 10);
     receive(&mut b, &mut r1, batch).unwrap();
-    assert_eq!(b.mark_of("dc-a"), Some(Mark { epoch: 1, seq: 1 }));
+    assert_eq!(b.mark_of("dc-a"), Some(Mark { epoch: 1 << 20, seq: 1 }));
 
     let (ping, _) = s2.poll_transmit(&a2, 10_000).unwrap().unwrap();
     assert!(matches!(ping, Frame::Ping { .. }));
@@ -1464,7 +1478,7 @@ fn idle_origin_repairs_a_peer_that_a_half_open_session_fed_its_lost_epoch() {
 
     let (mut s3, mut r3) = handshake(&a2, &mut b, 10_100);
     pump(&a2, &mut s3, &mut b, &mut r3, 10_100);
-    assert_eq!(b.mark_of("dc-a"), Some(Mark { epoch: 2, seq: 0 }));
+    assert_eq!(b.mark_of("dc-a"), Some(Mark { epoch: 2 << 20, seq: 0 }));
     assert_eq!(b.instances().unwrap(), vec![]);
 }
 
@@ -1474,8 +1488,8 @@ fn idle_origin_repairs_a_peer_that_a_half_open_session_fed_its_lost_epoch() {
 /// instances back. It is refused and changes nothing.
 #[test]
 fn half_open_session_cannot_install_a_snapshot_of_a_replaced_epoch() {
-    let mut a1 = MemLog::new("dc-a", 1);
-    let old = |seq, id| ev("dc-a", 1, seq, Op::Register(record_at("dc-a", id, 1, seq)));
+    let mut a1 = MemLog::new("dc-a", 1 << 20);
+    let old = |seq, id| ev("dc-a", 1 << 20, seq, Op::Register(record_at("dc-a", id, 1, seq)));
     a1.append_local(&[old(1, "gone"), old(2, "zombie")]).unwrap();
     a1.purge_own(1).unwrap();
     let mut b = MemLog::new("dc-b", 7);
@@ -1483,11 +1497,11 @@ fn half_open_session_cannot_install_a_snapshot_of_a_replaced_epoch() {
     let (snapshot, _) = s1.poll_transmit(&a1, 0).unwrap().unwrap();
     assert!(matches!(snapshot, Frame::Snapshot { .. }));
 
-    let mut a2 = MemLog::new("dc-a", 2);
-    a2.append_local(&[ev("dc-a", 2, 1, Op::Register(record_at("dc-a", "fresh", 2, 1)))]).unwrap();
+    let mut a2 = MemLog::new("dc-a", 2 << 20);
+    a2.append_local(&[ev("dc-a", 2 << 20, 1, Op::Register(record_at("dc-a", "fresh", 2 << 20, 1)))]).unwrap();
     let (mut s2, mut r2) = handshake(&a2, &mut b, 10);
     pump(&a2, &mut s2, &mut b, &mut r2, 10);
-    assert_eq!(b.mark_of("dc-a"), Some(Mark { epoch: 2, seq: 1 }));
+    assert_eq!(b.mark_of("dc-a"), Some(Mark { epoch: 2 << 20, seq: 1 }));
 
     let before = view(&b);
     assert!(receive(&mut b, &mut r1, snapshot).is_err(), "the stale snapshot must be refused");

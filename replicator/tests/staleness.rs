@@ -26,13 +26,13 @@ fn a_handshake_is_contact_but_never_progress() {
     let mut r = Receiver::new("dc-b", "dc-a");
     let hello = Frame::Hello { dc: "dc-a".into(), epoch: EPOCH, last_seq: 9 };
     // Even a caught-up handshake is not progress: a session may be refused right after.
-    assert_eq!(contact(&r.handle_frame(mark, hello).unwrap()), (EPOCH, 9, false));
+    assert_eq!(contact(&r.handle_frame(mark, None, hello).unwrap()), (EPOCH, 9, false));
     // A ping that finds the receiver holding all the origin has is progress.
     let ping = Frame::Ping { last_seq: 9, floor_seq: 0, now_ms: 1 };
-    assert_eq!(contact(&r.handle_frame(mark, ping).unwrap()), (EPOCH, 9, true));
+    assert_eq!(contact(&r.handle_frame(mark, None, ping).unwrap()), (EPOCH, 9, true));
     // A ping that says the origin is ahead is not.
     let ping = Frame::Ping { last_seq: 12, floor_seq: 0, now_ms: 2 };
-    assert_eq!(contact(&r.handle_frame(mark, ping).unwrap()), (EPOCH, 12, false));
+    assert_eq!(contact(&r.handle_frame(mark, None, ping).unwrap()), (EPOCH, 12, false));
 }
 
 #[test]

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+mod v1;
 mod validate;
 
 pub use validate::{
@@ -23,7 +24,14 @@ pub use validate::{
 };
 
 /// Version of the wire schema. Bumped for any change that an older peer would misread.
-pub const SCHEMA_VERSION: u16 = 1;
+///
+/// Version 2 (issue 13): `HelloAck` carries the event id at the receiver's mark, and
+/// `RefuseCode::Fenced` exists. Version 1 is still read and converted, and can still be
+/// written ([`encode_frame_as`]) for peers that read only version 1 (docs/schemas.md).
+pub const SCHEMA_VERSION: u16 = 2;
+
+/// The oldest schema version this build reads (and can write).
+pub const SCHEMA_VERSION_MIN: u16 = 1;
 
 /// Largest encoded frame a peer may send (one batch of events or one control message).
 pub const FRAME_BYTES_MAX: usize = 8 * 1024 * 1024;
@@ -165,8 +173,12 @@ pub enum Frame {
     /// Sender -> receiver, first frame: who I am and which history I ship.
     Hello { dc: String, epoch: u64, last_seq: u64 },
     /// Receiver -> sender: who I am and how far I have applied the sender's origin.
-    /// `mark` is `None` when the receiver holds nothing of that origin.
-    HelloAck { dc: String, mark: Option<Mark> },
+    /// `mark` is `None` when the receiver holds nothing of that origin. Its epoch is the
+    /// highest epoch of the origin the receiver has seen (a receiver never goes back to an
+    /// older epoch). `mark_event_id` (schema 2) is the id of the event at the mark, when
+    /// the receiver knows it (it does not after a snapshot, or for marks written by a
+    /// schema 1 build): the origin checks that its own log holds that event at that seq.
+    HelloAck { dc: String, mark: Option<Mark>, mark_event_id: Option<Uuid> },
     /// Sender -> receiver: consecutive events of the sender's own origin.
     Batch { batch_id: u64, events: Vec<ChangeEvent> },
     /// Sender -> receiver: the origin's whole state; the tail follows as batches.
@@ -192,6 +204,9 @@ pub enum RefuseCode {
     Gap,
     Invalid,
     Internal,
+    /// Schema 2: the receiver follows a newer epoch of the origin than the one the sender
+    /// ships; the sender is an older incarnation and must stop shipping.
+    Fenced,
 }
 
 /// The outer layer of every frame: the schema version first, so any future version can
@@ -207,12 +222,21 @@ pub struct Envelope {
 pub enum DecodeError {
     #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
     TooLarge { len: usize, max: usize },
-    #[error("peer speaks schema version {got}, this node speaks {expected}")]
+    #[error("peer speaks schema version {got}, this node speaks {min} to {expected}", min = SCHEMA_VERSION_MIN)]
     SchemaVersion { got: u16, expected: u16 },
     #[error("malformed frame: {0}")]
     Malformed(String),
     #[error("invalid frame: {0}")]
     Invalid(#[from] ValidationError),
+}
+
+/// Why a frame could not be encoded in a requested schema version.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EncodeError {
+    #[error("schema version {0} is not one this build writes ({min} to {max})", min = SCHEMA_VERSION_MIN, max = SCHEMA_VERSION)]
+    UnknownVersion(u16),
+    #[error("a {frame} frame has no schema version {version} form")]
+    NoSuchFrame { version: u16, frame: &'static str },
 }
 
 /// Encodes an envelope for the current schema version.
@@ -222,9 +246,26 @@ pub fn encode_frame(frame: &Frame) -> Vec<u8> {
     postcard::to_allocvec(&env).expect("postcard encoding into a Vec is infallible")
 }
 
+/// Encodes an envelope in schema `version` (see [`SCHEMA_VERSION_MIN`]): what a node
+/// writes to a peer that reads only an older version during an upgrade. A field the old
+/// version lacks is dropped; a refusal code it lacks becomes its nearest older one.
+pub fn encode_frame_as(frame: &Frame, version: u16) -> Result<Vec<u8>, EncodeError> {
+    match version {
+        SCHEMA_VERSION => Ok(encode_frame(frame)),
+        1 => v1::encode(frame),
+        other => Err(EncodeError::UnknownVersion(other)),
+    }
+}
+
 /// Decodes and validates one frame of untrusted bytes. `max` bounds the input size
 /// (use [`FRAME_BYTES_MAX`] or [`SNAPSHOT_FRAME_BYTES_MAX`]).
 pub fn decode_frame(bytes: &[u8], max: usize) -> Result<Frame, DecodeError> {
+    decode_frame_versioned(bytes, max).map(|(f, _)| f)
+}
+
+/// [`decode_frame`], also returning the schema version the frame was written in (a
+/// receiver answers a Hello in the version it came in). Version 1 frames are converted.
+pub fn decode_frame_versioned(bytes: &[u8], max: usize) -> Result<(Frame, u16), DecodeError> {
     if bytes.len() > max {
         return Err(DecodeError::TooLarge { len: bytes.len(), max });
     }
@@ -232,12 +273,17 @@ pub fn decode_frame(bytes: &[u8], max: usize) -> Result<Frame, DecodeError> {
     // than a "malformed" one.
     let (version, _) =
         postcard::take_from_bytes::<u16>(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
-    if version != SCHEMA_VERSION {
-        return Err(DecodeError::SchemaVersion { got: version, expected: SCHEMA_VERSION });
-    }
-    let env: Envelope = postcard::from_bytes(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
-    validate::validate_frame(&env.frame)?;
-    Ok(env.frame)
+    let frame = match version {
+        SCHEMA_VERSION => {
+            let env: Envelope =
+                postcard::from_bytes(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+            env.frame
+        }
+        1 => v1::decode(bytes)?,
+        got => return Err(DecodeError::SchemaVersion { got, expected: SCHEMA_VERSION }),
+    };
+    validate::validate_frame(&frame)?;
+    Ok((frame, version))
 }
 
 /// Encodes one change event (the form stored in the event log).

@@ -69,13 +69,25 @@ fn vectors() -> Vec<(&'static str, Vec<u8>)> {
         ("frame_hello", encode_frame(&Frame::Hello { dc: "dc-a".into(), epoch: 7, last_seq: 300 })),
         (
             "frame_hello_ack",
-            encode_frame(&Frame::HelloAck { dc: "dc-b".into(), mark: Some(Mark { epoch: 7, seq: 12 }) }),
+            encode_frame(&Frame::HelloAck {
+                dc: "dc-b".into(),
+                mark: Some(Mark { epoch: 7, seq: 12 }),
+                mark_event_id: Some(uuid::Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0002)),
+            }),
+        ),
+        (
+            "frame_hello_ack_none",
+            encode_frame(&Frame::HelloAck { dc: "dc-b".into(), mark: None, mark_event_id: None }),
         ),
         ("frame_batch", encode_frame(&Frame::Batch { batch_id: 5, events: vec![reg, upd, dereg] })),
         ("frame_snapshot", encode_frame(&Frame::Snapshot { batch_id: 6, snapshot: snap })),
         ("frame_ack", encode_frame(&Frame::Ack { batch_id: 5, mark: Mark { epoch: 7, seq: 3 } })),
         ("frame_ping", encode_frame(&Frame::Ping { last_seq: 3, floor_seq: 1, now_ms: 1_764_000_000_123 })),
         ("frame_refuse", encode_frame(&Frame::Refuse { code: RefuseCode::Gap, message: "gap".into() })),
+        (
+            "frame_refuse_fenced",
+            encode_frame(&Frame::Refuse { code: RefuseCode::Fenced, message: "fenced".into() }),
+        ),
     ]
 }
 
@@ -122,11 +134,38 @@ fn golden_vectors_decode_back_to_the_same_values() {
 #[test]
 fn a_newer_schema_version_is_refused_precisely() {
     let mut bytes = encode_frame(&Frame::Ack { batch_id: 1, mark: Mark { epoch: 1, seq: 1 } });
-    bytes[0] = 2; // schema version 2 (varint)
+    bytes[0] = 3; // schema version 3 (varint)
     assert_eq!(
         decode_frame(&bytes, FRAME_BYTES_MAX),
-        Err(DecodeError::SchemaVersion { got: 2, expected: 1 })
+        Err(DecodeError::SchemaVersion { got: 3, expected: SCHEMA_VERSION })
     );
+}
+
+/// The schema 1 vectors (`golden/v1/`, decode-only fixtures of what version 1 peers send)
+/// still decode, convert to the version 2 frame, and encode back to the same bytes when
+/// written as version 1.
+#[test]
+fn schema_1_frames_still_decode_and_can_still_be_written() {
+    let mut seen = 0;
+    for entry in std::fs::read_dir(dir().join("v1")).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = hex::decode(std::fs::read_to_string(&path).unwrap().trim()).unwrap();
+        let name = path.display().to_string();
+        let (frame, version) =
+            decode_frame_versioned(&bytes, FRAME_BYTES_MAX).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(version, 1, "{name}");
+        assert_eq!(encode_frame_as(&frame, 1).unwrap(), bytes, "{name}");
+        if let Frame::HelloAck { mark_event_id, .. } = &frame {
+            assert_eq!(*mark_event_id, None, "{name}: a version 1 HelloAck knows no event id");
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 7, "one schema 1 vector per frame kind");
+    // What version 1 cannot say is written in its nearest form.
+    let fenced = Frame::Refuse { code: RefuseCode::Fenced, message: "old".into() };
+    let back = decode_frame(&encode_frame_as(&fenced, 1).unwrap(), FRAME_BYTES_MAX).unwrap();
+    assert_eq!(back, Frame::Refuse { code: RefuseCode::CursorRegressed, message: "old".into() });
+    assert_eq!(encode_frame_as(&fenced, 9), Err(EncodeError::UnknownVersion(9)));
 }
 
 #[test]

@@ -284,6 +284,18 @@ impl NodeShared {
                 &[("dc", dc)],
                 stats.protocol_errors.load(Ordering::Relaxed),
             );
+            m.gauge(
+                "tandem_replication_fenced",
+                "1 when this process is an older incarnation of its DC and ships nothing",
+                &[("dc", dc)],
+                f64::from(u8::from(stats.fenced.lock().is_some())),
+            );
+            m.counter(
+                "tandem_replication_new_epochs_total",
+                "New epochs this process took (history went back, or a new data dir learned of a newer epoch)",
+                &[("dc", dc)],
+                stats.new_epochs.load(Ordering::Relaxed),
+            );
         }
         m.counter(
             "tandem_http_requests_unauthenticated_total",

@@ -23,6 +23,9 @@ pub struct Status {
     /// error) until a recovery succeeds; `GET /v1/ready` answers 503 meanwhile.
     pub log_writable: bool,
     pub log: LogStatus,
+    /// The replication gateway's own state (absent without `[replication]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replication: Option<ReplicationStatus>,
     /// Applied high-water mark per origin DC.
     pub applied: BTreeMap<String, MarkStatus>,
     pub peers: BTreeMap<String, PeerStatus>,
@@ -63,6 +66,20 @@ pub struct LogStatus {
     /// see docs/deploy.md, "Invalid stored records"), and the latest one.
     pub invalid_records: u64,
     pub invalid_record_last: Option<String>,
+}
+
+/// Epochs and fencing (docs/replication.md, "Epochs").
+#[derive(Debug, Serialize)]
+pub struct ReplicationStatus {
+    /// True when a peer showed that this process is an older incarnation of its DC (its
+    /// replacement runs on another data dir): it ships nothing to any peer any more.
+    pub fenced: bool,
+    /// Why, as the first peer said it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fenced_reason: Option<String>,
+    /// New epochs this process took (its history went back, or its new data dir learned of
+    /// a newer epoch of its DC).
+    pub new_epochs: u64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -233,6 +250,14 @@ impl NodeShared {
                 invalid_records: self.invalid_records.count(),
                 invalid_record_last: self.invalid_records.last(),
             },
+            replication: self.gateway_stats.as_ref().map(|g| {
+                let reason = g.fenced.lock().clone();
+                ReplicationStatus {
+                    fenced: reason.is_some(),
+                    fenced_reason: reason,
+                    new_epochs: g.new_epochs.load(Ordering::Relaxed),
+                }
+            }),
             applied: remote.into_iter().map(|(dc, m)| (dc, m.into())).collect(),
             peers: self.peer_status(),
             retired: retired

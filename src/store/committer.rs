@@ -666,6 +666,9 @@ pub(crate) fn clone_log_error(e: &LogError) -> LogError {
         LogError::OutOfSequence { expected, got } => {
             LogError::OutOfSequence { expected: *expected, got: *got }
         }
+        LogError::EpochNotAbove { current, requested } => {
+            LogError::EpochNotAbove { current: *current, requested: *requested }
+        }
         LogError::Storage(s) => LogError::Storage(s.clone()),
         LogError::Corrupt(s) => LogError::Corrupt(s.clone()),
         LogError::Invalid(s) => LogError::Invalid(s.clone()),

@@ -133,6 +133,17 @@ impl EventLog for MemStore {
     fn purge_floor(&self) -> u64 {
         self.log.purge_floor()
     }
+    fn mark_event_id(&self, origin: &str) -> Option<uuid::Uuid> {
+        self.log.mark_event_id(origin)
+    }
+    fn own_event_id(&self, seq: u64) -> Result<Option<uuid::Uuid>, LogError> {
+        self.log.own_event_id(seq)
+    }
+    fn begin_epoch(&mut self, epoch: u64) -> Result<(), LogError> {
+        self.log.begin_epoch(epoch)?;
+        self.wrote();
+        Ok(())
+    }
     fn append_local(&mut self, events: &[ChangeEvent]) -> Result<(), LogError> {
         self.append_local_with_changes(events).map(|_| ())
     }

@@ -64,6 +64,7 @@ pub async fn pair_with(tune: impl Fn(&mut Config)) -> Pair {
             stale_after_ms: 1_500,
             purge_grace_ms: 3_600_000,
             ping_interval_ms: 200,
+            schema_version: tandem_schemas::SCHEMA_VERSION,
         });
         tune(&mut c);
         c

@@ -106,8 +106,9 @@ impl World {
                 break;
             }
             let (_, frame) = conn.to_peer.pop_front().ok_or("empty")?;
-            let mark = self.dcs[p].node.as_ref().ok_or("down")?.log().mark_of(DC_NAMES[o]);
-            let actions = conn.receiver.handle_frame(mark, frame).map_err(|e| e.to_string())?;
+            let log = self.dcs[p].node.as_ref().ok_or("down")?.log();
+            let (mark, mark_id) = (log.mark_of(DC_NAMES[o]), log.mark_event_id(DC_NAMES[o]));
+            let actions = conn.receiver.handle_frame(mark, mark_id, frame).map_err(|e| e.to_string())?;
             for action in actions {
                 let reply = match action {
                     ReceiverAction::Send(f) => Some(f),

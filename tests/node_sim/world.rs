@@ -234,7 +234,9 @@ impl World {
         let dcs = (0..p.dcs)
             .map(|i| {
                 let name = DC_NAMES[i];
-                let store = MemStore::new(name, rng.gen_range(1..1_000_000));
+                // A settled (ordered) epoch: a provisional one would take a new epoch at its
+                // first handshake, which this model does not drive (replicator/tests/epochs.rs does).
+                let store = MemStore::new(name, rng.gen_range(1 << 20..1 << 40));
                 Dc {
                     name,
                     node: Some(Node::boot(name, store, clock.clone())),

@@ -84,7 +84,15 @@ impl Checker {
                         vec![format!("{pt}ms: log {prev}"), format!("{tag}: log {}", s.log)],
                     ));
                 }
-                if prev.epoch != s.log.epoch && st.history_lost_between(pt, o.completed).is_none() {
+                // A move to a newer settled epoch is the DC's own doing, carrying its state (a
+                // new data dir's first ordered epoch, a history that went back:
+                // docs/replication.md, "Epochs"); a silent loss of the log shows a
+                // provisional epoch instead.
+                let ordered_move = settled_epoch(s.log.epoch) && s.log.epoch > prev.epoch;
+                if prev.epoch != s.log.epoch
+                    && !ordered_move
+                    && st.history_lost_between(pt, o.completed).is_none()
+                {
                     problems.push((
                         format!(
                             "own origin epoch changed from {:x} to {:x} without a declared history loss (the DC lost its log?)",
@@ -157,7 +165,10 @@ impl Checker {
                     let Some(pos) = inst.epoch.and_then(|e| epochs.iter().position(|x| *x == e)) else {
                         continue;
                     };
-                    if pos < mark_pos {
+                    // Only a history restarted from nothing (a provisional epoch in between)
+                    // drops the older epoch's instances; a move to a newer epoch that
+                    // carries the state (a provisional epoch settling) keeps them.
+                    if pos < mark_pos && epochs[pos + 1..=mark_pos].iter().any(|e| !settled_epoch(*e)) {
                         let d = inst.dc(&dc);
                         if d.epoch_moved.is_none() {
                             d.epoch_moved = Some((
@@ -196,7 +207,10 @@ impl Checker {
                     if let (Some((tt, target)), None) = (ps.target, ps.done) {
                         if o.invoked >= tt {
                             if let Some(m) = s.applied.get(p) {
-                                if m.epoch == target.epoch && m.seq >= target.seq {
+                                // Or past it in a newer settled epoch: the provider took one
+                                // carrying its state (a new data dir settling at the heal).
+                                let newer = settled_epoch(m.epoch) && m.epoch > target.epoch;
+                                if (m.epoch == target.epoch || newer) && m.seq >= target.seq {
                                     ps.done = Some(o.completed);
                                 }
                             }
@@ -231,4 +245,10 @@ impl Checker {
             }
         }
     }
+}
+
+/// An epoch of generation >= 1 (docs/replication.md, "Epochs"): one a DC took knowing its
+/// peers' epochs; generation 0 is a new data dir's provisional epoch.
+fn settled_epoch(epoch: u64) -> bool {
+    epoch >> 20 != 0
 }

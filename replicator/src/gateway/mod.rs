@@ -9,28 +9,32 @@
 //! Every frame on a stream is a big-endian u32 length followed by a postcard
 //! [`Envelope`](tandem_schemas::Envelope). Lengths are bounded before anything is read.
 
+mod stats;
 mod transport;
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use rand::Rng;
 use tandem_schemas::{
-    decode_frame, encode_frame, ChangeEvent, Frame, Mark, Snapshot, FRAME_BYTES_MAX, SNAPSHOT_FRAME_BYTES_MAX,
+    decode_frame_versioned, encode_frame_as, ChangeEvent, Frame, Mark, Snapshot, FRAME_BYTES_MAX,
+    SNAPSHOT_FRAME_BYTES_MAX,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
+use uuid::Uuid;
 
 use crate::log::{ApplyReport, EventLog, LogError};
 use crate::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamError, StreamTuning};
 use crate::tls::{self, ReloadableTls};
 
+pub use stats::{GatewayStats, LagRing, PeerLink};
 pub use transport::TransportTuning;
 
 /// ALPN: the protocol and its major version. A peer speaking another one fails the TLS
@@ -64,8 +68,15 @@ pub trait ReplicaStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), LogError>> + Send;
     /// The peer durably holds this origin up to `mark` (input of the purge floor).
     fn peer_acked(&self, peer_dc: String, mark: Mark) -> impl Future<Output = Result<(), LogError>> + Send;
-    /// The receiver's current mark of an origin.
-    fn mark_of(&self, origin: String) -> impl Future<Output = Result<Option<Mark>, LogError>> + Send;
+    /// The receiver's current mark of an origin, and the id of the event at it when known.
+    fn mark_of(
+        &self,
+        origin: String,
+    ) -> impl Future<Output = Result<(Option<Mark>, Option<Uuid>), LogError>> + Send;
+    /// Starts a new history of the own origin unless the own epoch is already above
+    /// `above`: [`EventLog::begin_epoch`] with [`epoch::above`](crate::epoch::above) of the
+    /// higher of `above` and the own epoch, with `tiebreak`. Returns the own mark after it.
+    fn begin_epoch(&self, above: u64, tiebreak: u64) -> impl Future<Output = Result<Mark, LogError>> + Send;
     /// Changes whenever the own origin's last seq does.
     fn own_progress(&self) -> watch::Receiver<u64>;
     /// True when this side's operator retired `dc`: its connections are refused and it is
@@ -91,134 +102,9 @@ pub struct GatewayConfig {
     pub stream: StreamTuning,
     pub backoff_initial_ms: u64,
     pub backoff_max_ms: u64,
-}
-
-/// Link state of one peer, as users see it in status and metrics.
-#[derive(Clone, Debug, Default)]
-pub struct PeerLink {
-    /// Outbound: our events to the peer.
-    pub out_connected: bool,
-    pub out_last_ack_wall_ms: u64,
-    pub out_acked_seq: u64,
-    pub out_connects: u64,
-    pub out_failures: u64,
-    pub out_last_error: String,
-    /// Batches sent and not yet acknowledged on the current stream.
-    pub out_inflight_batches: u64,
-    /// Wall-clock ms when the oldest unacknowledged batch was sent (0: none in flight).
-    pub out_oldest_unacked_wall_ms: u64,
-    pub snapshots_sent: u64,
-    /// Times the own log could not be read after some seq (a corrupt or invalid stored
-    /// event) and a snapshot was sent in its place.
-    pub log_unreadable: u64,
-    /// Inbound: the peer's events to us.
-    pub in_connected: bool,
-    /// Wall-clock ms of the last frame from the peer (any kind).
-    pub in_last_contact_wall_ms: u64,
-    /// Monotonic ms (since gateway start) of the last frame from the peer.
-    pub in_last_contact_mono_ms: u64,
-    /// Monotonic ms of the last progress: a batch or snapshot applied, or a ping that
-    /// found this side caught up. Handshakes do not count: staleness is judged on this.
-    pub in_last_progress_mono_ms: u64,
-    /// The epoch of the peer's history, as it last told us.
-    pub in_origin_epoch: u64,
-    /// The peer's own last seq in `in_origin_epoch`, as it last told us.
-    pub in_origin_last_seq: u64,
-    pub events_applied: u64,
-    pub snapshots_installed: u64,
-    /// Recent lag samples: source commit to durable apply here, ms (bounded ring).
-    pub lag_ms_recent: LagRing,
-}
-
-impl PeerLink {
-    /// Any frame from the peer: it is alive (not necessarily progressing).
-    pub fn on_frame(&mut self, wall_ms: u64, mono_ms: u64) {
-        self.in_last_contact_wall_ms = wall_ms;
-        self.in_last_contact_mono_ms = mono_ms;
-    }
-
-    /// The peer said where its history is (`epoch`, `last_seq`). The seq is kept per
-    /// epoch: a new epoch starts the count again instead of keeping an older, larger seq.
-    pub fn on_origin_position(&mut self, epoch: u64, last_seq: u64) {
-        if epoch != self.in_origin_epoch {
-            self.in_origin_epoch = epoch;
-            self.in_origin_last_seq = last_seq;
-        } else {
-            self.in_origin_last_seq = self.in_origin_last_seq.max(last_seq);
-        }
-    }
-
-    /// A batch or snapshot was applied, or a ping found this side caught up.
-    pub fn on_progress(&mut self, mono_ms: u64) {
-        self.in_last_progress_mono_ms = mono_ms;
-    }
-
-    /// The peer's copies are stale: nothing progressed for longer than `stale_after_ms`,
-    /// whatever handshakes happened meanwhile.
-    pub fn stale(&self, now_mono_ms: u64, stale_after_ms: u64) -> bool {
-        now_mono_ms.saturating_sub(self.in_last_progress_mono_ms) > stale_after_ms
-    }
-
-    /// The peer's events not yet applied here, within the epoch it last told us.
-    pub fn lag_events(&self, applied: Option<Mark>) -> u64 {
-        let applied_seq = applied.filter(|m| m.epoch == self.in_origin_epoch).map_or(0, |m| m.seq);
-        self.in_origin_last_seq.saturating_sub(applied_seq)
-    }
-}
-
-/// A bounded ring of recent lag samples.
-#[derive(Clone, Debug, Default)]
-pub struct LagRing {
-    samples: Vec<u64>,
-    next: usize,
-}
-
-const LAG_SAMPLES_MAX: usize = 4096;
-
-impl LagRing {
-    pub fn push(&mut self, v: u64) {
-        if self.samples.len() < LAG_SAMPLES_MAX {
-            self.samples.push(v);
-        } else {
-            self.samples[self.next] = v;
-            self.next = (self.next + 1) % LAG_SAMPLES_MAX;
-        }
-    }
-    /// The q-quantile (0..=1) of the recent samples.
-    pub fn quantile(&self, q: f64) -> Option<u64> {
-        if self.samples.is_empty() {
-            return None;
-        }
-        let mut s = self.samples.clone();
-        s.sort_unstable();
-        let idx = ((s.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
-        s.get(idx).copied()
-    }
-    pub fn len(&self) -> usize {
-        self.samples.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.samples.is_empty()
-    }
-}
-
-/// Counters and per-peer state shared with the node for status and metrics.
-#[derive(Debug, Default)]
-pub struct GatewayStats {
-    pub peers: Mutex<BTreeMap<String, PeerLink>>,
-    pub refused_connections: AtomicU64,
-    /// Connections refused because their DC is retired here.
-    pub refused_retired: AtomicU64,
-    pub protocol_errors: AtomicU64,
-    pub frames_sent: AtomicU64,
-    pub frames_received: AtomicU64,
-}
-
-impl GatewayStats {
-    fn with_peer<R>(&self, dc: &str, f: impl FnOnce(&mut PeerLink) -> R) -> R {
-        let mut g = self.peers.lock();
-        f(g.entry(dc.to_owned()).or_default())
-    }
+    /// The schema version this node writes on the streams it dials (its Hello and
+    /// everything after). A receiver answers in the version of the Hello it got.
+    pub schema_version_write: u16,
 }
 
 /// A running gateway. Dropping it does not stop it; call [`Gateway::shutdown`].
@@ -340,8 +226,9 @@ impl Gateway {
     }
 }
 
-async fn write_frame(send: &mut quinn::SendStream, frame: &Frame) -> Result<(), StreamError> {
-    let bytes = encode_frame(frame);
+async fn write_frame(send: &mut quinn::SendStream, frame: &Frame, version: u16) -> Result<(), StreamError> {
+    let bytes = encode_frame_as(frame, version)
+        .map_err(|e| StreamError { code: tandem_schemas::RefuseCode::Internal, message: e.to_string() })?;
     let len = u32::try_from(bytes.len()).map_err(|_| StreamError {
         code: tandem_schemas::RefuseCode::Internal,
         message: "frame too large".into(),
@@ -355,8 +242,8 @@ async fn write_frame(send: &mut quinn::SendStream, frame: &Frame) -> Result<(), 
     Ok(())
 }
 
-/// Reads one frame; `Ok(None)` on a clean end of stream.
-async fn read_frame(recv: &mut quinn::RecvStream, max: usize) -> Result<Option<Frame>, StreamError> {
+/// Reads one frame and the schema version it came in; `Ok(None)` on a clean end of stream.
+async fn read_frame(recv: &mut quinn::RecvStream, max: usize) -> Result<Option<(Frame, u16)>, StreamError> {
     let io = |m: String| StreamError { code: tandem_schemas::RefuseCode::Invalid, message: m };
     let mut len = [0u8; 4];
     match recv.read_exact(&mut len).await {
@@ -370,7 +257,7 @@ async fn read_frame(recv: &mut quinn::RecvStream, max: usize) -> Result<Option<F
     }
     let mut buf = vec![0u8; len];
     recv.read_exact(&mut buf).await.map_err(|e| io(e.to_string()))?;
-    decode_frame(&buf, max).map(Some).map_err(|e| io(e.to_string()))
+    decode_frame_versioned(&buf, max).map(Some).map_err(|e| io(e.to_string()))
 }
 
 async fn dial_loop<S: ReplicaStore>(
@@ -383,6 +270,11 @@ async fn dial_loop<S: ReplicaStore>(
     mut shut: watch::Receiver<bool>,
 ) {
     let mut backoff_ms = cfg.backoff_initial_ms.max(1);
+    // The schema version written to this peer's next session: the configured one, or,
+    // right after a session showed the peer does not read it (it answered in an older
+    // version, or closed without a word after our Hello: a DC not yet upgraded), the older
+    // one. Every later session tries the configured version again.
+    let mut version = cfg.schema_version_write;
     loop {
         if *shut.borrow() {
             return;
@@ -398,20 +290,44 @@ async fn dial_loop<S: ReplicaStore>(
                 _ = shut.changed() => return,
             }
         }
+        if stats.fenced.lock().is_some() {
+            // An older incarnation ships nothing more, to anyone, until it is restarted.
+            stats.with_peer(&peer.dc, |p| p.out_connected = false);
+            let _ = shut.changed().await;
+            return;
+        }
         let started = tokio::time::Instant::now();
+        let tried = version;
+        let mut wire = WireVersion { version, silent: false };
         let res = tokio::select! {
-            r = send_session(&endpoint, &cfg, &peer, &tls, &store, &stats) => r,
+            r = send_session(&endpoint, &cfg, &peer, &tls, &store, &stats, &mut wire) => r,
             _ = shut.changed() => return,
         };
+        version = wire.version;
+        if version == tried {
+            version = if wire.silent && tried > tandem_schemas::SCHEMA_VERSION_MIN {
+                debug!(peer = %peer.dc, version = tried - 1, "peer closed after our Hello without a word; trying an older schema version");
+                tried - 1
+            } else {
+                cfg.schema_version_write
+            };
+        }
         stats.with_peer(&peer.dc, |p| {
             p.out_connected = false;
             p.out_failures += 1;
-            if let Err(e) = &res {
-                p.out_last_error = e.clone();
+            match &res {
+                Err(e) => p.out_last_error = e.clone(),
+                Ok(SessionEnd::NewEpoch) => p.out_last_error = "took a new epoch; reconnecting".into(),
+                Ok(SessionEnd::Fenced) => p.out_last_error = "fenced: an older incarnation of this DC".into(),
             }
         });
         if let Err(e) = &res {
             debug!(peer = %peer.dc, error = %e, "replication stream to peer ended");
+        }
+        if let Ok(SessionEnd::NewEpoch) = &res {
+            // The new history ships at once: no backoff.
+            backoff_ms = cfg.backoff_initial_ms.max(1);
+            continue;
         }
         // A session that ran for a while resets the backoff.
         if started.elapsed() > Duration::from_secs(10) {
@@ -430,6 +346,22 @@ fn now_ms(started: tokio::time::Instant) -> u64 {
     started.elapsed().as_millis() as u64
 }
 
+/// The schema version a send session writes, and what it learned about the peer's.
+struct WireVersion {
+    /// Written by the session; lowered when the peer answers in an older version.
+    version: u16,
+    /// The Hello went out and nothing came back (yet).
+    silent: bool,
+}
+
+/// How a send session ended without an error.
+enum SessionEnd {
+    /// The own origin took a new epoch: reconnect at once.
+    NewEpoch,
+    /// This process is fenced: ship nothing more.
+    Fenced,
+}
+
 async fn send_session<S: ReplicaStore>(
     endpoint: &quinn::Endpoint,
     cfg: &GatewayConfig,
@@ -437,7 +369,9 @@ async fn send_session<S: ReplicaStore>(
     tls: &ReloadableTls,
     store: &S,
     stats: &GatewayStats,
-) -> Result<(), String> {
+    wire: &mut WireVersion,
+) -> Result<SessionEnd, String> {
+    let v = wire.version;
     let client_cfg = tls.client_config(ALPN).map_err(|e| e.to_string())?;
     let conn = endpoint
         .connect_with(client_cfg, peer.addr, &peer.dc)
@@ -452,7 +386,9 @@ async fn send_session<S: ReplicaStore>(
         .with_log(Box::new(move |log: &dyn EventLog| Sender::new(log, &peer_dc, tuning, 0)))
         .await
         .map_err(|e| e.to_string())?;
-    write_frame(&mut send, &hello).await.map_err(|e| e.message)?;
+    write_frame(&mut send, &hello, v).await.map_err(|e| e.message)?;
+    // Until the peer's first frame: a peer that cannot read our version may just close.
+    wire.silent = true;
     stats.with_peer(&peer.dc, |p| {
         p.out_connected = true;
         p.out_connects += 1;
@@ -490,7 +426,7 @@ async fn send_session<S: ReplicaStore>(
         sender = s;
         let (frames, events, err) = out;
         for f in &frames {
-            write_frame(&mut send, f).await.map_err(|e| e.message)?;
+            write_frame(&mut send, f, v).await.map_err(|e| e.message)?;
             stats.frames_sent.fetch_add(1, Ordering::Relaxed);
         }
         let inflight = sender.inflight_batches() as u64;
@@ -513,17 +449,26 @@ async fn send_session<S: ReplicaStore>(
                         "own log entries unreadable; sent a snapshot in their place");
                     stats.with_peer(&peer.dc, |p| p.log_unreadable += 1);
                 }
-                SenderEvent::PeerAcked(_) => {}
+                // Acks and epoch verdicts come from the peer's frames, not from sending.
+                SenderEvent::PeerAcked(_) | SenderEvent::NewEpoch { .. } | SenderEvent::Fenced { .. } => {}
             }
         }
         if let Some(e) = err {
-            let _ = write_frame(&mut send, &e.to_frame()).await;
+            let _ = write_frame(&mut send, &e.to_frame(), v).await;
             return Err(e.message);
         }
         tokio::select! {
             f = read_frame(&mut recv, FRAME_BYTES_MAX) => {
                 let f = f.map_err(|e| e.message)?;
-                let Some(f) = f else { return Err("peer closed the stream".into()) };
+                let Some((f, answered_in)) = f else { return Err("peer closed the stream".into()) };
+                wire.silent = false;
+                if answered_in < v {
+                    // A receiver answers in the version of the Hello; an older one means
+                    // the peer does not read ours. Speak its version from now on.
+                    wire.version = answered_in;
+                    warn!(peer = %peer.dc, version = answered_in, "peer answers in an older schema version; writing that version to it");
+                    return Err(format!("peer speaks schema version {answered_in}; reconnecting in it"));
+                }
                 stats.frames_received.fetch_add(1, Ordering::Relaxed);
                 let (s, res) = store
                     .with_log(Box::new(move |log: &dyn EventLog| {
@@ -549,12 +494,33 @@ async fn send_session<S: ReplicaStore>(
                                     store.peer_acked(peer.dc.clone(), m).await.map_err(|e| e.to_string())?;
                                 }
                                 SenderEvent::SnapshotSent(_) | SenderEvent::LogUnreadable { .. } => {}
+                                SenderEvent::NewEpoch { above, reason } => {
+                                    let tiebreak = rand::thread_rng().gen::<u64>();
+                                    let own = store.begin_epoch(above, tiebreak).await.map_err(|e| e.to_string())?;
+                                    stats.new_epochs.fetch_add(1, Ordering::Relaxed);
+                                    warn!(peer = %peer.dc, epoch = own.epoch, seq = own.seq, %reason, "replication: took a new epoch");
+                                    let _ = send.finish();
+                                    return Ok(SessionEnd::NewEpoch);
+                                }
+                                SenderEvent::Fenced { reason } => {
+                                    let first = {
+                                        let mut f = stats.fenced.lock();
+                                        let first = f.is_none();
+                                        f.get_or_insert_with(|| reason.clone());
+                                        first
+                                    };
+                                    if first {
+                                        tracing::error!(peer = %peer.dc, %reason, "replication: this process is fenced and stops shipping to every peer; restart it on the current data dir of its DC");
+                                    }
+                                    let _ = send.finish();
+                                    return Ok(SessionEnd::Fenced);
+                                }
                             }
                         }
                     }
                     Err(e) => {
                         stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                        let _ = write_frame(&mut send, &e.to_frame()).await;
+                        let _ = write_frame(&mut send, &e.to_frame(), v).await;
                         return Err(e.message);
                     }
                 }
@@ -673,6 +639,8 @@ async fn receive_session<S: ReplicaStore>(
         return Err("superseded by a newer connection of the same origin".into());
     }
     let mut receiver = Receiver::new(&cfg.local_dc, peer_dc);
+    // Answers go out in the version of the Hello (until it came: the configured one).
+    let mut v = cfg.schema_version_write;
     stats.with_peer(peer_dc, |p| p.in_connected = true);
     info!(peer = %peer_dc, "replication stream from peer open");
     let res = async {
@@ -687,23 +655,31 @@ async fn receive_session<S: ReplicaStore>(
                 return Err("superseded by a newer connection of the same origin".into());
             }
             let frame = match frame {
-                Ok(Some(f)) => f,
+                Ok(Some((f, version))) => {
+                    if matches!(f, Frame::Hello { .. }) {
+                        v = version;
+                    }
+                    f
+                }
                 Ok(None) => return Ok(()),
                 Err(e) => {
                     stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                    let _ = write_frame(&mut send, &e.to_frame()).await;
+                    let _ = write_frame(&mut send, &e.to_frame(), v).await;
                     return Err(e.message);
                 }
             };
             stats.frames_received.fetch_add(1, Ordering::Relaxed);
             let mono = now_ms(started);
             stats.with_peer(peer_dc, |p| p.on_frame(wall_ms(), mono));
-            let mark = store.mark_of(peer_dc.to_owned()).await.map_err(|e| e.to_string())?;
-            let actions = match receiver.handle_frame(mark, frame) {
+            let (mark, mark_id) = store.mark_of(peer_dc.to_owned()).await.map_err(|e| e.to_string())?;
+            let actions = match receiver.handle_frame(mark, mark_id, frame) {
                 Ok(a) => a,
                 Err(e) => {
                     stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                    let _ = write_frame(&mut send, &e.to_frame()).await;
+                    if e.code == tandem_schemas::RefuseCode::Fenced {
+                        warn!(peer = %peer_dc, error = %e, "refusing an older incarnation of the peer");
+                    }
+                    let _ = write_frame(&mut send, &e.to_frame(), v).await;
                     let _ = send.finish();
                     return Err(e.message);
                 }
@@ -768,13 +744,13 @@ async fn receive_session<S: ReplicaStore>(
                 match ack {
                     None => {}
                     Some(Ok(f)) => {
-                        write_frame(&mut send, &f).await.map_err(|e| e.message)?;
+                        write_frame(&mut send, &f, v).await.map_err(|e| e.message)?;
                         stats.frames_sent.fetch_add(1, Ordering::Relaxed);
                     }
                     Some(Err(e)) => {
                         stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
                         warn!(peer = %peer_dc, error = %e, "refusing replication stream");
-                        let _ = write_frame(&mut send, &e.to_frame()).await;
+                        let _ = write_frame(&mut send, &e.to_frame(), v).await;
                         let _ = send.finish();
                         return Err(e.message);
                     }

@@ -4,7 +4,9 @@
 //! them as after a crash. Use [`conformance_tests!`](crate::conformance_tests) to turn the
 //! whole suite into `#[test]` functions for an implementation.
 
-use tandem_schemas::{ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Op, Status};
+use tandem_schemas::{
+    ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Op, Snapshot, Status,
+};
 
 use super::{EventLog, LogError};
 use crate::merge::{Held, Refusal};
@@ -212,6 +214,56 @@ pub fn snapshot_install<H: Harness>(h: &mut H) {
     assert_eq!(dst.mark_of("dc-a"), Some(Mark { epoch: 4, seq: 4 }));
 }
 
+/// Event ids at marks and at the floor, and a new epoch, survive a reopen; a new epoch
+/// keeps the state, continues the seqs, purges the log and only moves up.
+pub fn epochs_and_event_ids<H: Harness>(h: &mut H) {
+    let mut log = h.fresh("dc-b", 3);
+    // The receiver remembers the id of the event at its mark; a snapshot forgets it.
+    let batch = [reg("dc-a", 7, 1, "i1"), reg("dc-a", 7, 2, "i2")];
+    log.apply_remote("dc-a", &batch).unwrap();
+    assert_eq!(log.mark_event_id("dc-a"), Some(batch[1].event_id));
+    // The own log answers ids by seq, and remembers the one at the purge floor.
+    log.append_local(&[reg("dc-b", 3, 1, "o1"), reg("dc-b", 3, 2, "o2"), reg("dc-b", 3, 3, "o3")]).unwrap();
+    let id_at = |seq| ev("dc-b", 3, seq, Op::Register(record("dc-b", "x"))).event_id;
+    assert_eq!(log.own_event_id(2).unwrap(), Some(id_at(2)));
+    log.purge_own(2).unwrap();
+    assert_eq!(log.own_event_id(2).unwrap(), Some(id_at(2)));
+    assert_eq!(log.own_event_id(1).unwrap(), None);
+    let mut log = h.reopen(log);
+    assert_eq!(log.mark_event_id("dc-a"), Some(batch[1].event_id));
+    assert_eq!(log.own_event_id(2).unwrap(), Some(id_at(2)));
+    assert_eq!(log.own_event_id(3).unwrap(), Some(id_at(3)));
+    // A new epoch: only upwards; state kept, log purged to the own seq, seqs continue.
+    assert!(matches!(log.begin_epoch(3), Err(LogError::EpochNotAbove { current: 3, requested: 3 })));
+    log.begin_epoch(1 << 30).unwrap();
+    assert_eq!(log.own_mark(), Mark { epoch: 1 << 30, seq: 3 });
+    assert_eq!(log.purge_floor(), 3);
+    assert_eq!(log.held(&key("dc-b", "o3")), Held::Live { seq: 3 });
+    assert!(matches!(log.read_own(0, 10), Err(LogError::Purged { floor: 3 })));
+    log.append_local(&[reg("dc-b", 1 << 30, 4, "o4")]).unwrap();
+    let mut log = h.reopen(log);
+    assert_eq!(log.own_mark(), Mark { epoch: 1 << 30, seq: 4 });
+    assert_eq!(log.read_own(3, 10).unwrap().len(), 1);
+    assert_eq!(log.snapshot_own().unwrap().mark, Mark { epoch: 1 << 30, seq: 4 });
+    let snap = Snapshot {
+        origin_dc: "dc-a".into(),
+        mark: Mark { epoch: 9, seq: 2 },
+        instances: vec![],
+        tombstones: vec![],
+    };
+    log.install_snapshot("dc-a", &snap).unwrap();
+    assert_eq!(log.mark_event_id("dc-a"), None);
+    // A snapshot of an older epoch than the one followed is refused.
+    let old = Snapshot { mark: Mark { epoch: 8, seq: 50 }, ..snap };
+    assert!(matches!(
+        log.install_snapshot("dc-a", &old),
+        Err(LogError::Refused(Refusal::EpochRegressed { .. }))
+    ));
+    let log = h.reopen(log);
+    assert_eq!(log.mark_event_id("dc-a"), None);
+    assert_eq!(log.mark_of("dc-a"), Some(Mark { epoch: 9, seq: 2 }));
+}
+
 /// Turns the suite into `#[test]` functions: `conformance_tests!(|| MyHarness::new());`
 #[macro_export]
 macro_rules! conformance_tests {
@@ -239,6 +291,10 @@ macro_rules! conformance_tests {
         #[test]
         fn conformance_snapshot_install() {
             $crate::log::conformance::snapshot_install(&mut ($make)());
+        }
+        #[test]
+        fn conformance_epochs_and_event_ids() {
+            $crate::log::conformance::epochs_and_event_ids(&mut ($make)());
         }
     };
 }

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch};
-use tandem_replicator::log::{ApplyReport, EventLog, LogError, StateChange};
+use tandem_replicator::log::{mark_event_id, ApplyReport, EventLog, LogError, StateChange};
 use tandem_replicator::merge::{self, Held};
 use tandem_schemas::{
     validate_event, validate_key, validate_record, ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot,
@@ -14,7 +14,8 @@ use tandem_schemas::{
 
 use super::{
     check_stored_key, decode_instance, decode_tombstone, meta_name, storage, RocksLog, CF_INSTANCES, CF_LOG,
-    CF_META, CF_TOMBSTONES, META_MARK_PREFIX,
+    CF_META, CF_TOMBSTONES, META_EPOCH, META_FLOOR_ID, META_MARK_ID_PREFIX, META_MARK_PREFIX,
+    META_PURGE_FLOOR,
 };
 use crate::store::keys::{decode_key, decode_u64, encode_key, encode_mark, seq_key};
 
@@ -33,6 +34,38 @@ impl EventLog for RocksLog {
     }
     fn purge_floor(&self) -> u64 {
         self.floor
+    }
+    fn mark_event_id(&self, origin: &str) -> Option<uuid::Uuid> {
+        self.mark_ids.get(origin).copied()
+    }
+    fn own_event_id(&self, seq: u64) -> Result<Option<uuid::Uuid>, LogError> {
+        if seq == 0 || seq > self.own.seq {
+            return Ok(None);
+        }
+        if seq == self.floor {
+            return Ok(self.floor_id);
+        }
+        self.logged_event_id(seq)
+    }
+    fn begin_epoch(&mut self, epoch: u64) -> Result<(), LogError> {
+        self.check_writable()?;
+        if epoch <= self.own.epoch {
+            return Err(LogError::EpochNotAbove { current: self.own.epoch, requested: epoch });
+        }
+        let log_cf = self.cf(CF_LOG)?;
+        let meta = self.cf(CF_META)?;
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(log_cf, seq_key(0), seq_key(u64::MAX));
+        batch.delete_cf(log_cf, seq_key(u64::MAX));
+        batch.put_cf(meta, META_EPOCH, epoch.to_be_bytes());
+        batch.put_cf(meta, META_PURGE_FLOOR, self.own.seq.to_be_bytes());
+        batch.delete_cf(meta, META_FLOOR_ID);
+        self.commit(batch)?;
+        tracing::warn!(dc = %self.dc, from = self.own.epoch, to = epoch, seq = self.own.seq, "event log: new epoch");
+        self.own.epoch = epoch;
+        self.floor = self.own.seq;
+        self.floor_id = None;
+        Ok(())
     }
 
     fn append_local(&mut self, events: &[ChangeEvent]) -> Result<(), LogError> {
@@ -110,12 +143,22 @@ impl EventLog for RocksLog {
         for change in &plan.changes {
             report.changes.push(self.stage_effect(&mut batch, change.event, change.effect)?);
         }
+        let mark_id = plan.new_mark.and_then(|m| mark_event_id(events, m));
         if let Some(m) = plan.new_mark {
-            batch.put_cf(self.cf(CF_META)?, meta_name(META_MARK_PREFIX, channel_dc), encode_mark(m));
+            let meta = self.cf(CF_META)?;
+            batch.put_cf(meta, meta_name(META_MARK_PREFIX, channel_dc), encode_mark(m));
+            match mark_id {
+                Some(id) => batch.put_cf(meta, meta_name(META_MARK_ID_PREFIX, channel_dc), id.as_bytes()),
+                None => batch.delete_cf(meta, meta_name(META_MARK_ID_PREFIX, channel_dc)),
+            }
         }
         self.commit(batch)?;
         if let Some(m) = plan.new_mark {
             self.marks.insert(channel_dc.to_owned(), m);
+            match mark_id {
+                Some(id) => self.mark_ids.insert(channel_dc.to_owned(), id),
+                None => self.mark_ids.remove(channel_dc),
+            };
         }
         Ok(report)
     }
@@ -175,8 +218,10 @@ impl EventLog for RocksLog {
         }
         report.applied = snap.instances.len() + snap.tombstones.len();
         batch.put_cf(self.cf(CF_META)?, meta_name(META_MARK_PREFIX, channel_dc), encode_mark(plan.new_mark));
+        batch.delete_cf(self.cf(CF_META)?, meta_name(META_MARK_ID_PREFIX, channel_dc));
         self.commit(batch)?;
         self.marks.insert(channel_dc.to_owned(), plan.new_mark);
+        self.mark_ids.remove(channel_dc);
         Ok(report)
     }
 

@@ -43,6 +43,7 @@ use tandem_schemas::{
     validate_dc, ChangeEvent, DeregisterReason, InstanceKey, InstanceRecord, Mark, Op, ValidationError,
     FRAME_BYTES_MAX,
 };
+use uuid::Uuid;
 
 use super::keys::{
     decode_key, decode_mark, decode_u64, encode_key, encode_mark, owner_prefix, prefix_end, seq_key,
@@ -65,6 +66,11 @@ const META_INDEX: &[u8] = b"index";
 const META_MARK_PREFIX: &[u8] = b"mark/";
 /// `ack/<peer dc>` -> the own mark the peer has acknowledged (16 bytes).
 const META_ACK_PREFIX: &[u8] = b"ack/";
+/// `markid/<origin dc>` -> the id of the event at the origin's applied mark (16 bytes),
+/// absent when unknown (after a snapshot, or written before ids were kept).
+const META_MARK_ID_PREFIX: &[u8] = b"markid/";
+/// The id of the own event at the purge floor (16 bytes), absent when unknown.
+const META_FLOOR_ID: &[u8] = b"floor_id";
 
 /// One stored key and value, as read by a scan.
 type Entry = Result<(Box<[u8]>, Box<[u8]>), LogError>;
@@ -144,6 +150,8 @@ pub struct RocksLog {
     own: Mark,
     floor: u64,
     marks: BTreeMap<String, Mark>,
+    mark_ids: BTreeMap<String, Uuid>,
+    floor_id: Option<Uuid>,
     peer_acks: BTreeMap<String, Mark>,
     /// DCs retired here -> when (wall-clock ms); see `retire`.
     retired: BTreeMap<String, u64>,
@@ -182,7 +190,7 @@ pub const MAX_OPEN_FILES_DEFAULT: u32 = 256;
 
 impl RocksLog {
     /// Opens the log of `dc` in `dir`. A new or wiped dir starts a new history: a fresh
-    /// random non-zero origin epoch, persisted before this returns. A dir that holds
+    /// provisional origin epoch (see `random_epoch`), persisted before this returns. A dir that holds
     /// another DC's log is refused.
     pub fn open(dir: &Path, dc: &str) -> Result<RocksLog, OpenError> {
         Self::open_inner(dir, dc, None, WRITE_BUFFER_MIB_DEFAULT, MAX_OPEN_FILES_DEFAULT)
@@ -234,6 +242,8 @@ impl RocksLog {
             own: Mark { epoch: 0, seq: 0 },
             floor: 0,
             marks: BTreeMap::new(),
+            mark_ids: BTreeMap::new(),
+            floor_id: None,
             peer_acks: BTreeMap::new(),
             retired: BTreeMap::new(),
             index: 0,
@@ -389,6 +399,18 @@ impl RocksLog {
         self.marks = self.meta_marks(META_MARK_PREFIX)?;
         self.peer_acks = self.meta_marks(META_ACK_PREFIX)?;
         self.retired = self.load_retired()?;
+        self.floor_id = match self.meta_get(META_FLOOR_ID)? {
+            Some(bytes) => Some(decode_uuid("meta floor_id", &bytes)?),
+            None => None,
+        };
+        let mut ids = BTreeMap::new();
+        for item in self.scan(CF_META, META_MARK_ID_PREFIX, prefix_end(META_MARK_ID_PREFIX))? {
+            let (k, v) = item?;
+            let name = std::str::from_utf8(&k[META_MARK_ID_PREFIX.len()..])
+                .map_err(|_| LogError::Corrupt("meta mark id name is not UTF-8".into()))?;
+            ids.insert(name.to_owned(), decode_uuid("meta mark id", &v)?);
+        }
+        self.mark_ids = ids;
         Ok(())
     }
 
@@ -509,15 +531,30 @@ impl RocksLog {
         if upto <= self.floor {
             return Ok(Vec::new());
         }
+        let floor_id = self.logged_event_id(upto)?;
         let log_cf = self.cf(CF_LOG)?;
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(log_cf, seq_key(0), seq_key(upto));
         batch.delete_cf(log_cf, seq_key(upto));
         let removed = self.stage_tombstone_purge(&mut batch, &self.dc, upto)?;
-        batch.put_cf(self.cf(CF_META)?, META_PURGE_FLOOR, upto.to_be_bytes());
+        let meta = self.cf(CF_META)?;
+        batch.put_cf(meta, META_PURGE_FLOOR, upto.to_be_bytes());
+        match floor_id {
+            Some(id) => batch.put_cf(meta, META_FLOOR_ID, id.as_bytes()),
+            None => batch.delete_cf(meta, META_FLOOR_ID),
+        }
         self.commit(batch)?;
         self.floor = upto;
+        self.floor_id = floor_id;
         Ok(removed)
+    }
+
+    /// The id of the logged own event at `seq`, if the log holds it.
+    fn logged_event_id(&self, seq: u64) -> Result<Option<Uuid>, LogError> {
+        match self.db()?.get_pinned_cf(self.cf(CF_LOG)?, seq_key(seq)).map_err(storage)? {
+            Some(bytes) => Ok(Some(self.decode_logged(seq, &bytes)?.event_id)),
+            None => Ok(None),
+        }
     }
 
     /// [`EventLog::purge_remote_tombstones`], also returning the keys it removed.
@@ -709,10 +746,17 @@ impl RocksLog {
     }
 }
 
-/// Epochs are random within 53 bits so that JSON clients (which read numbers as IEEE
-/// doubles) see them exactly in /v1/status.
+/// A new data dir starts a provisional epoch (generation 0, a random tiebreak): it does
+/// not know yet which epochs of its DC its peers have seen; its first handshake with a
+/// peer that holds a newer one moves it above (`tandem_replicator::epoch`). Epochs of
+/// earlier builds were random below 2^53 and stay valid ordered epochs.
 fn random_epoch() -> NonZeroU64 {
-    NonZeroU64::new(rand::random::<u64>() >> 11).unwrap_or(NonZeroU64::MIN)
+    NonZeroU64::new(tandem_replicator::epoch::provisional(rand::random::<u64>())).unwrap_or(NonZeroU64::MIN)
+}
+
+fn decode_uuid(what: &str, bytes: &[u8]) -> Result<Uuid, LogError> {
+    let raw: [u8; 16] = bytes.try_into().map_err(|_| LogError::Corrupt(format!("{what}: not 16 bytes")))?;
+    Ok(Uuid::from_bytes(raw))
 }
 
 fn storage(e: rocksdb::Error) -> LogError {

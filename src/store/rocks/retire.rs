@@ -10,7 +10,7 @@ use tandem_schemas::validate_dc;
 
 use super::{
     decode_key, decode_u64, meta_name, prefix_end, RocksLog, CF_INSTANCES, CF_META, CF_TOMBSTONES,
-    META_ACK_PREFIX, META_MARK_PREFIX,
+    META_ACK_PREFIX, META_MARK_ID_PREFIX, META_MARK_PREFIX,
 };
 use crate::store::Retirement;
 
@@ -48,10 +48,12 @@ impl RocksLog {
             batch.delete_cf(tomb_cf, &k);
         }
         batch.delete_cf(meta, meta_name(META_MARK_PREFIX, dc));
+        batch.delete_cf(meta, meta_name(META_MARK_ID_PREFIX, dc));
         batch.delete_cf(meta, meta_name(META_ACK_PREFIX, dc));
         batch.put_cf(meta, meta_name(META_RETIRED_PREFIX, dc), at_ms.to_be_bytes());
         self.commit(batch)?;
         let mark = self.marks.remove(dc);
+        self.mark_ids.remove(dc);
         self.peer_acks.remove(dc);
         self.retired.insert(dc.to_owned(), at_ms);
         tracing::warn!(

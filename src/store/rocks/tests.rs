@@ -212,7 +212,9 @@ fn a_poison_event_does_not_stall_the_stream() {
             // Through the wire's codec, which validates what it decodes.
             let frame = tandem_schemas::decode_frame(&tandem_schemas::encode_frame(&frame), FRAME_BYTES_MAX)
                 .expect("a frame the peer accepts");
-            for action in receiver.handle_frame(peer.mark_of("dc-a"), frame).unwrap() {
+            for action in
+                receiver.handle_frame(peer.mark_of("dc-a"), peer.mark_event_id("dc-a"), frame).unwrap()
+            {
                 match action {
                     ReceiverAction::Send(f) => to_sender.push(f),
                     ReceiverAction::Apply { batch_id, events } => {
