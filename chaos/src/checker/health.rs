@@ -291,8 +291,8 @@ impl Checker {
                     })
                     .copied()
             });
-            match shown {
-                Some(i) => {
+            if let Some(i) = shown {
+                {
                     let now = rank(&i.health);
                     if let Some((wt, wr, wline)) = &worst {
                         if *wt <= o.invoked && now < *wr {
@@ -322,7 +322,6 @@ impl Checker {
                         ));
                     }
                 }
-                None => {}
             }
             let new_rank = shown.map_or(GONE, |i| rank(&i.health));
             if let Some(q) = self.insts.get_mut(r).and_then(|i| i.life.quiet_at(o.invoked, o.completed)) {

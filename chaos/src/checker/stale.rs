@@ -66,12 +66,15 @@ struct Pair {
     reported: u32,
 }
 
+/// Windows of a cut link: (down, up or `None` while down).
+type Windows = Vec<(Ms, Option<Ms>)>;
+
 /// Per (DC, peer): samples, reads and the windows where the flag is known.
 #[derive(Debug, Default)]
 pub(super) struct Staleness {
     pairs: BTreeMap<(String, String), Pair>,
     /// Packets from .0 to .1 cut: windows (down, up).
-    links: BTreeMap<(String, String), Vec<(Ms, Option<Ms>)>>,
+    links: BTreeMap<(String, String), Windows>,
     pub(super) required_fresh: u64,
     pub(super) required_stale: u64,
 }
