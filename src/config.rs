@@ -412,7 +412,10 @@ impl Config {
             return Err(inv("[store] recovery_backoff_initial_ms", "must be 10..=60000"));
         }
         if !(st.recovery_backoff_initial_ms..=300_000).contains(&st.recovery_backoff_max_ms) {
-            return Err(inv("[store] recovery_backoff_max_ms", "must be recovery_backoff_initial_ms..=300000"));
+            return Err(inv(
+                "[store] recovery_backoff_max_ms",
+                "must be recovery_backoff_initial_ms..=300000",
+            ));
         }
         if let Some(r) = &self.replication {
             for peer in &r.peers {

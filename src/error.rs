@@ -60,7 +60,8 @@ impl IntoResponse for ApiError {
         let retry = self.code == LOG_UNWRITABLE;
         let mut r = (self.status, axum::Json(ErrorBody::new(self.code, self.message))).into_response();
         if retry {
-            r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
         }
         r
     }

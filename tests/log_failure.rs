@@ -30,7 +30,12 @@ impl Drop for Proc {
 }
 
 /// One HTTP/1.1 request on a fresh connection: (status, raw headers, body).
-async fn http(port: u16, method: &str, path: &str, body: Option<&serde_json::Value>) -> (u16, String, String) {
+async fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> (u16, String, String) {
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let req = format!(
         "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n\
@@ -100,7 +105,8 @@ async fn a_full_disk_refuses_writes_then_the_node_recovers_without_a_restart() {
         ),
     )
     .unwrap();
-    let (pid1, log1, log2) = (dir.path().join("pid1"), dir.path().join("run1.log"), dir.path().join("run2.log"));
+    let (pid1, log1, log2) =
+        (dir.path().join("pid1"), dir.path().join("run1.log"), dir.path().join("run2.log"));
     let bin = tandem_bin();
     // The shell holds the namespace (and so the tmpfs) across the two runs of the server.
     let script = format!(

@@ -848,7 +848,9 @@ impl World {
                     dc.acks.insert(peer, m);
                     dc.last_ack_ms.insert(peer, self.now);
                 }
-                SenderEvent::SnapshotSent(_) => unreachable!("only poll_transmit sends snapshots"),
+                SenderEvent::SnapshotSent(_) | SenderEvent::LogUnreadable { .. } => {
+                    unreachable!("only poll_transmit sends snapshots")
+                }
             }
         }
         Ok(())
@@ -872,6 +874,8 @@ impl World {
                                 }
                             }
                             SenderEvent::PeerAcked(_) => unreachable!("acks come from handle_frame"),
+                            // The model log never holds an unreadable or invalid event.
+                            SenderEvent::LogUnreadable { error, .. } => panic!("unreadable own log: {error}"),
                         }
                     }
                     self.send(stream, Dir::ToPeer, &frame);

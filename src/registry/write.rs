@@ -194,48 +194,48 @@ impl Registry {
             .committer
             .append_local_boxed(
                 Box::new(move |mark: Mark| {
-                let now = clock.wall_ms();
-                let mut minted = minted.lock();
-                let mut seq = mark.seq;
-                let mut events = Vec::new();
-                let mut outcome = out.lock();
-                let mut mine = mine_in.lock();
-                for (key, patch) in patches {
-                    let registration = matches!(patch, Patch::Register(_));
-                    let judged = patch.judged();
-                    let lease = leases.version_of(&key);
-                    let base = |k: &InstanceKey| view.get(k).map(|h| Arc::unwrap_or_clone(h.record));
-                    let op = match patch.apply(&key, &mut minted, seq + 1, base, lease) {
-                        Minted::Op(op) => op,
-                        Minted::Unchanged => {
-                            outcome.push(Some(0));
-                            continue;
-                        }
-                        Minted::Gone => {
-                            // A decision about a registration that is gone: its lease too.
-                            if let Some(v) = judged {
-                                leases.forget(&key, v);
+                    let now = clock.wall_ms();
+                    let mut minted = minted.lock();
+                    let mut seq = mark.seq;
+                    let mut events = Vec::new();
+                    let mut outcome = out.lock();
+                    let mut mine = mine_in.lock();
+                    for (key, patch) in patches {
+                        let registration = matches!(patch, Patch::Register(_));
+                        let judged = patch.judged();
+                        let lease = leases.version_of(&key);
+                        let base = |k: &InstanceKey| view.get(k).map(|h| Arc::unwrap_or_clone(h.record));
+                        let op = match patch.apply(&key, &mut minted, seq + 1, base, lease) {
+                            Minted::Op(op) => op,
+                            Minted::Unchanged => {
+                                outcome.push(Some(0));
+                                continue;
                             }
-                            outcome.push(None);
-                            continue;
-                        }
-                    };
-                    seq += 1;
-                    // The leases follow the minted sequence: a registration's lease starts
-                    // with its event, a deregistration's removal with its tombstone.
-                    leases.minted(&key, registration, &op, seq);
-                    outcome.push(Some(seq));
-                    mine.push((key, seq));
-                    events.push(ChangeEvent {
-                        event_id: Uuid::now_v7(),
-                        origin_dc: dc.to_string(),
-                        origin_epoch: mark.epoch,
-                        seq,
-                        commit_time_ms: now,
-                        op,
-                    });
-                }
-                events
+                            Minted::Gone => {
+                                // A decision about a registration that is gone: its lease too.
+                                if let Some(v) = judged {
+                                    leases.forget(&key, v);
+                                }
+                                outcome.push(None);
+                                continue;
+                            }
+                        };
+                        seq += 1;
+                        // The leases follow the minted sequence: a registration's lease starts
+                        // with its event, a deregistration's removal with its tombstone.
+                        leases.minted(&key, registration, &op, seq);
+                        outcome.push(Some(seq));
+                        mine.push((key, seq));
+                        events.push(ChangeEvent {
+                            event_id: Uuid::now_v7(),
+                            origin_dc: dc.to_string(),
+                            origin_epoch: mark.epoch,
+                            seq,
+                            commit_time_ms: now,
+                            op,
+                        });
+                    }
+                    events
                 }),
                 settle,
             )

@@ -49,8 +49,8 @@ mod handle;
 mod recovery;
 
 pub use handle::{AppendLocal, CommitterHandle, InlineCommitter};
-pub use recovery::{LogHealth, LogHealthReport};
 use recovery::{InDoubt, Recovery};
+pub use recovery::{LogHealth, LogHealthReport};
 
 /// Builds the events of one local append. Called on the committer thread with the own mark
 /// as it will stand before these events (earlier requests of the same group included); the
@@ -432,7 +432,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                             report: report.clone(),
                         });
                     }
-                    self.answer(reply, result.map_err(CommitError::from));
+                    self.answer(reply, result);
                 }
                 Request::InstallSnapshot { channel_dc, snapshot, reply } => {
                     let before = self.begin_write();
@@ -447,7 +447,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                             report: report.clone(),
                         });
                     }
-                    self.answer(reply, result.map_err(CommitError::from));
+                    self.answer(reply, result);
                 }
                 Request::PurgeOwn { upto_seq, reply } => {
                     let before = self.begin_write();
@@ -459,24 +459,24 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                         self.after_write(before, || Committed::PurgedOwn { floor, tombstones_removed });
                         floor
                     });
-                    self.answer(reply, result.map_err(CommitError::from));
+                    self.answer(reply, result);
                 }
                 Request::PurgeRemoteTombstones { origin, upto_seq, reply } => {
                     let before = self.begin_write();
                     let result = self.log.purge_remote_tombstones_reporting(&origin, upto_seq);
                     let result = self.check_failure(result, |_| InDoubt::Nothing).map(|removed| {
-                            self.after_write(before, || Committed::PurgedRemoteTombstones {
-                                origin,
-                                tombstones_removed: removed,
-                            });
+                        self.after_write(before, || Committed::PurgedRemoteTombstones {
+                            origin,
+                            tombstones_removed: removed,
                         });
-                    self.answer(reply, result.map_err(CommitError::from));
+                    });
+                    self.answer(reply, result);
                 }
                 Request::PeerAck { peer, mark, reply } => {
                     let result = self.log.record_peer_ack(&peer, mark);
                     let result = self.check_failure(result, |_| InDoubt::Nothing);
                     self.publish();
-                    self.answer(reply, result.map_err(CommitError::from));
+                    self.answer(reply, result);
                 }
                 Request::WithLog(f) => {
                     // A panicking function must not take the sequencer down; its caller

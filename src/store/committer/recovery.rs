@@ -103,11 +103,21 @@ pub(super) enum InDoubt {
     /// Nothing to settle (a tombstone purge or a peer ack: no view change, no caller waits).
     Nothing,
     /// A group of local appends; its callers wait for the outcome.
-    Local { events: Vec<ChangeEvent>, members: Vec<(Range<usize>, LocalReply)> },
+    Local {
+        events: Vec<ChangeEvent>,
+        members: Vec<(Range<usize>, LocalReply)>,
+    },
     /// A remote batch or snapshot (its caller was answered with the failure; the sender
     /// sends it again). `keys`: every key it may have changed.
-    Apply { origin: String, mark_before: Option<Mark>, keys: BTreeSet<InstanceKey>, snapshot: bool },
-    PurgeOwn { floor_before: u64 },
+    Apply {
+        origin: String,
+        mark_before: Option<Mark>,
+        keys: BTreeSet<InstanceKey>,
+        snapshot: bool,
+    },
+    PurgeOwn {
+        floor_before: u64,
+    },
 }
 
 impl InDoubt {
@@ -129,7 +139,9 @@ impl InDoubt {
         keys.extend(snap.tombstones.iter().map(|t| t.key.clone()));
         match log.instances() {
             Ok(held) => keys.extend(held.into_iter().map(|(_, r)| r.key).filter(|k| *k.owner_dc == *origin)),
-            Err(e) => tracing::error!(%origin, error = %e, "cannot list the origin's instances of a snapshot in doubt"),
+            Err(e) => {
+                tracing::error!(%origin, error = %e, "cannot list the origin's instances of a snapshot in doubt")
+            }
         }
         InDoubt::Apply { origin: origin.to_owned(), mark_before, keys, snapshot: true }
     }
@@ -191,7 +203,9 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
             Request::LocalAppend { settle, reply, .. } => {
                 self.answer_local(LocalReply { reply, settle, ran: false }, Err(e));
             }
-            Request::RemoteApply { reply, .. } | Request::InstallSnapshot { reply, .. } => self.answer(reply, Err(e)),
+            Request::RemoteApply { reply, .. } | Request::InstallSnapshot { reply, .. } => {
+                self.answer(reply, Err(e))
+            }
             Request::PurgeOwn { reply, .. } => self.answer(reply, Err(e)),
             Request::PurgeRemoteTombstones { reply, .. } | Request::PeerAck { reply, .. } => {
                 self.answer(reply, Err(e));
@@ -288,7 +302,8 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
             }
             InDoubt::PurgeOwn { floor_before } => {
                 let floor = self.log.purge_floor();
-                (floor != floor_before).then_some(Committed::PurgedOwn { floor, tombstones_removed: Vec::new() })
+                (floor != floor_before)
+                    .then_some(Committed::PurgedOwn { floor, tombstones_removed: Vec::new() })
             }
         };
         if let Some(committed) = committed {
@@ -300,7 +315,11 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
     /// The log's state of `keys`, as changes that bring a view to it.
     fn state_of(&self, keys: &BTreeSet<InstanceKey>) -> Vec<StateChange> {
         let held: HashMap<InstanceKey, (u64, tandem_schemas::InstanceRecord)> = match self.log.instances() {
-            Ok(all) => all.into_iter().filter(|(_, r)| keys.contains(&r.key)).map(|(s, r)| (r.key.clone(), (s, r))).collect(),
+            Ok(all) => all
+                .into_iter()
+                .filter(|(_, r)| keys.contains(&r.key))
+                .map(|(s, r)| (r.key.clone(), (s, r)))
+                .collect(),
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the state after a recovery");
                 HashMap::new()

@@ -268,7 +268,10 @@ impl RocksLog {
         self.db = Some(open_db(&self.dir, self.write_buffer_mib, self.max_open_files)?);
         let stored = self.meta_get(META_DC)?;
         if stored.as_deref() != Some(self.dc.as_bytes()) {
-            return Err(LogError::Corrupt(format!("meta dc of {} changed under the node", self.dir.display())));
+            return Err(LogError::Corrupt(format!(
+                "meta dc of {} changed under the node",
+                self.dir.display()
+            )));
         }
         self.pending_index = None;
         self.load()?;
@@ -316,7 +319,6 @@ fn open_db(dir: &Path, write_buffer_mib: usize, max_open_files: u32) -> Result<D
 }
 
 impl RocksLog {
-
     /// Writes the identity of a new log. Refuses a dir that holds data but no identity:
     /// that is a damaged log, not an empty one.
     fn initialize(&mut self, epoch: NonZeroU64) -> Result<(), LogError> {
@@ -619,12 +621,17 @@ impl RocksLog {
 
     fn db(&self) -> Result<&Db, LogError> {
         self.db.as_ref().ok_or_else(|| {
-            LogError::Storage(format!("event log in {} is closed until a recovery reopens it", self.dir.display()))
+            LogError::Storage(format!(
+                "event log in {} is closed until a recovery reopens it",
+                self.dir.display()
+            ))
         })
     }
 
     fn cf(&self, name: &str) -> Result<&ColumnFamily, LogError> {
-        self.db()?.cf_handle(name).ok_or_else(|| LogError::Storage(format!("column family {name} is missing")))
+        self.db()?
+            .cf_handle(name)
+            .ok_or_else(|| LogError::Storage(format!("column family {name} is missing")))
     }
 
     fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, LogError> {

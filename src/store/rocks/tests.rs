@@ -119,7 +119,9 @@ fn corrupt_or_inconsistent_meta_refuses_to_open() {
     let cases: [(&str, Damage); 5] = [
         ("short epoch", |log| poke(log, CF_META, META_EPOCH, b"\x01\x02")),
         ("zero epoch", |log| poke(log, CF_META, META_EPOCH, &0u64.to_be_bytes())),
-        ("missing own seq", |log| log.db().unwrap().delete_cf(log.cf(CF_META).unwrap(), META_OWN_SEQ).unwrap()),
+        ("missing own seq", |log| {
+            log.db().unwrap().delete_cf(log.cf(CF_META).unwrap(), META_OWN_SEQ).unwrap()
+        }),
         ("log past own seq", |log| {
             poke(log, CF_LOG, &seq_key(9), &tandem_schemas::encode_event(&reg("dc-a", EPOCH, 9, "x")))
         }),
@@ -179,7 +181,8 @@ fn an_invalid_stored_record_is_skipped_by_reads_and_counted() {
     assert_eq!(log.own_mark().seq, 3);
     assert!(matches!(log.read_own(0, 10), Err(LogError::Invalid(_))), "{:?}", log.read_own(0, 10));
     assert_eq!(log.read_own(0, 2).unwrap().len(), 2, "the entries before it read as usual");
-    let ids = |v: Vec<InstanceRecord>| v.into_iter().map(|r| r.key.instance_id.to_string()).collect::<Vec<_>>();
+    let ids =
+        |v: Vec<InstanceRecord>| v.into_iter().map(|r| r.key.instance_id.to_string()).collect::<Vec<_>>();
     assert_eq!(ids(log.instances().unwrap().into_iter().map(|(_, r)| r).collect()), ["i1"]);
     let snap = log.snapshot_own().unwrap();
     assert_eq!(ids(snap.instances.into_iter().map(|i| i.record).collect()), ["i1"]);
@@ -237,6 +240,7 @@ fn a_poison_event_does_not_stall_the_stream() {
     }
     assert_eq!(peer.mark_of("dc-a").map(|m| m.seq), Some(3), "the stream moved past the poison event");
     assert_eq!(unreadable, 1);
-    let held: Vec<String> = peer.instances().unwrap().into_iter().map(|(_, r)| r.key.instance_id.to_string()).collect();
+    let held: Vec<String> =
+        peer.instances().unwrap().into_iter().map(|(_, r)| r.key.instance_id.to_string()).collect();
     assert_eq!(held, ["i1"]);
 }
