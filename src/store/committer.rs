@@ -465,7 +465,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                             });
                         }
                     }
-                    self.answer(reply, result.map_err(CommitError::from));
+                    self.answer(reply, result);
                 }
                 Request::Unretire { dc, reply } => {
                     let before = self.begin_write();
@@ -474,7 +474,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                     if let Ok(true) = &result {
                         self.after_write(before, || Committed::Unretired { origin: dc });
                     }
-                    self.answer(reply, result.map_err(CommitError::from));
+                    self.answer(reply, result);
                 }
                 Request::RemoteApply { channel_dc, events, reply } => {
                     let before = self.begin_write();
@@ -488,7 +488,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                             report: report.clone(),
                         });
                     }
-                    self.answer(reply, result.map_err(CommitError::from));
+                    self.answer(reply, result);
                 }
                 Request::InstallSnapshot { channel_dc, snapshot, reply } => {
                     let before = self.begin_write();
@@ -503,7 +503,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                             report: report.clone(),
                         });
                     }
-                    self.answer(reply, result.map_err(CommitError::from));
+                    self.answer(reply, result);
                 }
                 Request::PurgeOwn { upto_seq, reply } => {
                     let before = self.begin_write();
@@ -515,7 +515,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                         self.after_write(before, || Committed::PurgedOwn { floor, tombstones_removed });
                         floor
                     });
-                    self.answer(reply, result.map_err(CommitError::from));
+                    self.answer(reply, result);
                 }
                 Request::PurgeRemoteTombstones { origin, upto_seq, reply } => {
                     let before = self.begin_write();
@@ -526,13 +526,13 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                             tombstones_removed: removed,
                         });
                     });
-                    self.answer(reply, result.map_err(CommitError::from));
+                    self.answer(reply, result);
                 }
                 Request::PeerAck { peer, mark, reply } => {
                     let result = self.log.record_peer_ack(&peer, mark);
                     let result = self.check_failure(result, |_| InDoubt::Nothing);
                     self.publish();
-                    self.answer(reply, result.map_err(CommitError::from));
+                    self.answer(reply, result);
                 }
                 Request::WithLog(f) => {
                     // A panicking function must not take the sequencer down; its caller
