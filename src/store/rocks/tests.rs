@@ -7,7 +7,9 @@ use tandem_replicator::log::conformance::{dereg, key, reg};
 use tandem_schemas::Snapshot;
 use tempfile::TempDir;
 
-const EPOCH: u64 = 3;
+/// A settled epoch (generation 1): these logs act as an established DC, which never re-epochs
+/// at its first handshake (`tandem_replicator::epoch`).
+const EPOCH: u64 = (1 << 20) | 3;
 
 fn fresh(dir: &TempDir) -> RocksLog {
     RocksLog::create_with_epoch(dir.path(), "dc-a", NonZeroU64::new(EPOCH).unwrap()).unwrap()
