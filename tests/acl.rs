@@ -106,7 +106,7 @@ fn reg(ns: &str, id: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_endpoint_answers_each_principal_as_its_scopes_say() {
-    let t = Acl::start().await;
+    let mut t = Acl::start().await;
     // The instances the writes act on.
     assert_eq!(
         t.call("admin", Method::POST, "/v1/register", Some(reg("default", "o1"))).await.0,
@@ -178,6 +178,9 @@ async fn every_endpoint_answers_each_principal_as_its_scopes_say() {
     };
     assert!(count("tandem_http_requests_unauthenticated_total") >= 30, "{metrics}");
     assert!(count("tandem_http_requests_forbidden_total") >= 20, "{metrics}");
+    // An orderly stop: RocksDB must not be torn down by the process exit under a live
+    // committer thread.
+    t.node.take().unwrap().shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
