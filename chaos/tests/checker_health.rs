@@ -222,3 +222,34 @@ fn copies_must_turn_stale_without_progress_and_stay_fresh_with_it() {
         assert!(r.result(Invariant::Staleness).unwrap().checks > 0);
     }
 }
+
+#[test]
+fn a_registration_of_unknown_outcome_held_by_a_paused_owner_may_land_after_the_pause() {
+    // Seed 5's pause drill: a reused id deregistered, registered again while its owner was
+    // paused (the client timed out), then read absent just after SIGCONT and present a moment
+    // later when the held request was served. Not a violation; the same read order after a
+    // registration that timed out early on a running owner (it could not land that late) is.
+    let r = InstanceRef::new("fixed", "a-fix-0");
+    let run = |paused: bool| {
+        let mut c = checker();
+        register(&mut c, &r, 100, 1);
+        let d = c.invoke(A, &r, OpKind::Deregister, 2_000);
+        c.complete(d, 2_002, acked(2));
+        if paused {
+            c.process(A, 3_000, ProcessEvent::Paused);
+        }
+        let g = c.invoke(A, &r, OpKind::Register { persistent: false, ttl_ms: 2_400 }, 3_494);
+        c.complete(g, if paused { 5_495 } else { 3_600 }, Outcome::Unknown { message: "timeout".into() });
+        if paused {
+            c.process(A, 5_645, ProcessEvent::Resumed);
+        }
+        c.heartbeats_ended(&r, 5_648);
+        view(&mut c, &r, 5_649, None);
+        view(&mut c, &r, 5_755, Some(("healthy", false)));
+        lease_health(c.finish(7_000))
+    };
+    let clean = run(true);
+    assert!(clean.is_empty(), "{clean:?}");
+    let caught = run(false);
+    assert!(caught.iter().any(|s| s.contains("improved from gone to healthy")), "{caught:?}");
+}

@@ -44,6 +44,8 @@ use super::{Checker, InstanceRef, Invariant, Ms, ObservedInstance, Outcome, Proc
 /// Renewals kept per instance (at 5 per second, the last 12 s: more than the checker's
 /// hold plus a chain).
 const RENEWALS_KEPT: usize = 64;
+/// Renewals of unknown outcome kept per instance.
+const UNCERTAIN_KEPT: usize = 8;
 /// Quiet periods kept per instance.
 const QUIET_KEPT: usize = 8;
 /// Self-preservation samples kept per DC (at 10 per second, a minute).
@@ -112,6 +114,9 @@ pub(super) struct Life {
     inflight: u32,
     busy_until: Ms,
     renewals: VecDeque<Renewal>,
+    /// Renewals whose outcome is unknown (a timeout, a lost connection): each may have
+    /// landed at any time until its request could no longer be served.
+    uncertain: VecDeque<Renewal>,
     quiet: VecDeque<Quiet>,
 }
 
@@ -133,14 +138,24 @@ impl Life {
     pub(super) fn on_complete(&mut self, kind: &OpKind, invoked: Ms, at: Ms, outcome: &Outcome) {
         self.inflight = self.inflight.saturating_sub(1);
         self.busy_until = self.busy_until.max(at);
-        if matches!(outcome, Outcome::Acked { .. }) {
-            let base = matches!(kind, OpKind::Register { persistent: false, .. });
-            if base || *kind == OpKind::Heartbeat {
-                let pos = self.renewals.partition_point(|r| r.invoked <= invoked);
-                self.renewals.insert(pos, Renewal { invoked, completed: at, base });
-                if self.renewals.len() > RENEWALS_KEPT {
-                    self.renewals.pop_front();
+        let base = matches!(kind, OpKind::Register { persistent: false, .. });
+        if base || *kind == OpKind::Heartbeat {
+            let renewal = Renewal { invoked, completed: at, base };
+            match outcome {
+                Outcome::Acked { .. } => {
+                    let pos = self.renewals.partition_point(|r| r.invoked <= invoked);
+                    self.renewals.insert(pos, renewal);
+                    if self.renewals.len() > RENEWALS_KEPT {
+                        self.renewals.pop_front();
+                    }
                 }
+                Outcome::Unknown { .. } | Outcome::Pending => {
+                    self.uncertain.push_back(renewal);
+                    if self.uncertain.len() > UNCERTAIN_KEPT {
+                        self.uncertain.pop_front();
+                    }
+                }
+                Outcome::Failed { .. } => {}
             }
         }
         self.maybe_quiet();
@@ -185,6 +200,10 @@ fn rank_name(r: u8) -> &'static str {
 impl DcState {
     fn last_event_before(&self, ev: ProcessEvent, t: Ms) -> Option<Ms> {
         self.events.iter().rev().find(|(at, e)| *e == ev && *at <= t).map(|(at, _)| *at)
+    }
+
+    fn first_resume_after(&self, t: Ms) -> Option<Ms> {
+        self.events.iter().find(|(at, e)| *e == ProcessEvent::Resumed && *at >= t).map(|(at, _)| *at)
     }
 
     fn resumed_after(&self, t: Ms) -> Option<Ms> {
@@ -274,8 +293,26 @@ impl Checker {
                 .rev()
                 .find(|q| q.from <= o.invoked && q.until.is_none_or(|u| u >= o.completed))
         });
+        // The latest moment a renewal of unknown outcome invoked before the read may have
+        // landed: a request held by a paused owner is served when it resumes.
+        let uncertain = self.insts.get(r).map_or(0, |i| {
+            i.life
+                .uncertain
+                .iter()
+                .filter(|u| u.invoked <= o.invoked)
+                .map(|u| {
+                    let held = st.down_during(u.invoked, u.completed, 0);
+                    let resume =
+                        if held { st.first_resume_after(u.invoked).map_or(0, |t| t + 200) } else { 0 };
+                    let by = resume.max(u.completed);
+                    (by + slack).min(o.completed)
+                })
+                .max()
+                .unwrap_or(0)
+        });
+        let mut restart_worst = false;
         if let Some(q) = quiet_from {
-            let renew = q.from.max(ready).max(resumed(q.from));
+            let renew = q.from.max(ready).max(resumed(q.from)).max(uncertain);
             let due_at = o.invoked.saturating_sub(check + slack);
             let silence = due_at.saturating_sub(renew);
             let worst = q.worst.clone();
@@ -295,7 +332,10 @@ impl Checker {
                 {
                     let now = rank(&i.health);
                     if let Some((wt, wr, wline)) = &worst {
-                        if *wt <= o.invoked && now < *wr {
+                        if *wt <= o.invoked && now < *wr && *wt < uncertain {
+                            // A renewal of unknown outcome may have landed after that read.
+                            restart_worst = true;
+                        } else if *wt <= o.invoked && now < *wr {
                             problems.push(format!(
                                 "its health improved from {} to {} while nothing renewed its lease (quiet since {}ms; earlier: {wline})",
                                 rank_name(*wr),
@@ -325,13 +365,13 @@ impl Checker {
             }
             let new_rank = shown.map_or(GONE, |i| rank(&i.health));
             if let Some(q) = self.insts.get_mut(r).and_then(|i| i.life.quiet_at(o.invoked, o.completed)) {
-                if q.worst.as_ref().is_none_or(|w| w.1 < new_rank) {
+                if restart_worst || q.worst.as_ref().is_none_or(|w| w.1 < new_rank) {
                     q.worst = Some((o.completed, new_rank, line.clone()));
                 }
             }
             self.bump_check(Invariant::LeaseHealth);
             if let (Some(_), Some((wt, GONE, wline))) = (shown, &worst) {
-                if *wt <= o.invoked && reused {
+                if *wt <= o.invoked && reused && *wt >= uncertain {
                     problems.push(format!(
                         "back after its owner's view had lost it ({wline}), with no registration since"
                     ));
