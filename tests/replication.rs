@@ -181,6 +181,7 @@ async fn a_peer_with_a_certificate_of_another_dc_name_is_refused() {
         key: dir.path().join("dc-c.key"),
         batch_events_max: 64,
         window_batches_max: 4,
+        frame_bytes_max: tandem_schemas::FRAME_BYTES_MAX,
         backoff_initial_ms: 50,
         backoff_max_ms: 200,
         stale_after_ms: 1_500,

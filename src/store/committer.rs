@@ -29,8 +29,8 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
-use tandem_replicator::log::{check_local_sequence, ApplyReport, LogError, StateChange};
-use tandem_schemas::{ChangeEvent, InstanceKey, Mark, Snapshot};
+use tandem_replicator::log::{check_local_sequence, ApplyReport, ChunkOutcome, LogError, StateChange};
+use tandem_schemas::{ChangeEvent, InstanceKey, Mark, Snapshot, SnapshotChunk};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{CommitLog, RocksLog};
@@ -68,6 +68,9 @@ pub enum Request<L = RocksLog> {
     RemoteApply { channel_dc: String, events: Vec<ChangeEvent>, reply: Reply<ApplyReport> },
     /// [`EventLog::install_snapshot`](tandem_replicator::log::EventLog::install_snapshot).
     InstallSnapshot { channel_dc: String, snapshot: Snapshot, reply: Reply<ApplyReport> },
+    /// [`EventLog::stage_snapshot_chunk`](tandem_replicator::log::EventLog::stage_snapshot_chunk):
+    /// the last chunk installs the snapshot (reported to `on_commit` as one).
+    StageChunk { channel_dc: String, chunk: SnapshotChunk, reply: Reply<ChunkOutcome> },
     /// [`EventLog::purge_own`](tandem_replicator::log::EventLog::purge_own); answered with the purge floor after it.
     PurgeOwn { upto_seq: u64, reply: Reply<u64> },
     /// [`EventLog::purge_remote_tombstones`](tandem_replicator::log::EventLog::purge_remote_tombstones).
@@ -371,6 +374,22 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                     }
                     self.answer(reply, result.map_err(CommitError::from));
                 }
+                Request::StageChunk { channel_dc, chunk, reply } => {
+                    // Only the last chunk changes state (it installs the snapshot): only it
+                    // takes a watch index and is reported.
+                    let before = if chunk.last { self.begin_write() } else { self.log.sync_writes() };
+                    let result = self.log.stage_snapshot_chunk(&channel_dc, &chunk);
+                    match &result {
+                        Ok(ChunkOutcome::Installed(report)) => {
+                            self.after_write(before, || Committed::Snapshot {
+                                origin: channel_dc,
+                                report: report.clone(),
+                            });
+                        }
+                        Ok(ChunkOutcome::Staged(_)) | Err(_) => self.publish(),
+                    }
+                    self.answer(reply, result.map_err(CommitError::from));
+                }
                 Request::PurgeOwn { upto_seq, reply } => {
                     let before = self.begin_write();
                     let result = self.log.purge_own_reporting(upto_seq).map(|tombstones_removed| {
@@ -528,6 +547,16 @@ impl<L: CommitLog + Send + 'static> CommitterHandle<L> {
         snapshot: Snapshot,
     ) -> Result<ApplyReport, CommitError> {
         self.call(|reply| Request::InstallSnapshot { channel_dc, snapshot, reply }).await
+    }
+
+    /// Stages a chunk of a remote origin's snapshot received over `channel_dc` (the last
+    /// chunk installs the snapshot).
+    pub async fn stage_snapshot_chunk(
+        &self,
+        channel_dc: String,
+        chunk: SnapshotChunk,
+    ) -> Result<ChunkOutcome, CommitError> {
+        self.call(|reply| Request::StageChunk { channel_dc, chunk, reply }).await
     }
 
     /// Purges own log entries and own tombstones at or below `upto_seq`; returns the floor.

@@ -9,28 +9,31 @@
 //! Every frame on a stream is a big-endian u32 length followed by a postcard
 //! [`Envelope`](tandem_schemas::Envelope). Lengths are bounded before anything is read.
 
+mod stats;
 mod transport;
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use rand::Rng;
 use tandem_schemas::{
-    decode_frame, encode_frame, ChangeEvent, Frame, Mark, Snapshot, FRAME_BYTES_MAX, SNAPSHOT_FRAME_BYTES_MAX,
+    decode_frame, encode, encode_frame, ChangeEvent, Frame, Mark, Snapshot, SnapshotChunk, FRAME_BYTES_MAX,
+    SNAPSHOT_FRAME_BYTES_MAX,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::log::{ApplyReport, EventLog, LogError};
+use crate::log::{ApplyReport, ChunkOutcome, EventLog, LogError, SharedReader};
 use crate::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamError, StreamTuning};
 use crate::tls::{self, ReloadableTls};
 
+pub use stats::{GatewayStats, LagRing, PeerLink};
 pub use transport::TransportTuning;
 
 /// ALPN: the protocol and its major version. A peer speaking another one fails the TLS
@@ -57,6 +60,12 @@ pub trait ReplicaStore: Clone + Send + Sync + 'static {
         channel_dc: String,
         snapshot: Snapshot,
     ) -> impl Future<Output = Result<ApplyReport, LogError>> + Send;
+    /// [`EventLog::stage_snapshot_chunk`], as one durable write.
+    fn stage_snapshot_chunk(
+        &self,
+        channel_dc: String,
+        chunk: SnapshotChunk,
+    ) -> impl Future<Output = Result<ChunkOutcome, LogError>> + Send;
     fn purge_remote_tombstones(
         &self,
         origin: String,
@@ -86,129 +95,6 @@ pub struct GatewayConfig {
     pub stream: StreamTuning,
     pub backoff_initial_ms: u64,
     pub backoff_max_ms: u64,
-}
-
-/// Link state of one peer, as users see it in status and metrics.
-#[derive(Clone, Debug, Default)]
-pub struct PeerLink {
-    /// Outbound: our events to the peer.
-    pub out_connected: bool,
-    pub out_last_ack_wall_ms: u64,
-    pub out_acked_seq: u64,
-    pub out_connects: u64,
-    pub out_failures: u64,
-    pub out_last_error: String,
-    /// Batches sent and not yet acknowledged on the current stream.
-    pub out_inflight_batches: u64,
-    /// Wall-clock ms when the oldest unacknowledged batch was sent (0: none in flight).
-    pub out_oldest_unacked_wall_ms: u64,
-    pub snapshots_sent: u64,
-    /// Inbound: the peer's events to us.
-    pub in_connected: bool,
-    /// Wall-clock ms of the last frame from the peer (any kind).
-    pub in_last_contact_wall_ms: u64,
-    /// Monotonic ms (since gateway start) of the last frame from the peer.
-    pub in_last_contact_mono_ms: u64,
-    /// Monotonic ms of the last progress: a batch or snapshot applied, or a ping that
-    /// found this side caught up. Handshakes do not count: staleness is judged on this.
-    pub in_last_progress_mono_ms: u64,
-    /// The epoch of the peer's history, as it last told us.
-    pub in_origin_epoch: u64,
-    /// The peer's own last seq in `in_origin_epoch`, as it last told us.
-    pub in_origin_last_seq: u64,
-    pub events_applied: u64,
-    pub snapshots_installed: u64,
-    /// Recent lag samples: source commit to durable apply here, ms (bounded ring).
-    pub lag_ms_recent: LagRing,
-}
-
-impl PeerLink {
-    /// Any frame from the peer: it is alive (not necessarily progressing).
-    pub fn on_frame(&mut self, wall_ms: u64, mono_ms: u64) {
-        self.in_last_contact_wall_ms = wall_ms;
-        self.in_last_contact_mono_ms = mono_ms;
-    }
-
-    /// The peer said where its history is (`epoch`, `last_seq`). The seq is kept per
-    /// epoch: a new epoch starts the count again instead of keeping an older, larger seq.
-    pub fn on_origin_position(&mut self, epoch: u64, last_seq: u64) {
-        if epoch != self.in_origin_epoch {
-            self.in_origin_epoch = epoch;
-            self.in_origin_last_seq = last_seq;
-        } else {
-            self.in_origin_last_seq = self.in_origin_last_seq.max(last_seq);
-        }
-    }
-
-    /// A batch or snapshot was applied, or a ping found this side caught up.
-    pub fn on_progress(&mut self, mono_ms: u64) {
-        self.in_last_progress_mono_ms = mono_ms;
-    }
-
-    /// The peer's copies are stale: nothing progressed for longer than `stale_after_ms`,
-    /// whatever handshakes happened meanwhile.
-    pub fn stale(&self, now_mono_ms: u64, stale_after_ms: u64) -> bool {
-        now_mono_ms.saturating_sub(self.in_last_progress_mono_ms) > stale_after_ms
-    }
-
-    /// The peer's events not yet applied here, within the epoch it last told us.
-    pub fn lag_events(&self, applied: Option<Mark>) -> u64 {
-        let applied_seq = applied.filter(|m| m.epoch == self.in_origin_epoch).map_or(0, |m| m.seq);
-        self.in_origin_last_seq.saturating_sub(applied_seq)
-    }
-}
-
-/// A bounded ring of recent lag samples.
-#[derive(Clone, Debug, Default)]
-pub struct LagRing {
-    samples: Vec<u64>,
-    next: usize,
-}
-
-const LAG_SAMPLES_MAX: usize = 4096;
-
-impl LagRing {
-    pub fn push(&mut self, v: u64) {
-        if self.samples.len() < LAG_SAMPLES_MAX {
-            self.samples.push(v);
-        } else {
-            self.samples[self.next] = v;
-            self.next = (self.next + 1) % LAG_SAMPLES_MAX;
-        }
-    }
-    /// The q-quantile (0..=1) of the recent samples.
-    pub fn quantile(&self, q: f64) -> Option<u64> {
-        if self.samples.is_empty() {
-            return None;
-        }
-        let mut s = self.samples.clone();
-        s.sort_unstable();
-        let idx = ((s.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
-        s.get(idx).copied()
-    }
-    pub fn len(&self) -> usize {
-        self.samples.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.samples.is_empty()
-    }
-}
-
-/// Counters and per-peer state shared with the node for status and metrics.
-#[derive(Debug, Default)]
-pub struct GatewayStats {
-    pub peers: Mutex<BTreeMap<String, PeerLink>>,
-    pub refused_connections: AtomicU64,
-    pub protocol_errors: AtomicU64,
-    pub frames_sent: AtomicU64,
-    pub frames_received: AtomicU64,
-}
-
-impl GatewayStats {
-    fn with_peer<R>(&self, dc: &str, f: impl FnOnce(&mut PeerLink) -> R) -> R {
-        let mut g = self.peers.lock();
-        f(g.entry(dc.to_owned()).or_default())
-    }
 }
 
 /// A running gateway. Dropping it does not stop it; call [`Gateway::shutdown`].
@@ -373,13 +259,15 @@ async fn dial_loop<S: ReplicaStore>(
     mut shut: watch::Receiver<bool>,
 ) {
     let mut backoff_ms = cfg.backoff_initial_ms.max(1);
+    // The cut of a snapshot an earlier stream was sending, for a resume by the next one.
+    let mut cache = ReaderCache::default();
     loop {
         if *shut.borrow() {
             return;
         }
         let started = tokio::time::Instant::now();
         let res = tokio::select! {
-            r = send_session(&endpoint, &cfg, &peer, &tls, &store, &stats) => r,
+            r = send_session(&endpoint, &cfg, &peer, &tls, &store, &stats, &mut cache) => r,
             _ = shut.changed() => return,
         };
         stats.with_peer(&peer.dc, |p| {
@@ -409,6 +297,30 @@ fn now_ms(started: tokio::time::Instant) -> u64 {
     started.elapsed().as_millis() as u64
 }
 
+/// How long a snapshot's cut is kept for a resume once its stream ended (holding a
+/// RocksDB snapshot pins the table files of that cut).
+pub const SNAPSHOT_RESUME_KEEP_MS: u64 = 10 * 60 * 1000;
+
+/// The reader of the snapshot the last stream to a peer was sending, and when it was left.
+#[derive(Default)]
+struct ReaderCache {
+    reader: Option<(tokio::time::Instant, SharedReader)>,
+}
+
+impl ReaderCache {
+    fn take_fresh(&mut self) -> Option<SharedReader> {
+        let (at, r) = self.reader.take()?;
+        (at.elapsed() < Duration::from_millis(SNAPSHOT_RESUME_KEEP_MS)).then_some(r)
+    }
+    fn keep(&mut self, r: Option<SharedReader>) {
+        self.reader = r.map(|r| (tokio::time::Instant::now(), r));
+    }
+}
+
+/// Info-level snapshot log lines at most this often per peer (a snapshot that is refused
+/// over and over must not flood the log).
+const SNAPSHOT_LOG_EVERY_MS: u64 = 10_000;
+
 async fn send_session<S: ReplicaStore>(
     endpoint: &quinn::Endpoint,
     cfg: &GatewayConfig,
@@ -416,6 +328,7 @@ async fn send_session<S: ReplicaStore>(
     tls: &ReloadableTls,
     store: &S,
     stats: &GatewayStats,
+    cache: &mut ReaderCache,
 ) -> Result<(), String> {
     let client_cfg = tls.client_config(ALPN).map_err(|e| e.to_string())?;
     let conn = endpoint
@@ -431,6 +344,7 @@ async fn send_session<S: ReplicaStore>(
         .with_log(Box::new(move |log: &dyn EventLog| Sender::new(log, &peer_dc, tuning, 0)))
         .await
         .map_err(|e| e.to_string())?;
+    sender.offer_reader(cache.take_fresh());
     write_frame(&mut send, &hello).await.map_err(|e| e.message)?;
     stats.with_peer(&peer.dc, |p| {
         p.out_connected = true;
@@ -440,6 +354,7 @@ async fn send_session<S: ReplicaStore>(
     let mut progress = store.own_progress();
     let mut tick = tokio::time::interval(Duration::from_millis(cfg.stream.ping_interval_ms.clamp(10, 1000)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_snapshot_log: Option<tokio::time::Instant> = None;
     loop {
         // Send everything the window allows.
         let now = now_ms(clock);
@@ -467,7 +382,36 @@ async fn send_session<S: ReplicaStore>(
             .await
             .map_err(|e| e.to_string())?;
         sender = s;
-        let (frames, events, err) = out;
+        let (mut frames, mut events, mut err) = out;
+        // Snapshot chunks are read from their cut here, off the log's thread.
+        if err.is_none() && sender.wants_snapshot_read() {
+            let (s, (f, ev, e)) = tokio::task::spawn_blocking(move || {
+                let mut frames = Vec::new();
+                let mut events = Vec::new();
+                let mut err = None;
+                for _ in 0..64 {
+                    match sender.poll_snapshot() {
+                        Ok(Some((f, ev))) => {
+                            frames.push(f);
+                            events.extend(ev);
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            err = Some(e);
+                            break;
+                        }
+                    }
+                }
+                (sender, (frames, events, err))
+            })
+            .await
+            .map_err(|e| format!("snapshot reader: {e}"))?;
+            sender = s;
+            frames.extend(f);
+            events.extend(ev);
+            err = e;
+        }
+        cache.keep(sender.reader());
         for f in &frames {
             write_frame(&mut send, f).await.map_err(|e| e.message)?;
             stats.frames_sent.fetch_add(1, Ordering::Relaxed);
@@ -482,9 +426,33 @@ async fn send_session<S: ReplicaStore>(
             p.out_inflight_batches = inflight;
         });
         for ev in events {
-            if let SenderEvent::SnapshotSent(m) = ev {
-                info!(peer = %peer.dc, seq = m.seq, "sent snapshot to peer");
-                stats.with_peer(&peer.dc, |p| p.snapshots_sent += 1);
+            match ev {
+                SenderEvent::SnapshotSent(m) => {
+                    info!(peer = %peer.dc, epoch = m.epoch, seq = m.seq, "sent the last of a snapshot to peer");
+                    stats.with_peer(&peer.dc, |p| {
+                        p.snapshots_sent += 1;
+                        p.out_snapshot_id = 0;
+                        p.out_snapshot_next_chunk = 0;
+                    });
+                }
+                SenderEvent::ChunkSent { snapshot_id, index, bytes, last, resumed } => {
+                    let first = index == 0 || resumed;
+                    if first && last_snapshot_log.is_none_or(|t| t.elapsed().as_millis() as u64 >= SNAPSHOT_LOG_EVERY_MS)
+                    {
+                        last_snapshot_log = Some(tokio::time::Instant::now());
+                        info!(peer = %peer.dc, snapshot_id, from_chunk = index, resumed, "sending a snapshot to peer in chunks");
+                    }
+                    stats.with_peer(&peer.dc, |p| {
+                        p.snapshot_chunks_sent += 1;
+                        p.snapshot_bytes_sent += bytes;
+                        p.snapshots_resumed += u64::from(resumed);
+                        if !last {
+                            p.out_snapshot_id = snapshot_id;
+                            p.out_snapshot_next_chunk = index + 1;
+                        }
+                    });
+                }
+                SenderEvent::PeerAcked(_) | SenderEvent::ChunkAcked { .. } => {}
             }
         }
         if let Some(e) = err {
@@ -519,12 +487,19 @@ async fn send_session<S: ReplicaStore>(
                                     });
                                     store.peer_acked(peer.dc.clone(), m).await.map_err(|e| e.to_string())?;
                                 }
-                                SenderEvent::SnapshotSent(_) => {}
+                                SenderEvent::ChunkAcked { .. } => {
+                                    stats.with_peer(&peer.dc, |p| p.snapshot_chunks_acked += 1);
+                                }
+                                SenderEvent::SnapshotSent(_) | SenderEvent::ChunkSent { .. } => {}
                             }
                         }
+                        cache.keep(sender.reader());
                     }
                     Err(e) => {
                         stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                        if sender.reader().is_some() {
+                            info!(peer = %peer.dc, error = %e, "peer refused the snapshot being sent; the stream restarts");
+                        }
                         let _ = write_frame(&mut send, &e.to_frame()).await;
                         return Err(e.message);
                     }
@@ -634,7 +609,14 @@ async fn receive_session<S: ReplicaStore>(
     if *superseded.borrow_and_update() != my_gen {
         return Err("superseded by a newer connection of the same origin".into());
     }
-    let mut receiver = Receiver::new(&cfg.local_dc, peer_dc);
+    let origin_dc = peer_dc.to_owned();
+    let staged = store
+        .with_log(Box::new(move |log: &dyn EventLog| log.staged_snapshot(&origin_dc)))
+        .await
+        .and_then(|r| r)
+        .map_err(|e| e.to_string())?;
+    let mut receiver = Receiver::chunked(&cfg.local_dc, peer_dc, staged);
+    let mut last_snapshot_log: Option<tokio::time::Instant> = None;
     stats.with_peer(peer_dc, |p| p.in_connected = true);
     info!(peer = %peer_dc, "replication stream from peer open");
     let res = async {
@@ -706,9 +688,60 @@ async fn receive_session<S: ReplicaStore>(
                             p.snapshots_installed += 1;
                             if report.refusal.is_none() {
                                 p.on_progress(now_ms(started));
+                            } else {
+                                p.snapshots_refused += 1;
                             }
                         });
                         Some(receiver.applied(batch_id, &report))
+                    }
+                    ReceiverAction::StageChunk { batch_id, chunk } => {
+                        let (snapshot_id, index, mark) = (chunk.snapshot_id, chunk.index, chunk.mark);
+                        let bytes = (encode(&chunk.instances).len() + encode(&chunk.tombstones).len()) as u64;
+                        let sampled = last_snapshot_log
+                            .is_none_or(|t| t.elapsed().as_millis() as u64 >= SNAPSHOT_LOG_EVERY_MS);
+                        if index == 0 && sampled {
+                            last_snapshot_log = Some(tokio::time::Instant::now());
+                            info!(peer = %peer_dc, snapshot_id, epoch = mark.epoch, seq = mark.seq, "receiving a snapshot from peer in chunks");
+                        }
+                        let outcome = match store.stage_snapshot_chunk(peer_dc.to_owned(), chunk).await {
+                            Ok(o) => o,
+                            Err(LogError::Refused(r)) => {
+                                if sampled {
+                                    last_snapshot_log = Some(tokio::time::Instant::now());
+                                    info!(peer = %peer_dc, snapshot_id, index, reason = %r, "refused a snapshot chunk from peer");
+                                }
+                                stats.with_peer(peer_dc, |p| p.snapshots_refused += 1);
+                                ChunkOutcome::Installed(ApplyReport { refusal: Some(r), ..Default::default() })
+                            }
+                            Err(e) => return Err(e.to_string()),
+                        };
+                        match outcome {
+                            ChunkOutcome::Staged(staged) => {
+                                stats.with_peer(peer_dc, |p| {
+                                    p.snapshot_chunks_staged += 1;
+                                    p.snapshot_bytes_staged += bytes;
+                                    p.in_snapshot_id = staged.snapshot_id;
+                                    p.in_snapshot_chunks = staged.chunks;
+                                    p.on_progress(now_ms(started));
+                                });
+                                Some(Ok(receiver.chunk_staged(batch_id, snapshot_id, index)))
+                            }
+                            ChunkOutcome::Installed(report) => {
+                                if report.refusal.is_none() {
+                                    info!(peer = %peer_dc, snapshot_id, chunks = index + 1, epoch = mark.epoch, seq = mark.seq, "installed a snapshot from peer");
+                                    stats.with_peer(peer_dc, |p| {
+                                        p.snapshots_installed += 1;
+                                        p.snapshot_chunks_staged += 1;
+                                        p.snapshot_bytes_staged += bytes;
+                                        p.in_snapshot_id = 0;
+                                        p.in_snapshot_chunks = 0;
+                                        p.on_origin_position(mark.epoch, mark.seq);
+                                        p.on_progress(now_ms(started));
+                                    });
+                                }
+                                Some(receiver.applied(batch_id, &report))
+                            }
+                        }
                     }
                     ReceiverAction::PurgeTombstones { upto_seq } => {
                         store

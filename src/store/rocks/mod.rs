@@ -11,6 +11,7 @@
 //! `tests`.
 
 mod event_log;
+mod snapshot;
 #[cfg(test)]
 mod tests;
 
@@ -40,7 +41,9 @@ const CF_LOG: &str = "log";
 const CF_INSTANCES: &str = "instances";
 const CF_TOMBSTONES: &str = "tombstones";
 const CF_META: &str = "meta";
-const COLUMN_FAMILIES: [&str; 4] = [CF_LOG, CF_INSTANCES, CF_TOMBSTONES, CF_META];
+/// Chunks of remote snapshots not installed yet (see `snapshot.rs`).
+const CF_STAGING: &str = "staging";
+const COLUMN_FAMILIES: [&str; 5] = [CF_LOG, CF_INSTANCES, CF_TOMBSTONES, CF_META, CF_STAGING];
 
 const META_DC: &[u8] = b"dc";
 const META_EPOCH: &[u8] = b"epoch";
@@ -93,7 +96,8 @@ impl From<OpenError> for LogError {
 /// Not `Sync` and not meant to be shared: the [`Committer`](super::Committer) thread owns it
 /// and is the single sequencer of writes.
 pub struct RocksLog {
-    db: Db,
+    /// Shared with the snapshot reader threads (each holds a RocksDB snapshot of it).
+    db: std::sync::Arc<Db>,
     dir: PathBuf,
     dc: String,
     own: Mark,
@@ -204,7 +208,7 @@ impl RocksLog {
             cf.set_block_based_table_factory(&table);
             ColumnFamilyDescriptor::new(name, cf)
         });
-        let db = Db::open_cf_descriptors(&opts, dir, cfs).map_err(storage)?;
+        let db = std::sync::Arc::new(Db::open_cf_descriptors(&opts, dir, cfs).map_err(storage)?);
         let mut log = RocksLog {
             db,
             dir: dir.to_owned(),
