@@ -3,7 +3,7 @@
 //! enforces as the gateway does: a frame over the limit is refused and the stream dies.
 //!
 //! The limit is lowered (a few records per frame) so that a state of a few hundred
-//! instances needs a couple of hundred chunks. Covered: the transfer survives reconnects
+//! instances needs over a hundred chunks. Covered: the transfer survives reconnects
 //! (it resumes after the last staged chunk, with the sender's kept cut or with a new cut
 //! of the same state), a receiver crash mid-transfer (its old state stays whole until the
 //! last chunk installs everything at once), writes at the origin during the transfer (the
@@ -187,7 +187,7 @@ fn assert_converged(a: &MemLog, b: &MemLog) {
     assert_eq!(b.staged_snapshot("dc-a").unwrap(), None);
 }
 
-/// The regression test of issue 13 §2: a snapshot of a couple of hundred chunks arrives
+/// The regression test of issue 13 §2: a snapshot of over a hundred chunks arrives
 /// through two reconnects and a receiver crash, resuming each time; the peer's old state
 /// stays whole until the last chunk installs everything at once.
 #[test]
@@ -231,7 +231,7 @@ fn snapshot_of_many_chunks_arrives_through_reconnects_and_a_receiver_crash() {
     assert_eq!(link.seen.resumed_at, Some(100), "{:?}", link.seen);
     assert_eq!(link.seen.snapshots_sent, 1);
     let total = 100 + link.seen.chunks_sent.len();
-    assert!(total >= 150, "only {total} chunks");
+    assert!(total >= 120, "only {total} chunks");
     // Installed at the cut, then the writes after it arrived as batches.
     assert_converged(&a, &b);
     assert_eq!(b.held(&key("dc-a", "late")), Held::Live { seq: s + 1 });

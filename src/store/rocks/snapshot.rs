@@ -56,6 +56,21 @@ impl CutSource for RocksCut {
     }
 }
 
+/// How long closing a log waits for its snapshot readers to let go of the database.
+const READERS_CLOSE_WAIT_MS: u64 = 2_000;
+
+impl Drop for RocksLog {
+    /// Snapshot readers share the database; a reader still finishing a chunk would keep it
+    /// open (and locked) after the log closed. Wait for them, bounded: a node restarting
+    /// on the same data dir must find it free.
+    fn drop(&mut self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(READERS_CLOSE_WAIT_MS);
+        while Arc::strong_count(&self.db) > 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+}
+
 impl RocksLog {
     /// [`EventLog::open_snapshot`](tandem_replicator::log::EventLog::open_snapshot): the cut
     /// is taken before this returns; reading happens on the reader's own thread.
