@@ -30,7 +30,9 @@ fn drill(kind: DrillKind, env: Environment) -> DrillReport {
     opts.dir = Some(dir.path().to_path_buf());
     opts.env = env;
     // TANDEM_TEST_BIN: see tests/common/mod.rs.
-    let bin = std::env::var_os("TANDEM_TEST_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tandem")));
+    let bin = std::env::var_os("TANDEM_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tandem")));
     rt.block_on(run_drill(&opts, &bin)).unwrap_or_else(|e| panic!("drill {kind} could not run: {e:#}"))
 }
 

@@ -393,7 +393,8 @@ async fn a_wiped_peer_converges_through_a_snapshot_of_many_chunks() {
     let n = 240;
     for i in 0..n {
         let mut body = reg_body("big", &format!("i{i:03}"), true);
-        body["metadata"] = json!({"a": "x".repeat(1000), "b": "y".repeat(1000), "c": format!("{i}-{}", "z".repeat(990))});
+        body["metadata"] =
+            json!({"a": "x".repeat(1000), "b": "y".repeat(1000), "c": format!("{i}-{}", "z".repeat(990))});
         a.register(&body).await.unwrap();
     }
     for i in 0..n / 10 {

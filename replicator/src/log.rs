@@ -99,7 +99,11 @@ pub trait EventLog {
     /// install the whole, and drops the staging. A refusal changes nothing.
     ///
     /// [`install_snapshot`]: EventLog::install_snapshot
-    fn stage_snapshot_chunk(&mut self, channel_dc: &str, chunk: &SnapshotChunk) -> Result<ChunkOutcome, LogError>;
+    fn stage_snapshot_chunk(
+        &mut self,
+        channel_dc: &str,
+        chunk: &SnapshotChunk,
+    ) -> Result<ChunkOutcome, LogError>;
     /// Purges own log entries and own tombstones at or below `upto_seq`.
     fn purge_own(&mut self, upto_seq: u64) -> Result<(), LogError>;
     /// Drops tombstones of a remote origin at or below `upto_seq` (the origin purged them).
@@ -308,7 +312,11 @@ impl EventLog for MemLog {
         Ok(self.staging.get(origin).map(|(s, _, _)| *s))
     }
 
-    fn stage_snapshot_chunk(&mut self, channel_dc: &str, chunk: &SnapshotChunk) -> Result<ChunkOutcome, LogError> {
+    fn stage_snapshot_chunk(
+        &mut self,
+        channel_dc: &str,
+        chunk: &SnapshotChunk,
+    ) -> Result<ChunkOutcome, LogError> {
         if channel_dc == self.dc {
             return Err(LogError::Refused(Refusal::WrongChannel {
                 channel: channel_dc.to_owned(),
@@ -317,16 +325,17 @@ impl EventLog for MemLog {
         }
         let staged = self.staged_snapshot(channel_dc)?;
         let step = snapshot::check_chunk(channel_dc, staged, chunk)?;
-        let (mut instances, mut tombstones) = match (step, self.staging.get(channel_dc)) {
-            (snapshot::ChunkStep::Duplicate, _) => {
-                return Ok(ChunkOutcome::Staged(staged.unwrap_or(StagedSnapshot {
-                    snapshot_id: chunk.snapshot_id,
-                    chunks: chunk.index + 1,
-                })))
-            }
-            (snapshot::ChunkStep::Continue, Some((_, i, t))) => (i.clone(), t.clone()),
-            (snapshot::ChunkStep::Continue | snapshot::ChunkStep::Restart, _) => (vec![], vec![]),
-        };
+        let (mut instances, mut tombstones) =
+            match (step, self.staging.get(channel_dc)) {
+                (snapshot::ChunkStep::Duplicate, _) => {
+                    return Ok(ChunkOutcome::Staged(staged.unwrap_or(StagedSnapshot {
+                        snapshot_id: chunk.snapshot_id,
+                        chunks: chunk.index + 1,
+                    })))
+                }
+                (snapshot::ChunkStep::Continue, Some((_, i, t))) => (i.clone(), t.clone()),
+                (snapshot::ChunkStep::Continue | snapshot::ChunkStep::Restart, _) => (vec![], vec![]),
+            };
         instances.extend(chunk.instances.iter().cloned());
         tombstones.extend(chunk.tombstones.iter().cloned());
         if chunk.last {

@@ -401,7 +401,8 @@ impl Sender {
         let reader = match cached {
             Some(r) => r,
             None => Arc::new(Mutex::new(
-                log.open_snapshot(bytes_max).map_err(|e| StreamError::new(RefuseCode::Internal, e.to_string()))?,
+                log.open_snapshot(bytes_max)
+                    .map_err(|e| StreamError::new(RefuseCode::Internal, e.to_string()))?,
             )),
         };
         let id = reader.lock().snapshot_id();
@@ -429,13 +430,17 @@ impl Sender {
             let snapshot_id = r.snapshot_id();
             drop(r);
             self.finish_snapshot(id, snapshot_id, mark);
-            return Ok(Some((Frame::Snapshot { batch_id: id, snapshot }, vec![SenderEvent::SnapshotSent(mark)])));
+            return Ok(Some((
+                Frame::Snapshot { batch_id: id, snapshot },
+                vec![SenderEvent::SnapshotSent(mark)],
+            )));
         }
         let index = self.next_chunk;
         let chunk: SnapshotChunk = r.read_chunk(index).map_err(internal)?;
         drop(r);
         let bytes = (encode(&chunk.instances).len() + encode(&chunk.tombstones).len()) as u64;
-        let resumed = index > 0 && self.resume.is_some_and(|s| s.snapshot_id == chunk.snapshot_id && s.chunks == index);
+        let resumed =
+            index > 0 && self.resume.is_some_and(|s| s.snapshot_id == chunk.snapshot_id && s.chunks == index);
         let mut events = vec![SenderEvent::ChunkSent {
             snapshot_id: chunk.snapshot_id,
             index,
@@ -628,7 +633,9 @@ impl Receiver {
         if held != Some(cut.epoch) && held != seen {
             return Err(StreamError::new(
                 RefuseCode::Gap,
-                format!("the mark moved from epoch {seen:?} to {held:?} under this stream; reconnect to see it"),
+                format!(
+                    "the mark moved from epoch {seen:?} to {held:?} under this stream; reconnect to see it"
+                ),
             ));
         }
         Ok(())

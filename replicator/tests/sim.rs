@@ -75,7 +75,9 @@ use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tandem_replicator::log::conformance::{ev, key, record};
-use tandem_replicator::log::{ApplyReport, ChunkOutcome, EventLog, LogError, MemLog, SharedReader, StateChange};
+use tandem_replicator::log::{
+    ApplyReport, ChunkOutcome, EventLog, LogError, MemLog, SharedReader, StateChange,
+};
 use tandem_replicator::merge::{Held, Refusal};
 use tandem_replicator::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamError, StreamTuning};
 use tandem_replicator::purge;
@@ -785,7 +787,8 @@ impl World {
         self.stats.lingering_frames += 1;
         let (origin, peer) = (self.streams[stream].origin, self.streams[stream].peer);
         let oname = self.dcs[origin].name;
-        let peer_view = |w: &World| (w.dcs[peer].log.mark_of(oname), w.dcs[peer].log.staged_snapshot(oname).unwrap());
+        let peer_view =
+            |w: &World| (w.dcs[peer].log.mark_of(oname), w.dcs[peer].log.staged_snapshot(oname).unwrap());
         let before = peer_view(self);
         let res = self.at_receiver(stream, &mut receiver, frame, false);
         if peer_view(self) != before && self.streams[stream].conn.is_some() {
@@ -859,7 +862,8 @@ impl World {
                     assert!(chunk.tombstones.iter().all(|t| *t.key.owner_dc == *oname));
                     let (id, index, cut) = (chunk.snapshot_id, chunk.index, chunk.mark);
                     let staged_before = self.dcs[peer].log.staged_snapshot(oname).unwrap();
-                    let view_before = (self.dcs[peer].log.instances().unwrap(), self.dcs[peer].log.tombstones().unwrap());
+                    let view_before =
+                        (self.dcs[peer].log.instances().unwrap(), self.dcs[peer].log.tombstones().unwrap());
                     let outcome = match self.dcs[peer].log.stage_snapshot_chunk(oname, &chunk) {
                         Ok(o) => o,
                         Err(LogError::Refused(r)) => {
@@ -870,9 +874,16 @@ impl World {
                     match outcome {
                         ChunkOutcome::Staged(_) => {
                             // Staging never touches the state: the old state stays whole.
-                            let view_after = (self.dcs[peer].log.instances().unwrap(), self.dcs[peer].log.tombstones().unwrap());
+                            let view_after = (
+                                self.dcs[peer].log.instances().unwrap(),
+                                self.dcs[peer].log.tombstones().unwrap(),
+                            );
                             assert_eq!(view_before, view_after, "staging a chunk changed the state");
-                            assert_eq!(self.dcs[peer].log.mark_of(oname), mark, "staging a chunk moved the mark");
+                            assert_eq!(
+                                self.dcs[peer].log.mark_of(oname),
+                                mark,
+                                "staging a chunk moved the mark"
+                            );
                             self.stats.snapshot_chunks += 1;
                             let ack = receiver.chunk_staged(batch_id, id, index);
                             if answer {
@@ -1342,7 +1353,9 @@ fn describe(f: &Frame) -> String {
             chunk.tombstones.len(),
             if chunk.last { ", last" } else { "" }
         ),
-        Frame::ChunkAck { batch_id, snapshot_id, index } => format!("ChunkAck {batch_id} {snapshot_id:#x} #{index}"),
+        Frame::ChunkAck { batch_id, snapshot_id, index } => {
+            format!("ChunkAck {batch_id} {snapshot_id:#x} #{index}")
+        }
         Frame::SnapshotResume { staged } => format!("SnapshotResume {staged:?}"),
     }
 }
@@ -1386,7 +1399,11 @@ fn run_seeds(seeds: impl IntoIterator<Item = u64>, trace: bool) -> Vec<(u64, Sta
     run_seeds_framed(seeds, trace, Framing::BySeed)
 }
 
-fn run_seeds_framed(seeds: impl IntoIterator<Item = u64>, trace: bool, framing: Framing) -> Vec<(u64, Stats)> {
+fn run_seeds_framed(
+    seeds: impl IntoIterator<Item = u64>,
+    trace: bool,
+    framing: Framing,
+) -> Vec<(u64, Stats)> {
     let started = Instant::now();
     let per_seed = std::env::var_os("TANDEM_SIM_STATS").is_some();
     let mut out = Vec::new();
@@ -1545,12 +1562,15 @@ fn receive(log: &mut MemLog, receiver: &mut Receiver, frame: Frame) -> Result<Ve
                 };
                 out.push(receiver.applied(batch_id, &report)?);
             }
-            ReceiverAction::StageChunk { batch_id, chunk } => match log.stage_snapshot_chunk(&origin, &chunk) {
-                Ok(ChunkOutcome::Staged(_)) => out.push(receiver.chunk_staged(batch_id, chunk.snapshot_id, chunk.index)),
-                Ok(ChunkOutcome::Installed(report)) => out.push(receiver.applied(batch_id, &report)?),
-                Err(LogError::Refused(r)) => {
-                    out.push(receiver.applied(batch_id, &ApplyReport { refusal: Some(r), ..Default::default() })?)
+            ReceiverAction::StageChunk { batch_id, chunk } => match log.stage_snapshot_chunk(&origin, &chunk)
+            {
+                Ok(ChunkOutcome::Staged(_)) => {
+                    out.push(receiver.chunk_staged(batch_id, chunk.snapshot_id, chunk.index))
                 }
+                Ok(ChunkOutcome::Installed(report)) => out.push(receiver.applied(batch_id, &report)?),
+                Err(LogError::Refused(r)) => out.push(
+                    receiver.applied(batch_id, &ApplyReport { refusal: Some(r), ..Default::default() })?,
+                ),
                 Err(e) => panic!("storage: {e}"),
             },
             ReceiverAction::PurgeTombstones { upto_seq } => {
@@ -1574,7 +1594,9 @@ fn handshake(origin: &MemLog, peer: &mut MemLog, now_ms: u64) -> (Sender, Receiv
 
 /// Runs a stream until the sender has nothing more to send at `now_ms`.
 fn pump(origin: &MemLog, sender: &mut Sender, peer: &mut MemLog, receiver: &mut Receiver, now_ms: u64) {
-    while let Some((frame, _)) = sender.poll_transmit(origin, now_ms).unwrap().or_else(|| sender.poll_snapshot().unwrap()) {
+    while let Some((frame, _)) =
+        sender.poll_transmit(origin, now_ms).unwrap().or_else(|| sender.poll_snapshot().unwrap())
+    {
         for answer in receive(peer, receiver, frame).unwrap() {
             sender.handle_frame(origin, answer).unwrap();
         }

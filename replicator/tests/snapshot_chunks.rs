@@ -25,7 +25,12 @@ use tandem_schemas::{
 const FRAME_LIMIT: usize = FRAME_HEADROOM_BYTES + 2_500;
 
 fn tuning() -> StreamTuning {
-    StreamTuning { batch_events_max: 64, window_batches_max: 4, frame_bytes_max: FRAME_LIMIT, ..StreamTuning::default() }
+    StreamTuning {
+        batch_events_max: 64,
+        window_batches_max: 4,
+        frame_bytes_max: FRAME_LIMIT,
+        ..StreamTuning::default()
+    }
 }
 
 /// A record with about 1 KB of metadata.
@@ -132,7 +137,9 @@ impl Link {
                     };
                     out.push(self.receiver.applied(batch_id, &report).map_err(err)?);
                 }
-                ReceiverAction::PurgeTombstones { upto_seq } => b.purge_remote_tombstones("dc-a", upto_seq).unwrap(),
+                ReceiverAction::PurgeTombstones { upto_seq } => {
+                    b.purge_remote_tombstones("dc-a", upto_seq).unwrap()
+                }
                 ReceiverAction::Contact { .. } => {}
             }
         }
@@ -178,7 +185,8 @@ impl Link {
 /// dc-b holds exactly dc-a's state (and its own other origins' untouched).
 fn assert_converged(a: &MemLog, b: &MemLog) {
     assert_eq!(b.mark_of("dc-a"), Some(a.own_mark()));
-    let held: Vec<_> = b.instances().unwrap().into_iter().filter(|(_, r)| &*r.key.owner_dc == "dc-a").collect();
+    let held: Vec<_> =
+        b.instances().unwrap().into_iter().filter(|(_, r)| &*r.key.owner_dc == "dc-a").collect();
     assert_eq!(held, a.instances().unwrap());
     let tombs: Vec<_> = b.tombstones().unwrap().into_iter().filter(|t| &*t.key.owner_dc == "dc-a").collect();
     assert_eq!(tombs, a.tombstones().unwrap());

@@ -215,7 +215,8 @@ fn validate_snapshot_entries(
     instances: &[SnapshotInstance],
     tombstones: &[Tombstone],
 ) -> Result<(), ValidationError> {
-    let first = instances.first().map(|i| &*i.record.key.owner_dc).or(tombstones.first().map(|t| &*t.key.owner_dc));
+    let first =
+        instances.first().map(|i| &*i.record.key.owner_dc).or(tombstones.first().map(|t| &*t.key.owner_dc));
     let Some(owner) = owner.or(first) else { return Ok(()) };
     for i in instances {
         validate_record(&i.record)?;
@@ -250,7 +251,9 @@ pub(crate) fn validate_frame(f: &Frame) -> Result<(), ValidationError> {
         Frame::SnapshotChunk { chunk, .. } => {
             validate_snapshot_entries(None, chunk.mark, &chunk.instances, &chunk.tombstones)
         }
-        Frame::Ack { .. } | Frame::Ping { .. } | Frame::ChunkAck { .. } | Frame::SnapshotResume { .. } => Ok(()),
+        Frame::Ack { .. } | Frame::Ping { .. } | Frame::ChunkAck { .. } | Frame::SnapshotResume { .. } => {
+            Ok(())
+        }
         Frame::Refuse { message, .. } => {
             if message.len() > 4096 {
                 Err(err("message", "at most 4096 bytes"))

@@ -5,7 +5,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tandem_replicator::log::{ApplyReport, ChunkOutcome, EventLog, LogError, MemLog, SnapshotReader, StateChange};
+use tandem_replicator::log::{
+    ApplyReport, ChunkOutcome, EventLog, LogError, MemLog, SnapshotReader, StateChange,
+};
 use tandem_replicator::merge::Held;
 use tandem_schemas::{
     ChangeEvent, InstanceKey, InstanceRecord, Mark, Op, Snapshot, SnapshotChunk, StagedSnapshot, Tombstone,
@@ -111,7 +113,11 @@ impl EventLog for MemStore {
     fn staged_snapshot(&self, origin: &str) -> Result<Option<StagedSnapshot>, LogError> {
         self.log.staged_snapshot(origin)
     }
-    fn stage_snapshot_chunk(&mut self, channel_dc: &str, chunk: &SnapshotChunk) -> Result<ChunkOutcome, LogError> {
+    fn stage_snapshot_chunk(
+        &mut self,
+        channel_dc: &str,
+        chunk: &SnapshotChunk,
+    ) -> Result<ChunkOutcome, LogError> {
         let outcome = self.log.stage_snapshot_chunk(channel_dc, chunk)?;
         self.wrote();
         Ok(outcome)

@@ -149,5 +149,7 @@ where
 /// `TANDEM_TEST_BIN` when set (a copy kept aside, so a shared target directory rebuilt by
 /// another checkout cannot swap the binary under a running test).
 pub fn tandem_bin() -> PathBuf {
-    std::env::var_os("TANDEM_TEST_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tandem")))
+    std::env::var_os("TANDEM_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tandem")))
 }

@@ -42,7 +42,12 @@ impl World {
                 Sender::new(
                     log,
                     DC_NAMES[p],
-                    StreamTuning { batch_events_max: 8, window_batches_max: 4, ping_interval_ms: 500, ..StreamTuning::default() },
+                    StreamTuning {
+                        batch_events_max: 8,
+                        window_batches_max: 4,
+                        ping_interval_ms: 500,
+                        ..StreamTuning::default()
+                    },
                     self.now,
                 )
             };

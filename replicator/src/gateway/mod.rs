@@ -437,7 +437,9 @@ async fn send_session<S: ReplicaStore>(
                 }
                 SenderEvent::ChunkSent { snapshot_id, index, bytes, last, resumed } => {
                     let first = index == 0 || resumed;
-                    if first && last_snapshot_log.is_none_or(|t| t.elapsed().as_millis() as u64 >= SNAPSHOT_LOG_EVERY_MS)
+                    if first
+                        && last_snapshot_log
+                            .is_none_or(|t| t.elapsed().as_millis() as u64 >= SNAPSHOT_LOG_EVERY_MS)
                     {
                         last_snapshot_log = Some(tokio::time::Instant::now());
                         info!(peer = %peer.dc, snapshot_id, from_chunk = index, resumed, "sending a snapshot to peer in chunks");

@@ -5,8 +5,8 @@
 //! whole suite into `#[test]` functions for an implementation.
 
 use tandem_schemas::{
-    ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Op, SnapshotChunk, StagedSnapshot,
-    Status,
+    ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Op, SnapshotChunk,
+    StagedSnapshot, Status,
 };
 
 use super::{ChunkOutcome, EventLog, LogError};
@@ -223,7 +223,10 @@ pub fn snapshot_chunks<H: Harness>(h: &mut H) {
         let c = reader.read_chunk(index).unwrap();
         let bytes: usize = c.instances.iter().map(|i| tandem_schemas::encode(i).len()).sum::<usize>()
             + c.tombstones.iter().map(|t| tandem_schemas::encode(t).len()).sum::<usize>();
-        assert!(bytes <= budget || c.instances.len() + c.tombstones.len() == 1, "chunk {index} is over budget");
+        assert!(
+            bytes <= budget || c.instances.len() + c.tombstones.len() == 1,
+            "chunk {index} is over budget"
+        );
         assert!(!c.instances.is_empty() || !c.tombstones.is_empty(), "chunk {index} is empty");
         let last = c.last;
         chunks.push(c);
@@ -232,7 +235,8 @@ pub fn snapshot_chunks<H: Harness>(h: &mut H) {
         }
     }
     assert!(chunks.len() >= 10, "{} chunks", chunks.len());
-    let staged_ids: Vec<_> = chunks.iter().flat_map(|c| c.instances.iter().map(|i| i.record.key.clone())).collect();
+    let staged_ids: Vec<_> =
+        chunks.iter().flat_map(|c| c.instances.iter().map(|i| i.record.key.clone())).collect();
     assert!(!staged_ids.contains(&key("dc-a", "late")), "the cut must not see later writes");
     // A chunk read again (a resume) is the same chunk; a new reader of the same cut too.
     assert_eq!(reader.read_chunk(3).unwrap(), chunks[3]);
@@ -248,13 +252,20 @@ pub fn snapshot_chunks<H: Harness>(h: &mut H) {
     let dst_after_crash = h.reopen(dst);
     let mut dst = dst_after_crash;
     assert_eq!(dst.staged_snapshot("dc-a").unwrap(), Some(StagedSnapshot { snapshot_id: id, chunks: 5 }));
-    assert_eq!((dst.instances().unwrap(), dst.tombstones().unwrap(), dst.marks()), before, "staging changed state");
+    assert_eq!(
+        (dst.instances().unwrap(), dst.tombstones().unwrap(), dst.marks()),
+        before,
+        "staging changed state"
+    );
     // A redelivered chunk changes nothing; a gap is refused.
     assert_eq!(
         dst.stage_snapshot_chunk("dc-a", &chunks[2]).unwrap(),
         ChunkOutcome::Staged(StagedSnapshot { snapshot_id: id, chunks: 5 })
     );
-    assert!(matches!(dst.stage_snapshot_chunk("dc-a", &chunks[7]), Err(LogError::Refused(Refusal::Gap { .. }))));
+    assert!(matches!(
+        dst.stage_snapshot_chunk("dc-a", &chunks[7]),
+        Err(LogError::Refused(Refusal::Gap { .. }))
+    ));
     // Chunk 0 of another snapshot starts the staging over; a later chunk of it is a gap.
     let other = SnapshotChunk { snapshot_id: id ^ 1, ..chunks[0].clone() };
     assert!(matches!(dst.stage_snapshot_chunk("dc-a", &other).unwrap(), ChunkOutcome::Staged(_)));
@@ -279,7 +290,12 @@ pub fn snapshot_chunks<H: Harness>(h: &mut H) {
     let mut whole = h.fresh("dc-b", 8);
     whole.apply_remote("dc-a", &[reg("dc-a", 1, 1, "zombie")]).unwrap();
     whole.apply_remote("dc-c", &[reg("dc-c", 1, 1, "other")]).unwrap();
-    let mut snap = tandem_schemas::Snapshot { origin_dc: "dc-a".into(), mark: chunks[0].mark, instances: vec![], tombstones: vec![] };
+    let mut snap = tandem_schemas::Snapshot {
+        origin_dc: "dc-a".into(),
+        mark: chunks[0].mark,
+        instances: vec![],
+        tombstones: vec![],
+    };
     for c in &chunks {
         snap.instances.extend(c.instances.iter().cloned());
         snap.tombstones.extend(c.tombstones.iter().cloned());

@@ -163,8 +163,12 @@ impl<S: CutSource> SnapshotReader for ChunkedReader<S> {
 /// Reads a whole snapshot from a reader in one piece (the single-frame path for peers that
 /// do not take chunks). The reader should have an unbounded budget.
 pub fn read_whole(reader: &mut dyn SnapshotReader, origin_dc: &str) -> Result<Snapshot, LogError> {
-    let mut snap =
-        Snapshot { origin_dc: origin_dc.to_owned(), mark: reader.mark(), instances: vec![], tombstones: vec![] };
+    let mut snap = Snapshot {
+        origin_dc: origin_dc.to_owned(),
+        mark: reader.mark(),
+        instances: vec![],
+        tombstones: vec![],
+    };
     for index in 0.. {
         let chunk = reader.read_chunk(index)?;
         snap.instances.extend(chunk.instances);
@@ -203,7 +207,11 @@ pub fn check_chunk(
     staged: Option<StagedSnapshot>,
     chunk: &SnapshotChunk,
 ) -> Result<ChunkStep, Refusal> {
-    let owners = chunk.instances.iter().map(|i| &i.record.key.owner_dc).chain(chunk.tombstones.iter().map(|t| &t.key.owner_dc));
+    let owners = chunk
+        .instances
+        .iter()
+        .map(|i| &i.record.key.owner_dc)
+        .chain(chunk.tombstones.iter().map(|t| &t.key.owner_dc));
     for owner in owners {
         if **owner != *channel_dc {
             return Err(Refusal::WrongChannel { channel: channel_dc.to_owned(), origin: owner.to_string() });

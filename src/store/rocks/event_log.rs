@@ -8,8 +8,8 @@ use rocksdb::{IteratorMode, ReadOptions, WriteBatch};
 use tandem_replicator::log::{ApplyReport, ChunkOutcome, EventLog, LogError, SnapshotReader, StateChange};
 use tandem_replicator::merge::{self, Held};
 use tandem_schemas::{
-    ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot, SnapshotChunk, SnapshotInstance, StagedSnapshot,
-    Tombstone,
+    ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot, SnapshotChunk, SnapshotInstance,
+    StagedSnapshot, Tombstone,
 };
 
 use super::{
@@ -134,7 +134,11 @@ impl EventLog for RocksLog {
         self.staged_of(origin).map(|s| s.map(|(staged, _)| staged))
     }
 
-    fn stage_snapshot_chunk(&mut self, channel_dc: &str, chunk: &SnapshotChunk) -> Result<ChunkOutcome, LogError> {
+    fn stage_snapshot_chunk(
+        &mut self,
+        channel_dc: &str,
+        chunk: &SnapshotChunk,
+    ) -> Result<ChunkOutcome, LogError> {
         self.stage_chunk(channel_dc, chunk)
     }
 

@@ -23,10 +23,12 @@ use tandem_replicator::log::{ChunkOutcome, LogError, SnapshotReader};
 use tandem_schemas::{Mark, Snapshot, SnapshotChunk, SnapshotInstance, StagedSnapshot, Tombstone};
 
 use super::{
-    check_stored_key, decode_instance, decode_tombstone, meta_name, storage, Db, RocksLog, CF_INSTANCES, CF_META,
-    CF_STAGING, CF_TOMBSTONES,
+    check_stored_key, decode_instance, decode_tombstone, meta_name, storage, Db, RocksLog, CF_INSTANCES,
+    CF_META, CF_STAGING, CF_TOMBSTONES,
 };
-use crate::store::keys::{decode_key, decode_mark, decode_u64, encode_key, encode_mark, owner_prefix, prefix_end};
+use crate::store::keys::{
+    decode_key, decode_mark, decode_u64, encode_key, encode_mark, owner_prefix, prefix_end,
+};
 
 /// `staged/<origin dc>` -> snapshot id, chunks staged (u64 big-endian each), cut mark.
 const META_STAGED_PREFIX: &[u8] = b"staged/";
@@ -108,7 +110,11 @@ impl RocksLog {
     }
 
     /// [`EventLog::stage_snapshot_chunk`](tandem_replicator::log::EventLog::stage_snapshot_chunk).
-    pub(super) fn stage_chunk(&mut self, channel_dc: &str, chunk: &SnapshotChunk) -> Result<ChunkOutcome, LogError> {
+    pub(super) fn stage_chunk(
+        &mut self,
+        channel_dc: &str,
+        chunk: &SnapshotChunk,
+    ) -> Result<ChunkOutcome, LogError> {
         self.check_writable()?;
         if channel_dc == self.dc {
             return Err(self.wrong_own_channel(channel_dc));
@@ -124,8 +130,12 @@ impl RocksLog {
         let meta_key = meta_name(META_STAGED_PREFIX, channel_dc);
         let mut batch = WriteBatch::default();
         if chunk.last {
-            let mut snap =
-                Snapshot { origin_dc: channel_dc.to_owned(), mark: chunk.mark, instances: vec![], tombstones: vec![] };
+            let mut snap = Snapshot {
+                origin_dc: channel_dc.to_owned(),
+                mark: chunk.mark,
+                instances: vec![],
+                tombstones: vec![],
+            };
             if step == ChunkStep::Continue {
                 self.read_staged(&prefix, &end, &mut snap)?;
             }
@@ -194,7 +204,9 @@ fn read_cut(
     let end = prefix_end(prefix);
     for section in pos.0..=SECTION_TOMBSTONES {
         let name = if section == SECTION_INSTANCES { CF_INSTANCES } else { CF_TOMBSTONES };
-        let cf = db.cf_handle(name).ok_or_else(|| LogError::Storage(format!("column family {name} is missing")))?;
+        let cf = db
+            .cf_handle(name)
+            .ok_or_else(|| LogError::Storage(format!("column family {name} is missing")))?;
         let lower = if section == pos.0 { pos.1.clone() } else { prefix.to_vec() };
         let mut ro = ReadOptions::default();
         ro.set_iterate_lower_bound(lower);
