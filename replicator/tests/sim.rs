@@ -400,10 +400,6 @@ fn record_at(owner: &str, id: &str, epoch: u64, seq: u64) -> InstanceRecord {
 }
 
 impl World {
-    fn new(seed: u64, trace: bool) -> World {
-        Self::with_framing(seed, trace, Framing::BySeed)
-    }
-
     fn with_framing(seed: u64, trace: bool, framing: Framing) -> World {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut p = Params::draw(&mut rng);
@@ -1377,10 +1373,6 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// Runs one seed, catching a failure to name the seed and how to replay it.
-fn run_seed(seed: u64, trace: bool) -> Result<Stats, String> {
-    run_seed_framed(seed, trace, Framing::BySeed)
-}
-
 fn run_seed_framed(seed: u64, trace: bool, framing: Framing) -> Result<Stats, String> {
     catch_unwind(AssertUnwindSafe(|| World::with_framing(seed, trace, framing).run())).map_err(|panic| {
         let msg = panic

@@ -98,15 +98,15 @@ impl Link {
             Receiver::new("dc-b", "dc-a")
         };
         let mut link = Link { sender, receiver, seen: Seen::default() };
-        for answer in link.to_peer(b, hello).unwrap() {
-            link.to_origin(a, answer).unwrap();
+        for answer in link.deliver_to_peer(b, hello).unwrap() {
+            link.deliver_to_origin(a, answer).unwrap();
         }
         link
     }
 
     /// A frame crosses to the peer: refused when over the limit (as the gateway's reader
     /// does), else handled and applied; returns the answers.
-    fn to_peer(&mut self, b: &mut MemLog, frame: Frame) -> Result<Vec<Frame>, String> {
+    fn deliver_to_peer(&mut self, b: &mut MemLog, frame: Frame) -> Result<Vec<Frame>, String> {
         let bytes = encode_frame(&frame);
         if bytes.len() > FRAME_LIMIT {
             return Err(format!("frame of {} bytes exceeds {FRAME_LIMIT}", bytes.len()));
@@ -146,7 +146,7 @@ impl Link {
         Ok(out)
     }
 
-    fn to_origin(&mut self, a: &MemLog, frame: Frame) -> Result<(), String> {
+    fn deliver_to_origin(&mut self, a: &MemLog, frame: Frame) -> Result<(), String> {
         let frame = decode_frame(&encode_frame(&frame), FRAME_BYTES_MAX).map_err(|e| e.to_string())?;
         self.sender.handle_frame(a, frame).map(drop).map_err(|e| e.to_string())
     }
@@ -174,8 +174,8 @@ impl Link {
                 }
             }
             sent += 1;
-            for answer in self.to_peer(b, frame)? {
-                self.to_origin(a, answer)?;
+            for answer in self.deliver_to_peer(b, frame)? {
+                self.deliver_to_origin(a, answer)?;
             }
         }
         Ok(sent)
