@@ -378,6 +378,7 @@ pub fn dev_configs(
             key: paths.key.clone(),
             batch_events_max: 512,
             window_batches_max: 8,
+            frame_bytes_max: tandem_schemas::FRAME_BYTES_MAX,
             backoff_initial_ms: 100,
             backoff_max_ms: 2_000,
             stale_after_ms,

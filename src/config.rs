@@ -130,6 +130,10 @@ pub struct ReplicationSection {
     /// Most unacknowledged batches per stream.
     #[serde(default = "d_window")]
     pub window_batches_max: usize,
+    /// Largest replication frame this node sends, bytes: batches are cut by size as well
+    /// as by count, and snapshots travel in chunks of at most this.
+    #[serde(default = "d_frame_bytes")]
+    pub frame_bytes_max: usize,
     #[serde(default = "d_backoff_initial")]
     pub backoff_initial_ms: u64,
     #[serde(default = "d_backoff_max")]
@@ -157,6 +161,11 @@ fn d_batch() -> usize {
 fn d_window() -> usize {
     8
 }
+fn d_frame_bytes() -> usize {
+    tandem_schemas::FRAME_BYTES_MAX
+}
+/// Smallest `frame_bytes_max` accepted (tests lower it to stream small states in many chunks).
+pub const FRAME_BYTES_MIN: usize = 16 * 1024;
 fn d_backoff_initial() -> u64 {
     200
 }
@@ -495,6 +504,12 @@ impl Config {
                 return Err(inv(
                     "[replication] batch_events_max",
                     format!("must be 1..={}", tandem_schemas::BATCH_EVENTS_MAX),
+                ));
+            }
+            if !(FRAME_BYTES_MIN..=tandem_schemas::FRAME_BYTES_MAX).contains(&r.frame_bytes_max) {
+                return Err(inv(
+                    "[replication] frame_bytes_max",
+                    format!("must be {FRAME_BYTES_MIN}..={}", tandem_schemas::FRAME_BYTES_MAX),
                 ));
             }
             if r.window_batches_max == 0 || r.window_batches_max > 1024 {

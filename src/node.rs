@@ -10,11 +10,11 @@ use std::time::Duration;
 use anyhow::Context as _;
 use parking_lot::Mutex;
 use tandem_replicator::gateway::{self, Gateway, GatewayConfig, PeerConfig, ReplicaStore};
-use tandem_replicator::log::{ApplyReport, EventLog, LogError};
+use tandem_replicator::log::{ApplyReport, ChunkOutcome, EventLog, LogError};
 use tandem_replicator::protocol::StreamTuning;
 use tandem_replicator::purge;
 use tandem_replicator::tls::{ReloadableTls, TlsPaths};
-use tandem_schemas::{ChangeEvent, Mark, Snapshot};
+use tandem_schemas::{ChangeEvent, Mark, Snapshot, SnapshotChunk};
 use tokio::sync::watch;
 
 use crate::config::Config;
@@ -71,6 +71,13 @@ impl ReplicaStore for NodeStore {
         snapshot: Snapshot,
     ) -> Result<ApplyReport, LogError> {
         self.committer.install_snapshot(channel_dc, snapshot).await.map_err(log_err)
+    }
+    async fn stage_snapshot_chunk(
+        &self,
+        channel_dc: String,
+        chunk: SnapshotChunk,
+    ) -> Result<ChunkOutcome, LogError> {
+        self.committer.stage_snapshot_chunk(channel_dc, chunk).await.map_err(log_err)
     }
     async fn purge_remote_tombstones(&self, origin: String, upto_seq: u64) -> Result<(), LogError> {
         self.committer.purge_remote_tombstones(origin, upto_seq).await.map_err(log_err)
@@ -202,6 +209,7 @@ impl Node {
                         batch_events_max: r.batch_events_max,
                         window_batches_max: r.window_batches_max,
                         ping_interval_ms: r.ping_interval_ms,
+                        frame_bytes_max: r.frame_bytes_max,
                     },
                     backoff_initial_ms: r.backoff_initial_ms,
                     backoff_max_ms: r.backoff_max_ms,

@@ -187,6 +187,7 @@ async fn a_peer_with_a_certificate_of_another_dc_name_is_refused() {
         key: dir.path().join("dc-c.key"),
         batch_events_max: 64,
         window_batches_max: 4,
+        frame_bytes_max: tandem_schemas::FRAME_BYTES_MAX,
         backoff_initial_ms: 50,
         backoff_max_ms: 200,
         stale_after_ms: 1_500,
@@ -380,5 +381,66 @@ async fn a_watcher_is_woken_when_a_remote_origin_turns_stale() {
     assert!(w["index"].as_u64().unwrap() > idx);
     let d = a.discover("default", "st", "dc=dc-b").await.unwrap();
     assert_eq!(d["instances"][0]["stale"], true, "{d}");
+    p.stop().await;
+}
+
+/// Issue 13 §2 through the real gateway: a snapshot of many chunks (the frame limit is
+/// lowered to 16 KiB, so 240 instances with 3 KB of metadata need dozens of chunks) rebuilds
+/// a wiped peer, and status shows the chunks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_peer_converges_through_a_snapshot_of_many_chunks() {
+    let mut p = pair_with(|c| {
+        if let Some(r) = c.replication.as_mut() {
+            r.purge_grace_ms = 100;
+            r.frame_bytes_max = tandem::config::FRAME_BYTES_MIN;
+        }
+    })
+    .await;
+    let (a, b) = (p.client_a(), p.client_b());
+    let n = 240;
+    for i in 0..n {
+        let mut body = reg_body("big", &format!("i{i:03}"), true);
+        body["metadata"] =
+            json!({"a": "x".repeat(1000), "b": "y".repeat(1000), "c": format!("{i}-{}", "z".repeat(990))});
+        a.register(&body).await.unwrap();
+    }
+    for i in 0..n / 10 {
+        a.deregister("default", "big", &format!("i{:03}", i * 10)).await.unwrap();
+    }
+    let live = n - n / 10;
+    eventually(Duration::from_secs(20), "dc-b applied everything", || async {
+        all_ids(&b, "big").await.len() == live
+    })
+    .await;
+    eventually(Duration::from_secs(10), "dc-a purged its log", || async {
+        a.status().await.unwrap()["log"]["purge_floor"].as_u64().unwrap_or(0) >= (n + n / 10) as u64
+    })
+    .await;
+    let b_node = p.b.take().unwrap();
+    b_node.shutdown().await;
+    std::fs::remove_dir_all(&p.cfg_b.data_dir).unwrap();
+    p.b = Some(tandem::node::Node::start(p.cfg_b.clone(), None).await.unwrap());
+    let b = p.client_b();
+    eventually(Duration::from_secs(30), "dc-b rebuilt dc-a's state from a chunked snapshot", || async {
+        all_ids(&b, "big").await.len() == live
+    })
+    .await;
+    assert_eq!(replicated_view(&a, "big").await, replicated_view(&b, "big").await);
+    let st = a.status().await.unwrap();
+    let out = &st["peers"]["dc-b"]["outbound"];
+    assert!(out["snapshots_sent"].as_u64().unwrap() >= 1, "{st}");
+    assert!(out["snapshot"]["chunks_sent"].as_u64().unwrap() >= 30, "{st}");
+    assert!(out["snapshot"]["bytes_sent"].as_u64().unwrap() >= 600_000, "{st}");
+    let st_b = b.status().await.unwrap();
+    let inb = &st_b["peers"]["dc-a"]["inbound"];
+    assert!(inb["snapshot"]["chunks_staged"].as_u64().unwrap() >= 30, "{st_b}");
+    assert!(inb["snapshot"]["in_progress"].is_null(), "{st_b}");
+    assert_eq!(inb["snapshots_installed"].as_u64().unwrap(), 1, "{st_b}");
+    // The tail after the snapshot flows as usual.
+    a.deregister("default", "big", "i015").await.unwrap();
+    eventually(Duration::from_secs(10), "tail after the snapshot", || async {
+        !all_ids(&b, "big").await.contains("i015")
+    })
+    .await;
     p.stop().await;
 }

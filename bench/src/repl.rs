@@ -52,6 +52,7 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             key: p.key.clone(),
             batch_events_max: 512,
             window_batches_max: 8,
+            frame_bytes_max: tandem_schemas::FRAME_BYTES_MAX,
             backoff_initial_ms: 100,
             backoff_max_ms: 2_000,
             stale_after_ms: 30_000,

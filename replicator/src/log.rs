@@ -12,11 +12,15 @@ use std::collections::BTreeMap;
 
 use tandem_schemas::{
     validate_event, ChangeEvent, DeregisterReason, InstanceKey, InstanceRecord, Mark, Op, Snapshot,
-    SnapshotInstance, Tombstone,
+    SnapshotChunk, SnapshotInstance, StagedSnapshot, Tombstone,
 };
 use uuid::Uuid;
 
 use crate::merge::{self, Effect, Held, Refusal};
+
+pub mod snapshot;
+
+pub use snapshot::{ChunkOutcome, SharedReader, SnapshotReader};
 
 /// Errors of a log implementation.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +108,23 @@ pub trait EventLog {
     fn install_snapshot(&mut self, channel_dc: &str, snap: &Snapshot) -> Result<ApplyReport, LogError>;
     /// The own origin's whole state at the current own mark.
     fn snapshot_own(&self) -> Result<Snapshot, LogError>;
+    /// A consistent cut of the own origin's state at the current own mark, read in chunks of
+    /// at most `chunk_bytes_max` encoded entry bytes, from any thread, without this log.
+    /// Opening it is cheap; the reading happens in [`SnapshotReader::read_chunk`].
+    fn open_snapshot(&self, chunk_bytes_max: usize) -> Result<Box<dyn SnapshotReader>, LogError>;
+    /// The snapshot of a remote origin staged and not installed yet.
+    fn staged_snapshot(&self, origin: &str) -> Result<Option<StagedSnapshot>, LogError>;
+    /// Stages one chunk of a remote origin's snapshot received over `channel_dc`, durably
+    /// (see [`snapshot::check_chunk`] for the order rules). The last chunk installs the
+    /// staged snapshot with it in one atomic write, exactly as [`install_snapshot`] would
+    /// install the whole, and drops the staging. A refusal changes nothing.
+    ///
+    /// [`install_snapshot`]: EventLog::install_snapshot
+    fn stage_snapshot_chunk(
+        &mut self,
+        channel_dc: &str,
+        chunk: &SnapshotChunk,
+    ) -> Result<ChunkOutcome, LogError>;
     /// Purges own log entries and own tombstones at or below `upto_seq`.
     fn purge_own(&mut self, upto_seq: u64) -> Result<(), LogError>;
     /// Drops tombstones of a remote origin at or below `upto_seq` (the origin purged them).
@@ -157,6 +178,8 @@ pub struct MemLog {
     mark_ids: BTreeMap<String, Uuid>,
     live: BTreeMap<InstanceKey, (u64, InstanceRecord)>,
     tombs: BTreeMap<InstanceKey, (u64, DeregisterReason)>,
+    /// Per remote origin: the staged snapshot and its entries so far.
+    staging: BTreeMap<String, (StagedSnapshot, Vec<SnapshotInstance>, Vec<Tombstone>)>,
 }
 
 impl MemLog {
@@ -171,6 +194,7 @@ impl MemLog {
             mark_ids: BTreeMap::new(),
             live: BTreeMap::new(),
             tombs: BTreeMap::new(),
+            staging: BTreeMap::new(),
         }
     }
 
@@ -183,6 +207,7 @@ impl MemLog {
         let tombstones = before - self.tombs.len();
         self.marks.remove(origin);
         self.mark_ids.remove(origin);
+        self.staging.remove(origin);
         let changes = live
             .into_iter()
             .map(|key| {
@@ -355,6 +380,53 @@ impl EventLog for MemLog {
                 .map(|(k, (seq, reason))| Tombstone { key: k.clone(), seq: *seq, reason: *reason })
                 .collect(),
         })
+    }
+
+    fn open_snapshot(&self, chunk_bytes_max: usize) -> Result<Box<dyn SnapshotReader>, LogError> {
+        let snap = self.snapshot_own()?;
+        let cut = snapshot::MemCut { instances: snap.instances, tombstones: snap.tombstones };
+        Ok(Box::new(snapshot::ChunkedReader::new(cut, self.own, self.floor, chunk_bytes_max)))
+    }
+
+    fn staged_snapshot(&self, origin: &str) -> Result<Option<StagedSnapshot>, LogError> {
+        Ok(self.staging.get(origin).map(|(s, _, _)| *s))
+    }
+
+    fn stage_snapshot_chunk(
+        &mut self,
+        channel_dc: &str,
+        chunk: &SnapshotChunk,
+    ) -> Result<ChunkOutcome, LogError> {
+        if channel_dc == self.dc {
+            return Err(LogError::Refused(Refusal::WrongChannel {
+                channel: channel_dc.to_owned(),
+                origin: self.dc.clone(),
+            }));
+        }
+        let staged = self.staged_snapshot(channel_dc)?;
+        let step = snapshot::check_chunk(channel_dc, staged, chunk)?;
+        let (mut instances, mut tombstones) =
+            match (step, self.staging.get(channel_dc)) {
+                (snapshot::ChunkStep::Duplicate, _) => {
+                    return Ok(ChunkOutcome::Staged(staged.unwrap_or(StagedSnapshot {
+                        snapshot_id: chunk.snapshot_id,
+                        chunks: chunk.index + 1,
+                    })))
+                }
+                (snapshot::ChunkStep::Continue, Some((_, i, t))) => (i.clone(), t.clone()),
+                (snapshot::ChunkStep::Continue | snapshot::ChunkStep::Restart, _) => (vec![], vec![]),
+            };
+        instances.extend(chunk.instances.iter().cloned());
+        tombstones.extend(chunk.tombstones.iter().cloned());
+        if chunk.last {
+            let snap = Snapshot { origin_dc: channel_dc.to_owned(), mark: chunk.mark, instances, tombstones };
+            let report = self.install_snapshot(channel_dc, &snap)?;
+            self.staging.remove(channel_dc);
+            return Ok(ChunkOutcome::Installed(report));
+        }
+        let now = StagedSnapshot { snapshot_id: chunk.snapshot_id, chunks: chunk.index + 1 };
+        self.staging.insert(channel_dc.to_owned(), (now, instances, tombstones));
+        Ok(ChunkOutcome::Staged(now))
     }
 
     fn purge_own(&mut self, upto_seq: u64) -> Result<(), LogError> {

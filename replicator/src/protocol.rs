@@ -10,6 +10,10 @@
 //!   (the sender takes a new epoch and reconnects if its history went back, or if it is a
 //!    new data dir and the peer knows a newer epoch; it is fenced if it is an older one)
 //!   Snapshot{..}  (only if the receiver's mark is of another epoch or below the purge floor)
+//!   ... or, to a receiver that sent SnapshotResume before its HelloAck, in chunks:
+//!   SnapshotChunk{id, chunk 0..n} ----->  stage durably, then
+//!                               <-------  ChunkAck{id, index}   (the last chunk: install
+//!                               <-------  Ack{id, mark}          everything staged, atomically)
 //!   Batch{id, events after the mark} --->  apply durably with the mark, then
 //!                               <-------  Ack{id, mark}
 //!   ... at most `window` unacknowledged batches ...
@@ -23,11 +27,17 @@
 
 use std::collections::VecDeque;
 
-use tandem_schemas::{ChangeEvent, Frame, Mark, RefuseCode, Snapshot};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tandem_schemas::{
+    encode, ChangeEvent, Frame, Mark, RefuseCode, SnapshotChunk, StagedSnapshot, FRAME_BYTES_MAX,
+    FRAME_HEADROOM_BYTES,
+};
 use uuid::Uuid;
 
 use crate::epoch;
-use crate::log::{ApplyReport, EventLog, LogError};
+use crate::log::{snapshot, ApplyReport, EventLog, LogError, SharedReader};
 use crate::merge::Refusal;
 
 /// Tuning of the stream. All bounds, all with units.
@@ -39,11 +49,28 @@ pub struct StreamTuning {
     pub window_batches_max: usize,
     /// Send a ping when nothing was sent for this long.
     pub ping_interval_ms: u64,
+    /// Largest frame this sender produces, bytes: batches are cut by encoded size as well
+    /// as by count, and snapshot chunks by size, to stay under it with
+    /// [`FRAME_HEADROOM_BYTES`] to spare. At most [`FRAME_BYTES_MAX`] (what a peer accepts);
+    /// tests lower it to make many chunks of a small state.
+    pub frame_bytes_max: usize,
 }
 
 impl Default for StreamTuning {
     fn default() -> Self {
-        StreamTuning { batch_events_max: 512, window_batches_max: 8, ping_interval_ms: 1_000 }
+        StreamTuning {
+            batch_events_max: 512,
+            window_batches_max: 8,
+            ping_interval_ms: 1_000,
+            frame_bytes_max: FRAME_BYTES_MAX,
+        }
+    }
+}
+
+impl StreamTuning {
+    /// Encoded entry bytes one batch or chunk may carry.
+    pub fn entry_bytes_max(&self) -> usize {
+        self.frame_bytes_max.min(FRAME_BYTES_MAX).saturating_sub(FRAME_HEADROOM_BYTES).max(1)
     }
 }
 
@@ -72,7 +99,7 @@ impl StreamError {
 pub enum SenderEvent {
     /// The peer durably holds the origin up to `mark`: record it (purge floor input).
     PeerAcked(Mark),
-    /// The peer needed a snapshot and one was sent.
+    /// The peer needed a snapshot and one was sent (its last chunk, when in chunks).
     SnapshotSent(Mark),
     /// The own log entries after `after_seq` could not be read (a corrupt or invalid
     /// stored event): a snapshot replaced them, so one bad entry cannot stall the stream.
@@ -86,6 +113,20 @@ pub enum SenderEvent {
     /// The peer follows a newer epoch of this origin: this process is an older incarnation
     /// of its DC and must stop shipping (to every peer). The stream is over.
     Fenced { reason: String },
+    /// A snapshot chunk went out: `bytes` of entries; `resumed` when the stream starts the
+    /// snapshot at this chunk after an earlier stream staged the chunks before it.
+    ChunkSent { snapshot_id: u64, index: u64, bytes: u64, last: bool, resumed: bool },
+    /// The peer staged a chunk durably.
+    ChunkAcked { snapshot_id: u64, index: u64 },
+}
+
+/// What a frame in flight carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum InFlight {
+    /// A batch (or a whole snapshot) that ends at this seq; answered by an `Ack`.
+    Upto(u64),
+    /// A snapshot chunk that is not the last; answered by a `ChunkAck`.
+    Chunk { snapshot_id: u64, index: u64 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,11 +148,26 @@ pub struct Sender {
     sent_seq: u64,
     /// Highest seq the peer acknowledged on this stream.
     acked_seq: u64,
-    /// (batch id, last seq of the batch), oldest first.
-    inflight: VecDeque<(u64, u64)>,
+    /// (batch id, what it carries), oldest first.
+    inflight: VecDeque<(u64, InFlight)>,
+    /// The peer needs a snapshot, and its last chunk has not gone out yet.
     pending_snapshot: bool,
+    /// The peer takes snapshots in chunks (it sent `SnapshotResume`).
+    chunked: bool,
+    /// What the peer has staged, from its `SnapshotResume`.
+    resume: Option<StagedSnapshot>,
+    /// The snapshot being sent: kept until its last chunk is acknowledged.
+    reader: Option<SharedReader>,
+    /// A reader an earlier stream of the driver left, offered for a resume.
+    cached: Option<SharedReader>,
+    /// The next chunk of `reader` to send.
+    next_chunk: u64,
+    /// The batch id of the final frame of the snapshot in flight, and the snapshot's id.
+    snapshot_final: Option<(u64, u64)>,
     /// When the last ping went out.
     last_ping_ms: u64,
+    /// Events to report with the next snapshot frame (why that snapshot is sent).
+    notes: Vec<SenderEvent>,
 }
 
 impl Sender {
@@ -133,7 +189,14 @@ impl Sender {
             acked_seq: 0,
             inflight: VecDeque::new(),
             pending_snapshot: false,
+            chunked: false,
+            resume: None,
+            reader: None,
+            cached: None,
+            next_chunk: 0,
+            snapshot_final: None,
             last_ping_ms: now_ms,
+            notes: Vec::new(),
         };
         let hello = Frame::Hello { dc: s.local_dc.clone(), epoch: own.epoch, last_seq: own.seq };
         (s, hello)
@@ -153,6 +216,25 @@ impl Sender {
         self.inflight.len()
     }
 
+    /// Offers the reader of a snapshot an earlier stream was sending: if the peer staged
+    /// part of that very snapshot, this stream resumes it instead of starting over.
+    pub fn offer_reader(&mut self, reader: Option<SharedReader>) {
+        self.cached = reader;
+    }
+
+    /// The reader of the snapshot being sent (to keep for the next stream), if any.
+    pub fn reader(&self) -> Option<SharedReader> {
+        self.reader.clone()
+    }
+
+    /// True while snapshot chunks wait to be read and sent with [`Sender::poll_snapshot`].
+    pub fn wants_snapshot_read(&self) -> bool {
+        self.phase == SenderPhase::Streaming
+            && self.pending_snapshot
+            && self.reader.is_some()
+            && self.inflight.len() < self.tuning.window_batches_max
+    }
+
     /// Handles a frame from the receiver.
     pub fn handle_frame<L: EventLog + ?Sized>(
         &mut self,
@@ -160,6 +242,11 @@ impl Sender {
         frame: Frame,
     ) -> Result<Vec<SenderEvent>, StreamError> {
         match (self.phase, frame) {
+            (SenderPhase::AwaitHelloAck, Frame::SnapshotResume { staged }) => {
+                self.chunked = true;
+                self.resume = staged;
+                Ok(vec![])
+            }
             (SenderPhase::AwaitHelloAck, Frame::HelloAck { dc, mark, mark_event_id }) => {
                 if dc != self.peer_dc {
                     return Err(StreamError::new(
@@ -215,9 +302,26 @@ impl Sender {
                 self.phase = SenderPhase::Streaming;
                 Ok(vec![])
             }
+            (SenderPhase::Streaming, Frame::ChunkAck { batch_id, snapshot_id, index }) => {
+                match self.inflight.front() {
+                    Some(&(id, InFlight::Chunk { snapshot_id: s, index: i }))
+                        if id == batch_id && s == snapshot_id && i == index =>
+                    {
+                        self.inflight.pop_front();
+                        Ok(vec![SenderEvent::ChunkAcked { snapshot_id, index }])
+                    }
+                    other => Err(StreamError::new(
+                        RefuseCode::Invalid,
+                        format!("chunk ack {batch_id} ({snapshot_id}, {index}) but in flight: {other:?}"),
+                    )),
+                }
+            }
             (SenderPhase::Streaming, Frame::Ack { batch_id, mark }) => {
-                let Some(&(front_id, front_seq)) = self.inflight.front() else {
-                    return Err(StreamError::new(RefuseCode::Invalid, "ack with nothing in flight"));
+                let Some(&(front_id, InFlight::Upto(front_seq))) = self.inflight.front() else {
+                    return Err(StreamError::new(
+                        RefuseCode::Invalid,
+                        format!("ack {batch_id} but in flight: {:?}", self.inflight.front()),
+                    ));
                 };
                 if batch_id != front_id {
                     return Err(StreamError::new(
@@ -239,6 +343,14 @@ impl Sender {
                 }
                 self.inflight.pop_front();
                 self.acked_seq = mark.seq;
+                if let Some((_, snapshot_id)) = self.snapshot_final.filter(|(b, _)| *b == batch_id) {
+                    // Installed: the snapshot is done, its cut may go (unless a newer one
+                    // replaced it meanwhile).
+                    self.snapshot_final = None;
+                    if self.reader.as_ref().is_some_and(|r| r.lock().snapshot_id() == snapshot_id) {
+                        self.reader = None;
+                    }
+                }
                 Ok(vec![SenderEvent::PeerAcked(mark)])
             }
             (SenderPhase::Closed, _) => Err(StreamError::new(RefuseCode::Invalid, "stream closed")),
@@ -312,24 +424,33 @@ impl Sender {
             return Ok(None);
         }
         if self.pending_snapshot {
-            return self.snapshot_frame(log).map(Some);
+            self.open_snapshot(log)?;
+            return Ok(None);
         }
         if self.sent_seq < own.seq {
             match log.read_own(self.sent_seq, self.tuning.batch_events_max) {
-                Ok(events) if !events.is_empty() => {
+                Ok(mut events) if !events.is_empty() => {
+                    // Cut by bytes too: a batch of large records must fit a frame.
+                    let mut budget = snapshot::Budget::new(self.tuning.entry_bytes_max());
+                    let keep = events.iter().take_while(|e| budget.take(encode(*e).len())).count();
+                    events.truncate(keep);
                     let last = events.last().map_or(self.sent_seq, |e| e.seq);
                     let id = self.next_batch_id;
                     self.next_batch_id += 1;
-                    self.inflight.push_back((id, last));
+                    self.inflight.push_back((id, InFlight::Upto(last)));
                     self.sent_seq = last;
                     return Ok(Some((Frame::Batch { batch_id: id, events }, vec![])));
                 }
                 Ok(_) => {}
                 Err(LogError::Purged { .. }) => {
                     // Purged under our feet (the peer was not counted in the floor): only
-                    // a snapshot can bring it up to date.
+                    // a new snapshot can bring it up to date (not one sent before, whose
+                    // cut is below the floor too).
                     self.pending_snapshot = true;
-                    return self.snapshot_frame(log).map(Some);
+                    self.reader = None;
+                    self.resume = None;
+                    self.open_snapshot(log)?;
+                    return Ok(None);
                 }
                 Err(e @ (LogError::Corrupt(_) | LogError::Invalid(_))) => {
                     // A stored event the peer would refuse (or that does not decode) would
@@ -337,9 +458,11 @@ impl Sender {
                     // snapshot carries, moves the peer past it.
                     let after_seq = self.sent_seq;
                     self.pending_snapshot = true;
-                    let (frame, mut events) = self.snapshot_frame(log)?;
-                    events.push(SenderEvent::LogUnreadable { after_seq, error: e.to_string() });
-                    return Ok(Some((frame, events)));
+                    self.reader = None;
+                    self.resume = None;
+                    self.open_snapshot(log)?;
+                    self.notes.push(SenderEvent::LogUnreadable { after_seq, error: e.to_string() });
+                    return Ok(None);
                 }
                 Err(e) => return Err(StreamError::new(RefuseCode::Internal, e.to_string())),
             }
@@ -347,20 +470,91 @@ impl Sender {
         Ok(None)
     }
 
-    fn snapshot_frame<L: EventLog + ?Sized>(
-        &mut self,
-        log: &L,
-    ) -> Result<(Frame, Vec<SenderEvent>), StreamError> {
-        // A snapshot must not overtake batches in flight of the old cursor; wait for them.
-        let snapshot: Snapshot =
-            log.snapshot_own().map_err(|e| StreamError::new(RefuseCode::Internal, e.to_string()))?;
-        let mark = snapshot.mark;
+    /// Picks the cut to send (cheap: the reading happens in [`Sender::poll_snapshot`]): the
+    /// offered reader when the peer staged part of it, else a new cut of the log at its
+    /// current mark; then where to start: after what the peer staged of that cut.
+    fn open_snapshot<L: EventLog + ?Sized>(&mut self, log: &L) -> Result<(), StreamError> {
+        if self.reader.is_some() {
+            return Ok(());
+        }
+        let bytes_max = if self.chunked { self.tuning.entry_bytes_max() } else { usize::MAX };
+        let staged = self.resume.filter(|_| self.chunked);
+        let own_epoch = log.own_mark().epoch;
+        let cached = self.cached.take().filter(|r| {
+            let r = r.lock();
+            r.mark().epoch == own_epoch && staged.is_some_and(|s| s.snapshot_id == r.snapshot_id())
+        });
+        let reader = match cached {
+            Some(r) => r,
+            None => Arc::new(Mutex::new(
+                log.open_snapshot(bytes_max)
+                    .map_err(|e| StreamError::new(RefuseCode::Internal, e.to_string()))?,
+            )),
+        };
+        let id = reader.lock().snapshot_id();
+        self.next_chunk = staged.filter(|s| s.snapshot_id == id).map_or(0, |s| s.chunks);
+        self.reader = Some(reader);
+        Ok(())
+    }
+
+    /// The next frame of the snapshot being sent, read from its cut without the log (a
+    /// driver runs this off the log's thread): a chunk within the window, or the whole
+    /// snapshot in one frame for a peer that does not take chunks. Call until `Ok(None)`.
+    pub fn poll_snapshot(&mut self) -> Result<Option<(Frame, Vec<SenderEvent>)>, StreamError> {
+        if !self.wants_snapshot_read() {
+            return Ok(None);
+        }
+        let Some(reader) = self.reader.clone() else { return Ok(None) };
+        let internal = |e: LogError| StreamError::new(RefuseCode::Internal, e.to_string());
+        let mut r = reader.lock();
         let id = self.next_batch_id;
+        if !self.chunked {
+            let snapshot = snapshot::read_whole(&mut **r, &self.local_dc).map_err(internal)?;
+            let mark = snapshot.mark;
+            self.next_batch_id += 1;
+            self.inflight.push_back((id, InFlight::Upto(mark.seq)));
+            let snapshot_id = r.snapshot_id();
+            drop(r);
+            self.finish_snapshot(id, snapshot_id, mark);
+            let mut events = std::mem::take(&mut self.notes);
+            events.push(SenderEvent::SnapshotSent(mark));
+            return Ok(Some((Frame::Snapshot { batch_id: id, snapshot }, events)));
+        }
+        let index = self.next_chunk;
+        let chunk: SnapshotChunk = r.read_chunk(index).map_err(internal)?;
+        drop(r);
+        let bytes = (encode(&chunk.instances).len() + encode(&chunk.tombstones).len()) as u64;
+        let resumed =
+            index > 0 && self.resume.is_some_and(|s| s.snapshot_id == chunk.snapshot_id && s.chunks == index);
+        let mut events = std::mem::take(&mut self.notes);
+        events.push(SenderEvent::ChunkSent {
+            snapshot_id: chunk.snapshot_id,
+            index,
+            bytes,
+            last: chunk.last,
+            resumed,
+        });
         self.next_batch_id += 1;
-        self.inflight.push_back((id, mark.seq));
+        self.next_chunk += 1;
+        if chunk.last {
+            let mark = chunk.mark;
+            self.inflight.push_back((id, InFlight::Upto(mark.seq)));
+            self.finish_snapshot(id, chunk.snapshot_id, mark);
+            events.push(SenderEvent::SnapshotSent(mark));
+        } else {
+            self.inflight.push_back((id, InFlight::Chunk { snapshot_id: chunk.snapshot_id, index }));
+        }
+        Ok(Some((Frame::SnapshotChunk { batch_id: id, chunk }, events)))
+    }
+
+    /// The snapshot's last frame is out: batches continue after its cut.
+    fn finish_snapshot(&mut self, batch_id: u64, snapshot_id: u64, mark: Mark) {
         self.sent_seq = mark.seq;
         self.pending_snapshot = false;
-        Ok((Frame::Snapshot { batch_id: id, snapshot }, vec![SenderEvent::SnapshotSent(mark)]))
+        self.snapshot_final = Some((batch_id, snapshot_id));
+        if !self.chunked {
+            self.reader = None;
+        }
     }
 }
 
@@ -373,7 +567,11 @@ pub enum ReceiverAction {
     /// [`Receiver::applied`] with the report.
     Apply { batch_id: u64, events: Vec<ChangeEvent> },
     /// Install this snapshot durably, then call [`Receiver::applied`].
-    Install { batch_id: u64, snapshot: Snapshot },
+    Install { batch_id: u64, snapshot: tandem_schemas::Snapshot },
+    /// Stage this chunk durably ([`EventLog::stage_snapshot_chunk`]), then call
+    /// [`Receiver::chunk_staged`] (staged) or [`Receiver::applied`] (the last chunk
+    /// installed the snapshot, or the log refused it).
+    StageChunk { batch_id: u64, chunk: SnapshotChunk },
     /// The origin purged up to `upto_seq`: drop its tombstones at or below.
     PurgeTombstones { upto_seq: u64 },
     /// Liveness and lag: the origin is at `last_seq` of `epoch`, its clock read
@@ -402,9 +600,13 @@ pub struct Receiver {
     /// The origin epoch named in the Hello and the mark sent back in the HelloAck: the view
     /// of this receiver that the sender acts on.
     handshake: Option<(u64, Option<Mark>)>,
+    /// `Some` when this receiver takes chunked snapshots: what it has staged of the
+    /// origin, announced in a `SnapshotResume` before the `HelloAck`.
+    chunks: Option<Option<StagedSnapshot>>,
 }
 
 impl Receiver {
+    /// A receiver that takes snapshots in one frame only (the schema-1 peer's view).
     pub fn new(local_dc: &str, channel_dc: &str) -> Self {
         Receiver {
             local_dc: local_dc.to_owned(),
@@ -412,11 +614,24 @@ impl Receiver {
             phase: ReceiverPhase::AwaitHello,
             applying: None,
             handshake: None,
+            chunks: None,
         }
+    }
+
+    /// A receiver that takes snapshots in chunks, and has `staged` of the origin (from
+    /// [`EventLog::staged_snapshot`] at the start of the stream).
+    pub fn chunked(local_dc: &str, channel_dc: &str, staged: Option<StagedSnapshot>) -> Self {
+        Receiver { chunks: Some(staged), ..Receiver::new(local_dc, channel_dc) }
     }
 
     pub fn channel_dc(&self) -> &str {
         &self.channel_dc
+    }
+
+    /// Takes snapshots in one frame only: the sender's Hello was of a schema version
+    /// without chunked snapshots. Call before handing the Hello to [`Receiver::handle_frame`].
+    pub fn whole_snapshots_only(&mut self) {
+        self.chunks = None;
     }
 
     /// Handles a frame from the sender. `mark` is the receiver's current mark of the
@@ -450,42 +665,33 @@ impl Receiver {
                 }
                 self.phase = ReceiverPhase::Streaming;
                 self.handshake = Some((epoch, mark));
-                let ack = Frame::HelloAck { dc: self.local_dc.clone(), mark, mark_event_id };
-                let mut actions = vec![ReceiverAction::Send(ack)];
-                if epoch >= held {
-                    actions.push(ReceiverAction::Contact {
-                        epoch,
-                        last_seq,
-                        origin_now_ms: 0,
-                        caught_up: false,
-                    });
+                let mut out = Vec::with_capacity(3);
+                if let Some(staged) = self.chunks {
+                    out.push(ReceiverAction::Send(Frame::SnapshotResume { staged }));
                 }
-                Ok(actions)
+                out.push(ReceiverAction::Send(Frame::HelloAck {
+                    dc: self.local_dc.clone(),
+                    mark,
+                    mark_event_id,
+                }));
+                if epoch >= held {
+                    out.push(ReceiverAction::Contact { epoch, last_seq, origin_now_ms: 0, caught_up: false });
+                }
+                Ok(out)
             }
             (ReceiverPhase::Streaming, Frame::Batch { batch_id, events }) => {
                 self.begin_apply(batch_id)?;
                 Ok(vec![ReceiverAction::Apply { batch_id, events }])
             }
             (ReceiverPhase::Streaming, Frame::Snapshot { batch_id, snapshot }) => {
-                // A snapshot of another epoch replaces whatever the receiver holds, so it
-                // must answer the view the sender saw: the mark is still in the epoch the
-                // HelloAck reported (or already in the snapshot's, where the merge refuses
-                // a regression). Else a session the peer has not yet noticed is dead (a
-                // half-open connection of an earlier incarnation of the origin) could put
-                // a replaced epoch back over the one a newer session installed.
-                let held = mark.map(|m| m.epoch);
-                let seen = self.handshake.and_then(|(_, m)| m).map(|m| m.epoch);
-                if held != Some(snapshot.mark.epoch) && held != seen {
-                    return Err(StreamError::new(
-                        RefuseCode::Gap,
-                        format!(
-                            "the mark moved from epoch {seen:?} to {held:?} under this stream; \
-                             reconnect to see it"
-                        ),
-                    ));
-                }
+                self.check_snapshot_epoch(mark, snapshot.mark)?;
                 self.begin_apply(batch_id)?;
                 Ok(vec![ReceiverAction::Install { batch_id, snapshot }])
+            }
+            (ReceiverPhase::Streaming, Frame::SnapshotChunk { batch_id, chunk }) => {
+                self.check_snapshot_epoch(mark, chunk.mark)?;
+                self.begin_apply(batch_id)?;
+                Ok(vec![ReceiverAction::StageChunk { batch_id, chunk }])
             }
             (ReceiverPhase::Streaming, Frame::Ping { last_seq, floor_seq, now_ms }) => {
                 // Once the handshake is done the receiver holds nothing of the origin or
@@ -525,6 +731,32 @@ impl Receiver {
                 format!("unexpected {} in phase {phase:?}", frame_name(&other)),
             )),
         }
+    }
+
+    /// A snapshot of another epoch replaces whatever the receiver holds, so it must answer
+    /// the view the sender saw: the mark is still in the epoch the HelloAck reported (or
+    /// already in the snapshot's, where the merge refuses a regression). Else a session the
+    /// peer has not yet noticed is dead (a half-open connection of an earlier incarnation
+    /// of the origin) could put a replaced epoch back over the one a newer session
+    /// installed.
+    fn check_snapshot_epoch(&self, mark: Option<Mark>, cut: Mark) -> Result<(), StreamError> {
+        let held = mark.map(|m| m.epoch);
+        let seen = self.handshake.and_then(|(_, m)| m).map(|m| m.epoch);
+        if held != Some(cut.epoch) && held != seen {
+            return Err(StreamError::new(
+                RefuseCode::Gap,
+                format!(
+                    "the mark moved from epoch {seen:?} to {held:?} under this stream; reconnect to see it"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Chunk `index` of `snapshot_id` (batch `batch_id`) is durably staged: the ack to send.
+    pub fn chunk_staged(&mut self, batch_id: u64, snapshot_id: u64, index: u64) -> Frame {
+        self.applying = None;
+        Frame::ChunkAck { batch_id, snapshot_id, index }
     }
 
     fn begin_apply(&mut self, batch_id: u64) -> Result<(), StreamError> {
@@ -573,5 +805,8 @@ fn frame_name(f: &Frame) -> &'static str {
         Frame::Ack { .. } => "Ack",
         Frame::Ping { .. } => "Ping",
         Frame::Refuse { .. } => "Refuse",
+        Frame::SnapshotChunk { .. } => "SnapshotChunk",
+        Frame::ChunkAck { .. } => "ChunkAck",
+        Frame::SnapshotResume { .. } => "SnapshotResume",
     }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use tandem_replicator::epoch;
 use tandem_replicator::log::conformance::{ev, record};
-use tandem_replicator::log::{ApplyReport, EventLog, LogError, MemLog};
+use tandem_replicator::log::{ApplyReport, ChunkOutcome, EventLog, LogError, MemLog};
 use tandem_replicator::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamError, StreamTuning};
 use tandem_schemas::{DeregisterReason, Frame, InstanceRecord, Op};
 
@@ -53,6 +53,17 @@ fn receive(log: &mut MemLog, receiver: &mut Receiver, frame: Frame) -> Result<Ve
                 };
                 out.push(receiver.applied(batch_id, &report)?);
             }
+            ReceiverAction::StageChunk { batch_id, chunk } => match log.stage_snapshot_chunk(&origin, &chunk)
+            {
+                Ok(ChunkOutcome::Staged(_)) => {
+                    out.push(receiver.chunk_staged(batch_id, chunk.snapshot_id, chunk.index))
+                }
+                Ok(ChunkOutcome::Installed(report)) => out.push(receiver.applied(batch_id, &report)?),
+                Err(LogError::Refused(r)) => out.push(
+                    receiver.applied(batch_id, &ApplyReport { refusal: Some(r), ..Default::default() })?,
+                ),
+                Err(e) => panic!("storage: {e}"),
+            },
             ReceiverAction::PurgeTombstones { upto_seq } => {
                 log.purge_remote_tombstones(&origin, upto_seq).unwrap()
             }
@@ -78,7 +89,9 @@ enum Outcome {
 /// One session: handshake, then every frame the sender has at `now_ms`.
 fn session(origin: &mut MemLog, peer: &mut MemLog, now_ms: u64) -> Outcome {
     let (mut sender, hello) = Sender::new(&*origin, peer.local_dc(), StreamTuning::default(), now_ms);
-    let mut receiver = Receiver::new(peer.local_dc(), origin.local_dc());
+    // A schema 2 peer: snapshots in chunks, resumed from what it staged.
+    let staged = peer.staged_snapshot(origin.local_dc()).unwrap();
+    let mut receiver = Receiver::chunked(peer.local_dc(), origin.local_dc(), staged);
     let mut inbox = vec![hello];
     loop {
         let mut answers = Vec::new();
@@ -106,6 +119,8 @@ fn session(origin: &mut MemLog, peer: &mut MemLog, now_ms: u64) -> Outcome {
                             SenderEvent::Fenced { reason } => return Outcome::Fenced(reason),
                             SenderEvent::PeerAcked(_)
                             | SenderEvent::SnapshotSent(_)
+                            | SenderEvent::ChunkSent { .. }
+                            | SenderEvent::ChunkAcked { .. }
                             | SenderEvent::LogUnreadable { .. } => {}
                         }
                     }
@@ -114,7 +129,12 @@ fn session(origin: &mut MemLog, peer: &mut MemLog, now_ms: u64) -> Outcome {
         }
         match sender.poll_transmit(&*origin, now_ms) {
             Ok(Some((f, _))) => inbox.push(f),
-            Ok(None) => return Outcome::Idle,
+            // Snapshot chunks are read from their cut, off the log (as the gateway does).
+            Ok(None) => match sender.poll_snapshot() {
+                Ok(Some((f, _))) => inbox.push(f),
+                Ok(None) => return Outcome::Idle,
+                Err(e) => return Outcome::Refused(e.to_string()),
+            },
             Err(e) => return Outcome::Refused(e.to_string()),
         }
     }

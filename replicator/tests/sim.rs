@@ -75,13 +75,15 @@ use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tandem_replicator::log::conformance::{ev, key, record};
-use tandem_replicator::log::{ApplyReport, EventLog, LogError, MemLog, StateChange};
+use tandem_replicator::log::{
+    ApplyReport, ChunkOutcome, EventLog, LogError, MemLog, SharedReader, StateChange,
+};
 use tandem_replicator::merge::{Held, Refusal};
 use tandem_replicator::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamError, StreamTuning};
 use tandem_replicator::purge;
 use tandem_schemas::{
     decode_frame, encode_frame, ChangeEvent, DeregisterReason, Frame, InstanceRecord, Mark, Op, RefuseCode,
-    FRAME_BYTES_MAX, SNAPSHOT_FRAME_BYTES_MAX,
+    FRAME_BYTES_MAX, FRAME_HEADROOM_BYTES, SNAPSHOT_FRAME_BYTES_MAX,
 };
 
 const DC_NAMES: [&str; 3] = ["dc-a", "dc-b", "dc-c"];
@@ -130,6 +132,8 @@ struct Params {
     /// A fault storm: many more faults, and DCs that come back from data loss at once,
     /// while frames of their dead incarnation are still in flight.
     storm: bool,
+    /// Receivers take snapshots in chunks (else in one frame, as a schema-1 peer).
+    chunked: bool,
 }
 
 impl Params {
@@ -154,6 +158,7 @@ impl Params {
                 batch_events_max: rng.gen_range(1..=8),
                 window_batches_max: rng.gen_range(1..=4),
                 ping_interval_ms: rng.gen_range(100..=1_000),
+                ..StreamTuning::default()
             },
             purge: if rng.gen_bool(0.4) {
                 PurgePolicy::DropSilentPeers { silent_ms: rng.gen_range(500..=3_000) }
@@ -164,8 +169,28 @@ impl Params {
             append_gap_ms_max: rng.gen_range(100..=400),
             links,
             storm: rng.gen_bool(0.25),
+            chunked: true,
         }
     }
+
+    /// Decided by the seed without drawing from the run's generator, so that adding these
+    /// knobs kept every seed's other draws: three seeds in four stream snapshots in chunks,
+    /// under a frame limit of a few records (so a snapshot takes several chunks and batches
+    /// are cut by bytes); the fourth runs the single-frame path of a schema-1 peer.
+    fn set_framing(&mut self, seed: u64) {
+        self.chunked = seed % 4 != 3;
+        self.tuning.frame_bytes_max = FRAME_HEADROOM_BYTES + 120 * (1 + (seed / 4) % 4) as usize;
+    }
+}
+
+/// How a run frames snapshots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Framing {
+    /// As [`Params::set_framing`] decides from the seed.
+    BySeed,
+    /// Snapshots in one frame and the full frame limit: the framing the seeds pinned in
+    /// `regression_seeds` were found with (before snapshots went in chunks).
+    SingleFrame,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -270,6 +295,11 @@ struct Stream {
     /// A lingering receiver changed the peer's mark of the origin while the current
     /// connection was up: its cursor may be stale.
     interfered: bool,
+    /// The snapshot reader the origin keeps across this stream's connections (the
+    /// gateway's per-peer cache), for resumes.
+    reader: Option<SharedReader>,
+    /// What the peer had staged of the origin when the current connection opened.
+    staged_at_connect: Option<tandem_schemas::StagedSnapshot>,
 }
 
 /// One epoch of one origin's history, as the oracle remembers it (never purged).
@@ -342,6 +372,10 @@ struct Stats {
     /// Live connections that ended because a lingering receiver moved the mark under them.
     interference_refusals: u64,
     partitions: u64,
+    /// Snapshot chunks staged at receivers (the last chunk of each snapshot included).
+    snapshot_chunks: u64,
+    /// Snapshots installed from chunks whose staging spanned more than one connection.
+    snapshots_resumed: u64,
     converged_after_ms: u64,
 }
 
@@ -374,9 +408,16 @@ fn record_at(owner: &str, id: &str, epoch: u64, seq: u64) -> InstanceRecord {
 }
 
 impl World {
-    fn new(seed: u64, trace: bool) -> World {
+    fn with_framing(seed: u64, trace: bool, framing: Framing) -> World {
         let mut rng = StdRng::seed_from_u64(seed);
-        let p = Params::draw(&mut rng);
+        let mut p = Params::draw(&mut rng);
+        match framing {
+            Framing::BySeed => p.set_framing(seed),
+            Framing::SingleFrame => p.tuning.frame_bytes_max = FRAME_BYTES_MAX,
+        }
+        if matches!(framing, Framing::SingleFrame) {
+            p.chunked = false;
+        }
         let mut oracle = Vec::new();
         let mut dcs = Vec::new();
         for name in &DC_NAMES[..p.dcs] {
@@ -409,6 +450,8 @@ impl World {
                         frames_sent: 0,
                         lingering: Vec::new(),
                         interfered: false,
+                        reader: None,
+                        staged_at_connect: None,
                     });
                 }
             }
@@ -540,7 +583,9 @@ impl World {
                 backlog = backlog.max(own.seq - held.map_or(0, |m| m.seq.min(own.seq)));
             }
         }
-        let per_round = (self.p.tuning.batch_events_max * self.p.tuning.window_batches_max) as u64;
+        // Batches are cut by bytes too: a sim event encodes to under 300 bytes.
+        let batch = self.p.tuning.batch_events_max.min((self.p.tuning.entry_bytes_max() / 300).max(1));
+        let per_round = (batch * self.p.tuning.window_batches_max) as u64;
         let links = self.p.links.iter().flatten();
         let rtt_ms = 2 * links.clone().map(|l| l.delay_ms + l.jitter_ms).max().unwrap_or(0)
             + 2 * links.map(|l| if l.loss > 0.0 { l.rto_ms } else { 0 }).max().unwrap_or(0);
@@ -623,12 +668,24 @@ impl World {
         if dir == Dir::ToPeer {
             self.streams[stream].frames_sent += 1;
         }
+        let bytes = encode_frame(frame);
+        // The frame limit holds for every frame but a single-frame snapshot (the schema-1
+        // path, which has its own limit).
+        if !matches!(frame, Frame::Snapshot { .. }) {
+            assert!(
+                bytes.len() <= self.p.tuning.frame_bytes_max,
+                "a frame of {} bytes exceeds the limit of {}: {}",
+                bytes.len(),
+                self.p.tuning.frame_bytes_max,
+                describe(frame)
+            );
+        }
         let lane = dir as usize;
         let arrival = (self.now + delay).max(self.streams[stream].last_arrival_ms[lane]);
         self.streams[stream].last_arrival_ms[lane] = arrival;
         let gen = self.streams[stream].gen;
         self.stats.frames += 1;
-        self.at(arrival, Ev::Deliver { stream, gen, dir, bytes: encode_frame(frame) });
+        self.at(arrival, Ev::Deliver { stream, gen, dir, bytes });
     }
 
     /// The connection dies and the origin redials after a backoff (once it is up). The
@@ -671,9 +728,16 @@ impl World {
             return;
         }
         self.stats.connects += 1;
-        let (sender, hello) =
+        let (mut sender, hello) =
             Sender::new(&self.dcs[origin].log, self.dcs[peer].name, self.p.tuning.clone(), self.now);
-        let receiver = Receiver::new(self.dcs[peer].name, self.dcs[origin].name);
+        sender.offer_reader(self.streams[stream].reader.take());
+        let (pname, oname) = (self.dcs[peer].name, self.dcs[origin].name);
+        self.streams[stream].staged_at_connect = self.dcs[peer].log.staged_snapshot(oname).unwrap();
+        let receiver = if self.p.chunked {
+            Receiver::chunked(pname, oname, self.dcs[peer].log.staged_snapshot(oname).unwrap())
+        } else {
+            Receiver::new(pname, oname)
+        };
         let st = &mut self.streams[stream];
         st.gen += 1;
         st.acked_seq = 0;
@@ -728,10 +792,12 @@ impl World {
         let frame = decode_frame(bytes, SNAPSHOT_FRAME_BYTES_MAX).expect("the codec round-trips our frames");
         self.stats.lingering_frames += 1;
         let (origin, peer) = (self.streams[stream].origin, self.streams[stream].peer);
-        let before = self.dcs[peer].log.mark_of(self.dcs[origin].name);
+        let oname = self.dcs[origin].name;
+        let peer_view =
+            |w: &World| (w.dcs[peer].log.mark_of(oname), w.dcs[peer].log.staged_snapshot(oname).unwrap());
+        let before = peer_view(self);
         let res = self.at_receiver(stream, &mut receiver, frame, false);
-        if self.dcs[peer].log.mark_of(self.dcs[origin].name) != before && self.streams[stream].conn.is_some()
-        {
+        if peer_view(self) != before && self.streams[stream].conn.is_some() {
             self.streams[stream].interfered = true;
         }
         match res {
@@ -798,6 +864,61 @@ impl World {
                     self.check_dc(peer);
                     self.answer(stream, receiver, batch_id, &report, answer)?;
                 }
+                ReceiverAction::StageChunk { batch_id, chunk } => {
+                    assert!(chunk.instances.iter().all(|i| *i.record.key.owner_dc == *oname));
+                    assert!(chunk.tombstones.iter().all(|t| *t.key.owner_dc == *oname));
+                    let (id, index, cut) = (chunk.snapshot_id, chunk.index, chunk.mark);
+                    let staged_before = self.dcs[peer].log.staged_snapshot(oname).unwrap();
+                    let view_before =
+                        (self.dcs[peer].log.instances().unwrap(), self.dcs[peer].log.tombstones().unwrap());
+                    let outcome = match self.dcs[peer].log.stage_snapshot_chunk(oname, &chunk) {
+                        Ok(o) => o,
+                        Err(LogError::Refused(r)) => {
+                            ChunkOutcome::Installed(ApplyReport { refusal: Some(r), ..Default::default() })
+                        }
+                        Err(e) => return Err(Fail::Other(e.to_string())),
+                    };
+                    match outcome {
+                        ChunkOutcome::Staged(_) => {
+                            // Staging never touches the state: the old state stays whole.
+                            let view_after = (
+                                self.dcs[peer].log.instances().unwrap(),
+                                self.dcs[peer].log.tombstones().unwrap(),
+                            );
+                            assert_eq!(view_before, view_after, "staging a chunk changed the state");
+                            assert_eq!(
+                                self.dcs[peer].log.mark_of(oname),
+                                mark,
+                                "staging a chunk moved the mark"
+                            );
+                            self.stats.snapshot_chunks += 1;
+                            let ack = receiver.chunk_staged(batch_id, id, index);
+                            if answer {
+                                self.send(stream, Dir::ToOrigin, &ack);
+                            }
+                        }
+                        ChunkOutcome::Installed(report) => {
+                            if report.refusal.is_none() {
+                                self.stats.snapshot_chunks += 1;
+                                match mark {
+                                    Some(m) if m.epoch != cut.epoch => self.stats.snapshots_new_epoch += 1,
+                                    Some(_) | None => self.stats.snapshots_behind_floor += 1,
+                                }
+                                // Staged by an earlier connection: the transfer was resumed.
+                                let at_connect = self.streams[stream].staged_at_connect;
+                                if staged_before.is_some_and(|s| s.snapshot_id == id)
+                                    && at_connect.is_some_and(|s| s.snapshot_id == id && s.chunks > 0)
+                                {
+                                    self.stats.snapshots_resumed += 1;
+                                }
+                                assert_eq!(self.dcs[peer].log.staged_snapshot(oname).unwrap(), None);
+                            }
+                            self.check_report(oname, &report);
+                            self.check_dc(peer);
+                            self.answer(stream, receiver, batch_id, &report, answer)?;
+                        }
+                    }
+                }
                 ReceiverAction::PurgeTombstones { upto_seq } => {
                     let before = self.dcs[peer].log.tombstones().unwrap().len();
                     self.dcs[peer]
@@ -859,7 +980,10 @@ impl World {
                     dc.acks.insert(peer, m);
                     dc.last_ack_ms.insert(peer, self.now);
                 }
-                SenderEvent::SnapshotSent(_) => unreachable!("only poll_transmit sends snapshots"),
+                SenderEvent::ChunkAcked { .. } => {}
+                SenderEvent::SnapshotSent(_) | SenderEvent::ChunkSent { .. } => {
+                    unreachable!("only poll_snapshot sends snapshots")
+                }
                 SenderEvent::LogUnreadable { .. } => unreachable!("the simulation logs hold valid events"),
                 // Histories never go back in this model and every new one is minted above
                 // all earlier ones (tests/epochs.rs drives these paths).
@@ -876,7 +1000,11 @@ impl World {
         let Some(mut conn) = self.streams[stream].conn.take() else { return };
         let origin = self.streams[stream].origin;
         for _ in 0..POLL_FRAMES_MAX {
-            match conn.sender.poll_transmit(&self.dcs[origin].log, self.now) {
+            let polled = match conn.sender.poll_transmit(&self.dcs[origin].log, self.now) {
+                Ok(None) => conn.sender.poll_snapshot(),
+                other => other,
+            };
+            match polled {
                 Ok(Some((frame, events))) => {
                     for e in events {
                         match e {
@@ -888,7 +1016,9 @@ impl World {
                                     self.stats.snapshots_mid_stream += 1;
                                 }
                             }
+                            SenderEvent::ChunkSent { .. } => {}
                             SenderEvent::PeerAcked(_)
+                            | SenderEvent::ChunkAcked { .. }
                             | SenderEvent::NewEpoch { .. }
                             | SenderEvent::Fenced { .. } => unreachable!("these come from handle_frame"),
                             SenderEvent::LogUnreadable { .. } => {
@@ -907,6 +1037,7 @@ impl World {
             }
         }
         assert!(conn.sender.inflight_batches() <= self.p.tuning.window_batches_max);
+        self.streams[stream].reader = conn.sender.reader();
         self.streams[stream].conn = Some(conn);
     }
 
@@ -1031,8 +1162,10 @@ impl World {
                 self.streams[s].lingering.clear();
                 self.kill(s, "crash", false);
             } else if self.streams[s].origin == dc {
-                // What the origin sent before it died may still arrive.
+                // What the origin sent before it died may still arrive; the snapshot
+                // readers it held are gone with the process.
                 self.kill(s, "crash", true);
+                self.streams[s].reader = None;
             }
         }
         let incarnation = self.dcs[dc].incarnation;
@@ -1226,6 +1359,19 @@ fn describe(f: &Frame) -> String {
         Frame::Ack { batch_id, mark } => format!("Ack {batch_id} {mark:?}"),
         Frame::Ping { last_seq, floor_seq, .. } => format!("Ping last {last_seq} floor {floor_seq}"),
         Frame::Refuse { code, message } => format!("Refuse {code:?} {message}"),
+        Frame::SnapshotChunk { batch_id, chunk } => format!(
+            "SnapshotChunk {batch_id} of {:#x} #{} at {:?}: {} live, {} tombstones{}",
+            chunk.snapshot_id,
+            chunk.index,
+            chunk.mark,
+            chunk.instances.len(),
+            chunk.tombstones.len(),
+            if chunk.last { ", last" } else { "" }
+        ),
+        Frame::ChunkAck { batch_id, snapshot_id, index } => {
+            format!("ChunkAck {batch_id} {snapshot_id:#x} #{index}")
+        }
+        Frame::SnapshotResume { staged } => format!("SnapshotResume {staged:?}"),
     }
 }
 
@@ -1246,8 +1392,8 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// Runs one seed, catching a failure to name the seed and how to replay it.
-fn run_seed(seed: u64, trace: bool) -> Result<Stats, String> {
-    catch_unwind(AssertUnwindSafe(|| World::new(seed, trace).run())).map_err(|panic| {
+fn run_seed_framed(seed: u64, trace: bool, framing: Framing) -> Result<Stats, String> {
+    catch_unwind(AssertUnwindSafe(|| World::with_framing(seed, trace, framing).run())).map_err(|panic| {
         let msg = panic
             .downcast_ref::<String>()
             .cloned()
@@ -1261,11 +1407,19 @@ fn run_seed(seed: u64, trace: bool) -> Result<Stats, String> {
 }
 
 fn run_seeds(seeds: impl IntoIterator<Item = u64>, trace: bool) -> Vec<(u64, Stats)> {
+    run_seeds_framed(seeds, trace, Framing::BySeed)
+}
+
+fn run_seeds_framed(
+    seeds: impl IntoIterator<Item = u64>,
+    trace: bool,
+    framing: Framing,
+) -> Vec<(u64, Stats)> {
     let started = Instant::now();
     let per_seed = std::env::var_os("TANDEM_SIM_STATS").is_some();
     let mut out = Vec::new();
     for seed in seeds {
-        match run_seed(seed, trace) {
+        match run_seed_framed(seed, trace, framing) {
             Ok(stats) => {
                 if per_seed {
                     eprintln!("seed {seed}: {stats:?}");
@@ -1280,7 +1434,8 @@ fn run_seeds(seeds: impl IntoIterator<Item = u64>, trace: bool) -> Vec<(u64, Sta
         "{} seeds in {:?}: {} events, {} frames, {} stream deaths, {} crashes ({} with data loss), \
          {} partitions, {} snapshots sent ({} mid-stream), installed {} for a new epoch and {} \
          behind the floor, {} purges, {} tombstone purges, {} duplicates, {} frames to lingering \
-         receivers ({} refused), {} streams ended by such interference; slowest convergence {} ms",
+         receivers ({} refused), {} streams ended by such interference, {} snapshot chunks staged, {} \
+         snapshots resumed; slowest convergence {} ms",
         out.len(),
         started.elapsed(),
         total(|s| s.events_appended),
@@ -1299,6 +1454,8 @@ fn run_seeds(seeds: impl IntoIterator<Item = u64>, trace: bool) -> Vec<(u64, Sta
         total(|s| s.lingering_frames),
         total(|s| s.lingering_refusals),
         total(|s| s.interference_refusals),
+        total(|s| s.snapshot_chunks),
+        total(|s| s.snapshots_resumed),
         out.iter().map(|(_, s)| s.converged_after_ms).max().unwrap_or(0),
     );
     out
@@ -1379,7 +1536,7 @@ fn regression_seeds() {
             s.converged_after_ms > 20_000
         }),
     ];
-    let out = run_seeds(seeds.iter().map(|(seed, _, _)| *seed), false);
+    let out = run_seeds_framed(seeds.iter().map(|(seed, _, _)| *seed), false, Framing::SingleFrame);
     for ((seed, covers, check), (_, stats)) in seeds.iter().zip(&out) {
         assert!(check(stats), "seed {seed} no longer covers {covers}: {stats:?}");
     }
@@ -1416,6 +1573,17 @@ fn receive(log: &mut MemLog, receiver: &mut Receiver, frame: Frame) -> Result<Ve
                 };
                 out.push(receiver.applied(batch_id, &report)?);
             }
+            ReceiverAction::StageChunk { batch_id, chunk } => match log.stage_snapshot_chunk(&origin, &chunk)
+            {
+                Ok(ChunkOutcome::Staged(_)) => {
+                    out.push(receiver.chunk_staged(batch_id, chunk.snapshot_id, chunk.index))
+                }
+                Ok(ChunkOutcome::Installed(report)) => out.push(receiver.applied(batch_id, &report)?),
+                Err(LogError::Refused(r)) => out.push(
+                    receiver.applied(batch_id, &ApplyReport { refusal: Some(r), ..Default::default() })?,
+                ),
+                Err(e) => panic!("storage: {e}"),
+            },
             ReceiverAction::PurgeTombstones { upto_seq } => {
                 log.purge_remote_tombstones(&origin, upto_seq).unwrap()
             }
@@ -1437,7 +1605,9 @@ fn handshake(origin: &MemLog, peer: &mut MemLog, now_ms: u64) -> (Sender, Receiv
 
 /// Runs a stream until the sender has nothing more to send at `now_ms`.
 fn pump(origin: &MemLog, sender: &mut Sender, peer: &mut MemLog, receiver: &mut Receiver, now_ms: u64) {
-    while let Some((frame, _)) = sender.poll_transmit(origin, now_ms).unwrap() {
+    while let Some((frame, _)) =
+        sender.poll_transmit(origin, now_ms).unwrap().or_else(|| sender.poll_snapshot().unwrap())
+    {
         for answer in receive(peer, receiver, frame).unwrap() {
             sender.handle_frame(origin, answer).unwrap();
         }
@@ -1494,7 +1664,8 @@ fn half_open_session_cannot_install_a_snapshot_of_a_replaced_epoch() {
     a1.purge_own(1).unwrap();
     let mut b = MemLog::new("dc-b", 7);
     let (mut s1, mut r1) = handshake(&a1, &mut b, 0);
-    let (snapshot, _) = s1.poll_transmit(&a1, 0).unwrap().unwrap();
+    assert!(s1.poll_transmit(&a1, 0).unwrap().is_none(), "the snapshot comes from poll_snapshot");
+    let (snapshot, _) = s1.poll_snapshot().unwrap().unwrap();
     assert!(matches!(snapshot, Frame::Snapshot { .. }));
 
     let mut a2 = MemLog::new("dc-a", 2 << 20);

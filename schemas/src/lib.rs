@@ -15,8 +15,11 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+mod chunk;
 mod v1;
 mod validate;
+
+pub use chunk::{SnapshotChunk, StagedSnapshot, FRAME_HEADROOM_BYTES};
 
 pub use validate::{
     validate_address, validate_dc, validate_event, validate_instance_id, validate_key, validate_name,
@@ -36,7 +39,9 @@ pub const SCHEMA_VERSION_MIN: u16 = 1;
 /// Largest encoded frame a peer may send (one batch of events or one control message).
 pub const FRAME_BYTES_MAX: usize = 8 * 1024 * 1024;
 
-/// Largest encoded snapshot frame. Snapshots carry one origin's whole live state.
+/// Largest encoded single-frame snapshot ([`Frame::Snapshot`], the schema-1 path for peers
+/// that do not stream snapshots in chunks). Chunked snapshots ([`Frame::SnapshotChunk`])
+/// keep to [`FRAME_BYTES_MAX`]; this limit goes away with the single-frame path.
 pub const SNAPSHOT_FRAME_BYTES_MAX: usize = 256 * 1024 * 1024;
 
 /// Most events one batch frame may carry.
@@ -192,6 +197,17 @@ pub enum Frame {
     Ping { last_seq: u64, floor_seq: u64, now_ms: u64 },
     /// Either way: a fatal refusal with a reason; the connection closes after it.
     Refuse { code: RefuseCode, message: String },
+    // Snapshot streaming (see the `chunk` module). New variants go at the end: earlier
+    // variants keep their bytes.
+    /// Sender -> receiver: one chunk of a snapshot of the sender's origin. The receiver
+    /// stages it durably and answers with a `ChunkAck`; the last chunk is installed with
+    /// everything staged before it, atomically, and answered with an `Ack`.
+    SnapshotChunk { batch_id: u64, chunk: SnapshotChunk },
+    /// Receiver -> sender: chunk `index` of `snapshot_id` is durably staged.
+    ChunkAck { batch_id: u64, snapshot_id: u64, index: u64 },
+    /// Receiver -> sender, just before the `HelloAck`, from a receiver that takes chunked
+    /// snapshots: what it has staged of the sender's origin (`None`: nothing).
+    SnapshotResume { staged: Option<StagedSnapshot> },
 }
 
 /// Why a peer refused the other end.

@@ -2,8 +2,10 @@
 //! upgrade, writes) the frames of peers that do not speak version 2 yet.
 //!
 //! Differences from version 2: `HelloAck` has no `mark_event_id`, and `RefuseCode` has
-//! no `Fenced` (written as `CursorRegressed`, whose message says why). Every other type is
-//! byte-identical in both versions and is shared.
+//! no `Fenced` (written as `CursorRegressed`, whose message says why), and there are no
+//! chunked-snapshot frames (`SnapshotChunk`, `ChunkAck`, `SnapshotResume`): a version 1
+//! peer gets whole `Snapshot` frames. Every other type is byte-identical in both versions
+//! and is shared.
 
 use serde::{Deserialize, Serialize};
 
@@ -63,6 +65,15 @@ pub(crate) fn encode(frame: &Frame) -> Result<Vec<u8>, EncodeError> {
                 | RefuseCode::Internal) => c,
             };
             FrameV1::Refuse { code, message }
+        }
+        Frame::SnapshotChunk { .. } => {
+            return Err(EncodeError::NoSuchFrame { version: VERSION, frame: "SnapshotChunk" })
+        }
+        Frame::ChunkAck { .. } => {
+            return Err(EncodeError::NoSuchFrame { version: VERSION, frame: "ChunkAck" })
+        }
+        Frame::SnapshotResume { .. } => {
+            return Err(EncodeError::NoSuchFrame { version: VERSION, frame: "SnapshotResume" })
         }
     };
     let env = EnvelopeV1 { schema_version: VERSION, frame };

@@ -3,7 +3,10 @@
 //! The same limits guard the HTTP API (clients) and the replication stream (peers), so a
 //! record accepted by one DC is always accepted by the other.
 
-use crate::{ChangeEvent, Frame, InstanceKey, InstanceRecord, Op, Snapshot, BATCH_EVENTS_MAX};
+use crate::{
+    ChangeEvent, Frame, InstanceKey, InstanceRecord, Mark, Op, Snapshot, SnapshotInstance, Tombstone,
+    BATCH_EVENTS_MAX,
+};
 
 /// Size limits of instance fields. Documented in docs/schemas.md.
 #[derive(Clone, Copy, Debug)]
@@ -200,15 +203,30 @@ pub fn validate_event(ev: &ChangeEvent) -> Result<(), ValidationError> {
 
 fn validate_snapshot(s: &Snapshot) -> Result<(), ValidationError> {
     validate_dc("origin_dc", &s.origin_dc)?;
-    for i in &s.instances {
+    validate_snapshot_entries(Some(&s.origin_dc), s.mark, &s.instances, &s.tombstones)
+}
+
+/// The entries of a snapshot or chunk: valid, of one owner (`owner`, or the first entry's
+/// when a chunk does not name its origin; the receiver checks it against its channel), and
+/// at or below the cut.
+fn validate_snapshot_entries(
+    owner: Option<&str>,
+    mark: Mark,
+    instances: &[SnapshotInstance],
+    tombstones: &[Tombstone],
+) -> Result<(), ValidationError> {
+    let first =
+        instances.first().map(|i| &*i.record.key.owner_dc).or(tombstones.first().map(|t| &*t.key.owner_dc));
+    let Some(owner) = owner.or(first) else { return Ok(()) };
+    for i in instances {
         validate_record(&i.record)?;
-        if *i.record.key.owner_dc != *s.origin_dc || i.seq == 0 || i.seq > s.mark.seq {
+        if *i.record.key.owner_dc != *owner || i.seq == 0 || i.seq > mark.seq {
             return Err(err("snapshot", "instance not owned by the origin or seq out of range"));
         }
     }
-    for t in &s.tombstones {
+    for t in tombstones {
         validate_key(&t.key)?;
-        if *t.key.owner_dc != *s.origin_dc || t.seq == 0 || t.seq > s.mark.seq {
+        if *t.key.owner_dc != *owner || t.seq == 0 || t.seq > mark.seq {
             return Err(err("snapshot", "tombstone not owned by the origin or seq out of range"));
         }
     }
@@ -230,7 +248,12 @@ pub(crate) fn validate_frame(f: &Frame) -> Result<(), ValidationError> {
             events.iter().try_for_each(validate_event)
         }
         Frame::Snapshot { snapshot, .. } => validate_snapshot(snapshot),
-        Frame::Ack { .. } | Frame::Ping { .. } => Ok(()),
+        Frame::SnapshotChunk { chunk, .. } => {
+            validate_snapshot_entries(None, chunk.mark, &chunk.instances, &chunk.tombstones)
+        }
+        Frame::Ack { .. } | Frame::Ping { .. } | Frame::ChunkAck { .. } | Frame::SnapshotResume { .. } => {
+            Ok(())
+        }
         Frame::Refuse { message, .. } => {
             if message.len() > 4096 {
                 Err(err("message", "at most 4096 bytes"))

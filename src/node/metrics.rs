@@ -265,6 +265,42 @@ impl NodeShared {
                     &l,
                     p.snapshots_installed,
                 );
+                m.counter(
+                    "tandem_peer_snapshot_chunks_sent_total",
+                    "Snapshot chunks sent to the peer",
+                    &l,
+                    p.snapshot_chunks_sent,
+                );
+                m.counter(
+                    "tandem_peer_snapshot_bytes_sent_total",
+                    "Entry bytes of the snapshot chunks sent to the peer",
+                    &l,
+                    p.snapshot_bytes_sent,
+                );
+                m.counter(
+                    "tandem_peer_snapshots_resumed_total",
+                    "Snapshots to the peer resumed after a reconnect",
+                    &l,
+                    p.snapshots_resumed,
+                );
+                m.counter(
+                    "tandem_peer_snapshot_chunks_staged_total",
+                    "Snapshot chunks from the peer durably staged",
+                    &l,
+                    p.snapshot_chunks_staged,
+                );
+                m.counter(
+                    "tandem_peer_snapshot_bytes_staged_total",
+                    "Entry bytes of the snapshot chunks staged from the peer",
+                    &l,
+                    p.snapshot_bytes_staged,
+                );
+                m.counter(
+                    "tandem_peer_snapshots_refused_total",
+                    "Snapshots or snapshot chunks from the peer that the log refused",
+                    &l,
+                    p.snapshots_refused,
+                );
             }
             m.counter(
                 "tandem_replication_refused_connections_total",

@@ -145,6 +145,37 @@ pub struct OutboundStatus {
     /// Snapshots sent because the own log held an entry that could not be read or broke
     /// the schema's rules (see docs/deploy.md, "Invalid stored records").
     pub log_unreadable: u64,
+    /// Snapshot streaming to the peer (docs/replication.md).
+    pub snapshot: OutboundSnapshotStatus,
+}
+
+/// Snapshot chunks sent to a peer: totals, and the snapshot in progress.
+#[derive(Debug, Serialize)]
+pub struct OutboundSnapshotStatus {
+    pub chunks_sent: u64,
+    pub bytes_sent: u64,
+    pub chunks_acked: u64,
+    /// Snapshots resumed after a reconnect rather than started over.
+    pub resumed: u64,
+    /// The snapshot being sent (hex id) and the next chunk; `None` when none is.
+    pub in_progress: Option<SnapshotProgress>,
+}
+
+/// A snapshot transfer in progress.
+#[derive(Debug, Serialize)]
+pub struct SnapshotProgress {
+    pub snapshot_id: String,
+    pub chunks: u64,
+}
+
+/// Snapshot chunks staged from a peer: totals, and the snapshot being staged.
+#[derive(Debug, Serialize)]
+pub struct InboundSnapshotStatus {
+    pub chunks_staged: u64,
+    pub bytes_staged: u64,
+    pub refused: u64,
+    /// The snapshot being staged (hex id) and the chunks staged so far.
+    pub in_progress: Option<SnapshotProgress>,
 }
 
 #[derive(Debug, Serialize)]
@@ -166,6 +197,7 @@ pub struct InboundStatus {
     pub lag_ms_p99: Option<u64>,
     pub events_applied: u64,
     pub snapshots_installed: u64,
+    pub snapshot: InboundSnapshotStatus,
     pub stale: bool,
 }
 
@@ -197,6 +229,16 @@ impl NodeShared {
                 last_error: p.out_last_error.clone(),
                 snapshots_sent: p.snapshots_sent,
                 log_unreadable: p.log_unreadable,
+                snapshot: OutboundSnapshotStatus {
+                    chunks_sent: p.snapshot_chunks_sent,
+                    bytes_sent: p.snapshot_bytes_sent,
+                    chunks_acked: p.snapshot_chunks_acked,
+                    resumed: p.snapshots_resumed,
+                    in_progress: (p.out_snapshot_id != 0).then(|| SnapshotProgress {
+                        snapshot_id: format!("{:016x}", p.out_snapshot_id),
+                        chunks: p.out_snapshot_next_chunk,
+                    }),
+                },
             };
             let inbound = InboundStatus {
                 state: if p.in_connected { "up" } else { "down" },
@@ -211,6 +253,15 @@ impl NodeShared {
                 lag_ms_p99: p.lag_ms_recent.quantile(0.99),
                 events_applied: p.events_applied,
                 snapshots_installed: p.snapshots_installed,
+                snapshot: InboundSnapshotStatus {
+                    chunks_staged: p.snapshot_chunks_staged,
+                    bytes_staged: p.snapshot_bytes_staged,
+                    refused: p.snapshots_refused,
+                    in_progress: (p.in_snapshot_id != 0).then(|| SnapshotProgress {
+                        snapshot_id: format!("{:016x}", p.in_snapshot_id),
+                        chunks: p.in_snapshot_chunks,
+                    }),
+                },
                 stale: p.stale(now_mono, stale_after),
             };
             out.insert(dc.clone(), PeerStatus { outbound, inbound });

@@ -39,9 +39,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tandem_replicator::log::{check_local_sequence, ApplyReport, LogError, StateChange};
+use tandem_replicator::log::{check_local_sequence, ApplyReport, ChunkOutcome, LogError, StateChange};
 use tandem_replicator::merge::Refusal;
-use tandem_schemas::{ChangeEvent, InstanceKey, Mark, Snapshot};
+use tandem_schemas::{ChangeEvent, InstanceKey, Mark, Snapshot, SnapshotChunk};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{CommitLog, Retirement, RocksLog};
@@ -104,6 +104,9 @@ pub enum Request<L = RocksLog> {
     RemoteApply { channel_dc: String, events: Vec<ChangeEvent>, reply: Reply<ApplyReport> },
     /// [`EventLog::install_snapshot`](tandem_replicator::log::EventLog::install_snapshot).
     InstallSnapshot { channel_dc: String, snapshot: Snapshot, reply: Reply<ApplyReport> },
+    /// [`EventLog::stage_snapshot_chunk`](tandem_replicator::log::EventLog::stage_snapshot_chunk):
+    /// the last chunk installs the snapshot (reported to `on_commit` as one).
+    StageChunk { channel_dc: String, chunk: SnapshotChunk, reply: Reply<ChunkOutcome> },
     /// [`EventLog::purge_own`](tandem_replicator::log::EventLog::purge_own); answered with the purge floor after it.
     PurgeOwn { upto_seq: u64, reply: Reply<u64> },
     /// [`EventLog::purge_remote_tombstones`](tandem_replicator::log::EventLog::purge_remote_tombstones).
@@ -444,6 +447,11 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                 {
                     self.answer(reply, Err(LogError::Refused(Refusal::Retired { dc: channel_dc }).into()));
                 }
+                Request::StageChunk { channel_dc, reply, .. }
+                    if self.log.retired().contains_key(&channel_dc) =>
+                {
+                    self.answer(reply, Err(LogError::Refused(Refusal::Retired { dc: channel_dc }).into()));
+                }
                 Request::PurgeRemoteTombstones { origin, reply, .. }
                     if self.log.retired().contains_key(&origin) =>
                 {
@@ -502,6 +510,31 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                             origin: channel_dc,
                             report: report.clone(),
                         });
+                    }
+                    self.answer(reply, result);
+                }
+                Request::StageChunk { channel_dc, chunk, reply } => {
+                    // Only the last chunk changes state (it installs the snapshot): only it
+                    // takes a watch index and is reported.
+                    let before = if chunk.last { self.begin_write() } else { self.log.sync_writes() };
+                    let mark_before = self.log.mark_of(&channel_dc);
+                    let result = self.log.stage_snapshot_chunk(&channel_dc, &chunk);
+                    let result = self.check_failure(result, |log| {
+                        if chunk.last {
+                            InDoubt::install(log, &channel_dc, mark_before)
+                        } else {
+                            // Staging changes no state; the sender sends the chunk again.
+                            InDoubt::Nothing
+                        }
+                    });
+                    match &result {
+                        Ok(ChunkOutcome::Installed(report)) => {
+                            self.after_write(before, || Committed::Snapshot {
+                                origin: channel_dc,
+                                report: report.clone(),
+                            });
+                        }
+                        Ok(ChunkOutcome::Staged(_)) | Err(_) => self.publish(),
                     }
                     self.answer(reply, result);
                 }

@@ -9,9 +9,13 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use tandem_replicator::log::{ApplyReport, EventLog, LogError, MemLog, StateChange};
+use tandem_replicator::log::{
+    ApplyReport, ChunkOutcome, EventLog, LogError, MemLog, SnapshotReader, StateChange,
+};
 use tandem_replicator::merge::Held;
-use tandem_schemas::{ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot, Tombstone};
+use tandem_schemas::{
+    ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot, SnapshotChunk, StagedSnapshot, Tombstone,
+};
 
 use super::commit_log::local_changes;
 use super::{CommitLog, Retirement};
@@ -166,6 +170,23 @@ impl EventLog for MemStore {
     }
     fn snapshot_own(&self) -> Result<Snapshot, LogError> {
         self.log.snapshot_own()
+    }
+    fn open_snapshot(&self, chunk_bytes_max: usize) -> Result<Box<dyn SnapshotReader>, LogError> {
+        self.log.open_snapshot(chunk_bytes_max)
+    }
+    fn staged_snapshot(&self, origin: &str) -> Result<Option<StagedSnapshot>, LogError> {
+        self.log.staged_snapshot(origin)
+    }
+    fn stage_snapshot_chunk(
+        &mut self,
+        channel_dc: &str,
+        chunk: &SnapshotChunk,
+    ) -> Result<ChunkOutcome, LogError> {
+        self.write(|s| {
+            let outcome = s.log.stage_snapshot_chunk(channel_dc, chunk)?;
+            s.wrote();
+            Ok(outcome)
+        })
     }
     fn purge_own(&mut self, upto_seq: u64) -> Result<(), LogError> {
         self.purge_own_reporting(upto_seq).map(|_| ())

@@ -59,6 +59,7 @@ pub async fn pair_with(tune: impl Fn(&mut Config)) -> Pair {
             key: p.key.clone(),
             batch_events_max: 64,
             window_batches_max: 4,
+            frame_bytes_max: tandem_schemas::FRAME_BYTES_MAX,
             backoff_initial_ms: 50,
             backoff_max_ms: 500,
             stale_after_ms: 1_500,

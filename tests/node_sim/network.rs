@@ -42,7 +42,12 @@ impl World {
                 Sender::new(
                     log,
                     DC_NAMES[p],
-                    StreamTuning { batch_events_max: 8, window_batches_max: 4, ping_interval_ms: 500 },
+                    StreamTuning {
+                        batch_events_max: 8,
+                        window_batches_max: 4,
+                        ping_interval_ms: 500,
+                        ..StreamTuning::default()
+                    },
                     self.now,
                 )
             };
@@ -89,9 +94,12 @@ impl World {
         for _ in 0..16 {
             let conn = self.conns.get_mut(&(o, p)).ok_or("gone")?;
             let log = self.dcs[o].node.as_ref().ok_or("down")?.log();
-            let Some((frame, _)) = conn.sender.poll_transmit(log, self.now).map_err(|e| e.to_string())?
-            else {
-                break;
+            let frame = match conn.sender.poll_transmit(log, self.now).map_err(|e| e.to_string())? {
+                Some((frame, _)) => frame,
+                None => match conn.sender.poll_snapshot().map_err(|e| e.to_string())? {
+                    Some((frame, _)) => frame,
+                    None => break,
+                },
             };
             let frame = wire(&frame);
             let last = conn.to_peer.back().map_or(0, |f| f.0);
@@ -132,6 +140,24 @@ impl World {
                         self.oracle.counts.snapshots += 1;
                         let conn = self.conns.get_mut(&(o, p)).ok_or("gone")?;
                         Some(conn.receiver.applied(batch_id, &report).map_err(|e| e.to_string())?)
+                    }
+                    ReceiverAction::StageChunk { batch_id, chunk } => {
+                        let node = self.dcs[p].node.as_mut().ok_or("down")?;
+                        let h = node.handle.clone();
+                        let origin = DC_NAMES[o].to_owned();
+                        let (id, index) = (chunk.snapshot_id, chunk.index);
+                        let outcome = node
+                            .drive(async move { h.stage_snapshot_chunk(origin, chunk).await })
+                            .map_err(|e| e.to_string())?;
+                        let conn = self.conns.get_mut(&(o, p)).ok_or("gone")?;
+                        match outcome {
+                            ChunkOutcome::Staged(_) => Some(conn.receiver.chunk_staged(batch_id, id, index)),
+                            ChunkOutcome::Installed(report) => {
+                                self.oracle.counts.snapshots += 1;
+                                let conn = self.conns.get_mut(&(o, p)).ok_or("gone")?;
+                                Some(conn.receiver.applied(batch_id, &report).map_err(|e| e.to_string())?)
+                            }
+                        }
                     }
                     ReceiverAction::PurgeTombstones { upto_seq } => {
                         let node = self.dcs[p].node.as_mut().ok_or("down")?;

@@ -20,7 +20,7 @@ use tandem::store::{
     CommitLog, CommitNotice, Committer, CommitterHandle, CommitterLimits, InlineCommitter, MemStore,
 };
 use tandem_client::api::{Health, Status};
-use tandem_replicator::log::EventLog;
+use tandem_replicator::log::{ChunkOutcome, EventLog};
 use tandem_replicator::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamTuning};
 use tandem_schemas::{decode_frame, encode_frame, ChangeEvent, Frame, SNAPSHOT_FRAME_BYTES_MAX};
 

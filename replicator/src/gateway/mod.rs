@@ -22,15 +22,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 use rand::Rng;
 use tandem_schemas::{
-    decode_frame_versioned, encode_frame_as, ChangeEvent, Frame, Mark, Snapshot, FRAME_BYTES_MAX,
-    SNAPSHOT_FRAME_BYTES_MAX,
+    decode_frame_versioned, encode, encode_frame_as, ChangeEvent, Frame, Mark, Snapshot, SnapshotChunk,
+    FRAME_BYTES_MAX, SNAPSHOT_FRAME_BYTES_MAX,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
-use crate::log::{ApplyReport, EventLog, LogError};
+use crate::log::{ApplyReport, ChunkOutcome, EventLog, LogError, SharedReader};
 use crate::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamError, StreamTuning};
 use crate::tls::{self, ReloadableTls};
 
@@ -61,6 +61,12 @@ pub trait ReplicaStore: Clone + Send + Sync + 'static {
         channel_dc: String,
         snapshot: Snapshot,
     ) -> impl Future<Output = Result<ApplyReport, LogError>> + Send;
+    /// [`EventLog::stage_snapshot_chunk`], as one durable write.
+    fn stage_snapshot_chunk(
+        &self,
+        channel_dc: String,
+        chunk: SnapshotChunk,
+    ) -> impl Future<Output = Result<ChunkOutcome, LogError>> + Send;
     fn purge_remote_tombstones(
         &self,
         origin: String,
@@ -275,6 +281,8 @@ async fn dial_loop<S: ReplicaStore>(
     // version, or closed without a word after our Hello: a DC not yet upgraded), the older
     // one. Every later session tries the configured version again.
     let mut version = cfg.schema_version_write;
+    // The cut of a snapshot an earlier stream was sending, for a resume by the next one.
+    let mut cache = ReaderCache::default();
     loop {
         if *shut.borrow() {
             return;
@@ -298,11 +306,12 @@ async fn dial_loop<S: ReplicaStore>(
         }
         let started = tokio::time::Instant::now();
         let tried = version;
-        let mut wire = WireVersion { version, silent: false };
+        let mut wire = WireVersion { version, silent: false, cache: std::mem::take(&mut cache) };
         let res = tokio::select! {
             r = send_session(&endpoint, &cfg, &peer, &tls, &store, &stats, &mut wire) => r,
             _ = shut.changed() => return,
         };
+        cache = std::mem::take(&mut wire.cache);
         version = wire.version;
         if version == tried {
             version = if wire.silent && tried > tandem_schemas::SCHEMA_VERSION_MIN {
@@ -346,12 +355,15 @@ fn now_ms(started: tokio::time::Instant) -> u64 {
     started.elapsed().as_millis() as u64
 }
 
-/// The schema version a send session writes, and what it learned about the peer's.
+/// What a send session carries from the one before and to the one after: the schema
+/// version it writes (and what it learned about the peer's), and a snapshot cut to resume.
 struct WireVersion {
     /// Written by the session; lowered when the peer answers in an older version.
     version: u16,
     /// The Hello went out and nothing came back (yet).
     silent: bool,
+    /// The cut of the snapshot this session was sending, for a resume by the next one.
+    cache: ReaderCache,
 }
 
 /// How a send session ended without an error.
@@ -361,6 +373,34 @@ enum SessionEnd {
     /// This process is fenced: ship nothing more.
     Fenced,
 }
+
+/// The first schema version with chunked snapshots (`SnapshotResume`, `SnapshotChunk`,
+/// `ChunkAck`): a receiver answering an older Hello takes whole snapshots only.
+const CHUNKED_SNAPSHOTS_SINCE: u16 = 2;
+
+/// How long a snapshot's cut is kept for a resume once its stream ended (holding a
+/// RocksDB snapshot pins the table files of that cut).
+pub const SNAPSHOT_RESUME_KEEP_MS: u64 = 10 * 60 * 1000;
+
+/// The reader of the snapshot the last stream to a peer was sending, and when it was left.
+#[derive(Default)]
+struct ReaderCache {
+    reader: Option<(tokio::time::Instant, SharedReader)>,
+}
+
+impl ReaderCache {
+    fn take_fresh(&mut self) -> Option<SharedReader> {
+        let (at, r) = self.reader.take()?;
+        (at.elapsed() < Duration::from_millis(SNAPSHOT_RESUME_KEEP_MS)).then_some(r)
+    }
+    fn keep(&mut self, r: Option<SharedReader>) {
+        self.reader = r.map(|r| (tokio::time::Instant::now(), r));
+    }
+}
+
+/// Info-level snapshot log lines at most this often per peer (a snapshot that is refused
+/// over and over must not flood the log).
+const SNAPSHOT_LOG_EVERY_MS: u64 = 10_000;
 
 async fn send_session<S: ReplicaStore>(
     endpoint: &quinn::Endpoint,
@@ -386,6 +426,7 @@ async fn send_session<S: ReplicaStore>(
         .with_log(Box::new(move |log: &dyn EventLog| Sender::new(log, &peer_dc, tuning, 0)))
         .await
         .map_err(|e| e.to_string())?;
+    sender.offer_reader(wire.cache.take_fresh());
     write_frame(&mut send, &hello, v).await.map_err(|e| e.message)?;
     // Until the peer's first frame: a peer that cannot read our version may just close.
     wire.silent = true;
@@ -397,6 +438,7 @@ async fn send_session<S: ReplicaStore>(
     let mut progress = store.own_progress();
     let mut tick = tokio::time::interval(Duration::from_millis(cfg.stream.ping_interval_ms.clamp(10, 1000)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_snapshot_log: Option<tokio::time::Instant> = None;
     loop {
         // Send everything the window allows.
         let now = now_ms(clock);
@@ -424,7 +466,36 @@ async fn send_session<S: ReplicaStore>(
             .await
             .map_err(|e| e.to_string())?;
         sender = s;
-        let (frames, events, err) = out;
+        let (mut frames, mut events, mut err) = out;
+        // Snapshot chunks are read from their cut here, off the log's thread.
+        if err.is_none() && sender.wants_snapshot_read() {
+            let (s, (f, ev, e)) = tokio::task::spawn_blocking(move || {
+                let mut frames = Vec::new();
+                let mut events = Vec::new();
+                let mut err = None;
+                for _ in 0..64 {
+                    match sender.poll_snapshot() {
+                        Ok(Some((f, ev))) => {
+                            frames.push(f);
+                            events.extend(ev);
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            err = Some(e);
+                            break;
+                        }
+                    }
+                }
+                (sender, (frames, events, err))
+            })
+            .await
+            .map_err(|e| format!("snapshot reader: {e}"))?;
+            sender = s;
+            frames.extend(f);
+            events.extend(ev);
+            err = e;
+        }
+        wire.cache.keep(sender.reader());
         for f in &frames {
             write_frame(&mut send, f, v).await.map_err(|e| e.message)?;
             stats.frames_sent.fetch_add(1, Ordering::Relaxed);
@@ -441,8 +512,31 @@ async fn send_session<S: ReplicaStore>(
         for ev in events {
             match ev {
                 SenderEvent::SnapshotSent(m) => {
-                    info!(peer = %peer.dc, seq = m.seq, "sent snapshot to peer");
-                    stats.with_peer(&peer.dc, |p| p.snapshots_sent += 1);
+                    info!(peer = %peer.dc, epoch = m.epoch, seq = m.seq, "sent the last of a snapshot to peer");
+                    stats.with_peer(&peer.dc, |p| {
+                        p.snapshots_sent += 1;
+                        p.out_snapshot_id = 0;
+                        p.out_snapshot_next_chunk = 0;
+                    });
+                }
+                SenderEvent::ChunkSent { snapshot_id, index, bytes, last, resumed } => {
+                    let first = index == 0 || resumed;
+                    if first
+                        && last_snapshot_log
+                            .is_none_or(|t| t.elapsed().as_millis() as u64 >= SNAPSHOT_LOG_EVERY_MS)
+                    {
+                        last_snapshot_log = Some(tokio::time::Instant::now());
+                        info!(peer = %peer.dc, snapshot_id, from_chunk = index, resumed, "sending a snapshot to peer in chunks");
+                    }
+                    stats.with_peer(&peer.dc, |p| {
+                        p.snapshot_chunks_sent += 1;
+                        p.snapshot_bytes_sent += bytes;
+                        p.snapshots_resumed += u64::from(resumed);
+                        if !last {
+                            p.out_snapshot_id = snapshot_id;
+                            p.out_snapshot_next_chunk = index + 1;
+                        }
+                    });
                 }
                 SenderEvent::LogUnreadable { after_seq, error } => {
                     tracing::error!(peer = %peer.dc, after_seq, %error,
@@ -450,7 +544,10 @@ async fn send_session<S: ReplicaStore>(
                     stats.with_peer(&peer.dc, |p| p.log_unreadable += 1);
                 }
                 // Acks and epoch verdicts come from the peer's frames, not from sending.
-                SenderEvent::PeerAcked(_) | SenderEvent::NewEpoch { .. } | SenderEvent::Fenced { .. } => {}
+                SenderEvent::PeerAcked(_)
+                | SenderEvent::ChunkAcked { .. }
+                | SenderEvent::NewEpoch { .. }
+                | SenderEvent::Fenced { .. } => {}
             }
         }
         if let Some(e) = err {
@@ -493,7 +590,12 @@ async fn send_session<S: ReplicaStore>(
                                     });
                                     store.peer_acked(peer.dc.clone(), m).await.map_err(|e| e.to_string())?;
                                 }
-                                SenderEvent::SnapshotSent(_) | SenderEvent::LogUnreadable { .. } => {}
+                                SenderEvent::ChunkAcked { .. } => {
+                                    stats.with_peer(&peer.dc, |p| p.snapshot_chunks_acked += 1);
+                                }
+                                SenderEvent::SnapshotSent(_)
+                                | SenderEvent::ChunkSent { .. }
+                                | SenderEvent::LogUnreadable { .. } => {}
                                 SenderEvent::NewEpoch { above, reason } => {
                                     let tiebreak = rand::thread_rng().gen::<u64>();
                                     let own = store.begin_epoch(above, tiebreak).await.map_err(|e| e.to_string())?;
@@ -517,9 +619,13 @@ async fn send_session<S: ReplicaStore>(
                                 }
                             }
                         }
+                        wire.cache.keep(sender.reader());
                     }
                     Err(e) => {
                         stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                        if sender.reader().is_some() {
+                            info!(peer = %peer.dc, error = %e, "peer refused the snapshot being sent; the stream restarts");
+                        }
                         let _ = write_frame(&mut send, &e.to_frame(), v).await;
                         return Err(e.message);
                     }
@@ -638,7 +744,15 @@ async fn receive_session<S: ReplicaStore>(
     if *superseded.borrow_and_update() != my_gen {
         return Err("superseded by a newer connection of the same origin".into());
     }
-    let mut receiver = Receiver::new(&cfg.local_dc, peer_dc);
+    let origin_dc = peer_dc.to_owned();
+    let staged = store
+        .with_log(Box::new(move |log: &dyn EventLog| log.staged_snapshot(&origin_dc)))
+        .await
+        .and_then(|r| r)
+        .map_err(|e| e.to_string())?;
+    // Chunked snapshots are schema 2: a schema 1 Hello turns them off (below).
+    let mut receiver = Receiver::chunked(&cfg.local_dc, peer_dc, staged);
+    let mut last_snapshot_log: Option<tokio::time::Instant> = None;
     // Answers go out in the version of the Hello (until it came: the configured one).
     let mut v = cfg.schema_version_write;
     stats.with_peer(peer_dc, |p| p.in_connected = true);
@@ -658,6 +772,9 @@ async fn receive_session<S: ReplicaStore>(
                 Ok(Some((f, version))) => {
                     if matches!(f, Frame::Hello { .. }) {
                         v = version;
+                        if v < CHUNKED_SNAPSHOTS_SINCE {
+                            receiver.whole_snapshots_only();
+                        }
                     }
                     f
                 }
@@ -720,9 +837,60 @@ async fn receive_session<S: ReplicaStore>(
                             p.snapshots_installed += 1;
                             if report.refusal.is_none() {
                                 p.on_progress(now_ms(started));
+                            } else {
+                                p.snapshots_refused += 1;
                             }
                         });
                         Some(receiver.applied(batch_id, &report))
+                    }
+                    ReceiverAction::StageChunk { batch_id, chunk } => {
+                        let (snapshot_id, index, mark) = (chunk.snapshot_id, chunk.index, chunk.mark);
+                        let bytes = (encode(&chunk.instances).len() + encode(&chunk.tombstones).len()) as u64;
+                        let sampled = last_snapshot_log
+                            .is_none_or(|t| t.elapsed().as_millis() as u64 >= SNAPSHOT_LOG_EVERY_MS);
+                        if index == 0 && sampled {
+                            last_snapshot_log = Some(tokio::time::Instant::now());
+                            info!(peer = %peer_dc, snapshot_id, epoch = mark.epoch, seq = mark.seq, "receiving a snapshot from peer in chunks");
+                        }
+                        let outcome = match store.stage_snapshot_chunk(peer_dc.to_owned(), chunk).await {
+                            Ok(o) => o,
+                            Err(LogError::Refused(r)) => {
+                                if sampled {
+                                    last_snapshot_log = Some(tokio::time::Instant::now());
+                                    info!(peer = %peer_dc, snapshot_id, index, reason = %r, "refused a snapshot chunk from peer");
+                                }
+                                stats.with_peer(peer_dc, |p| p.snapshots_refused += 1);
+                                ChunkOutcome::Installed(ApplyReport { refusal: Some(r), ..Default::default() })
+                            }
+                            Err(e) => return Err(e.to_string()),
+                        };
+                        match outcome {
+                            ChunkOutcome::Staged(staged) => {
+                                stats.with_peer(peer_dc, |p| {
+                                    p.snapshot_chunks_staged += 1;
+                                    p.snapshot_bytes_staged += bytes;
+                                    p.in_snapshot_id = staged.snapshot_id;
+                                    p.in_snapshot_chunks = staged.chunks;
+                                    p.on_progress(now_ms(started));
+                                });
+                                Some(Ok(receiver.chunk_staged(batch_id, snapshot_id, index)))
+                            }
+                            ChunkOutcome::Installed(report) => {
+                                if report.refusal.is_none() {
+                                    info!(peer = %peer_dc, snapshot_id, chunks = index + 1, epoch = mark.epoch, seq = mark.seq, "installed a snapshot from peer");
+                                    stats.with_peer(peer_dc, |p| {
+                                        p.snapshots_installed += 1;
+                                        p.snapshot_chunks_staged += 1;
+                                        p.snapshot_bytes_staged += bytes;
+                                        p.in_snapshot_id = 0;
+                                        p.in_snapshot_chunks = 0;
+                                        p.on_origin_position(mark.epoch, mark.seq);
+                                        p.on_progress(now_ms(started));
+                                    });
+                                }
+                                Some(receiver.applied(batch_id, &report))
+                            }
+                        }
                     }
                     ReceiverAction::PurgeTombstones { upto_seq } => {
                         store

@@ -22,7 +22,18 @@ pub struct PeerLink {
     pub out_inflight_batches: u64,
     /// Wall-clock ms when the oldest unacknowledged batch was sent (0: none in flight).
     pub out_oldest_unacked_wall_ms: u64,
+    /// Snapshots sent whole (their last chunk sent).
     pub snapshots_sent: u64,
+    /// Snapshot chunks sent, and their entry bytes (every stream, resumes included).
+    pub snapshot_chunks_sent: u64,
+    pub snapshot_bytes_sent: u64,
+    /// Snapshot chunks the peer acknowledged as durably staged.
+    pub snapshot_chunks_acked: u64,
+    /// Snapshots resumed after a reconnect (not started over).
+    pub snapshots_resumed: u64,
+    /// The snapshot being sent: its id (0: none) and the next chunk index.
+    pub out_snapshot_id: u64,
+    pub out_snapshot_next_chunk: u64,
     /// Times the own log could not be read after some seq (a corrupt or invalid stored
     /// event) and a snapshot was sent in its place.
     pub log_unreadable: u64,
@@ -41,6 +52,14 @@ pub struct PeerLink {
     pub in_origin_last_seq: u64,
     pub events_applied: u64,
     pub snapshots_installed: u64,
+    /// Snapshot chunks staged here, and their entry bytes.
+    pub snapshot_chunks_staged: u64,
+    pub snapshot_bytes_staged: u64,
+    /// Snapshots (or chunks) the log refused.
+    pub snapshots_refused: u64,
+    /// The snapshot being staged: its id (0: none) and the chunks staged of it.
+    pub in_snapshot_id: u64,
+    pub in_snapshot_chunks: u64,
     /// Recent lag samples: source commit to durable apply here, ms (bounded ring).
     pub lag_ms_recent: LagRing,
 }

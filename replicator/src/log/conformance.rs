@@ -5,10 +5,11 @@
 //! whole suite into `#[test]` functions for an implementation.
 
 use tandem_schemas::{
-    ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Op, Snapshot, Status,
+    ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Op, Snapshot, SnapshotChunk,
+    StagedSnapshot, Status,
 };
 
-use super::{EventLog, LogError};
+use super::{ChunkOutcome, EventLog, LogError};
 use crate::merge::{Held, Refusal};
 
 /// Opens logs for the checks.
@@ -264,6 +265,115 @@ pub fn epochs_and_event_ids<H: Harness>(h: &mut H) {
     assert_eq!(log.mark_of("dc-a"), Some(Mark { epoch: 9, seq: 2 }));
 }
 
+/// A snapshot read in chunks and staged chunk by chunk: staging survives a crash and leaves
+/// the state alone; redeliveries are no-ops, gaps are refused, chunk 0 of another snapshot
+/// starts over; the last chunk installs exactly what a single-frame install would.
+pub fn snapshot_chunks<H: Harness>(h: &mut H) {
+    let mut src = h.fresh("dc-a", 4);
+    let evs: Vec<_> = (1..=30).map(|s| reg("dc-a", 4, s, &format!("i{s:02}"))).collect();
+    src.append_local(&evs).unwrap();
+    src.append_local(&[dereg("dc-a", 4, 31, "i03"), dereg("dc-a", 4, 32, "i07")]).unwrap();
+    src.purge_own(30).unwrap();
+    // A budget of about two records per chunk.
+    let budget = 2 * tandem_schemas::encode(&src.instances().unwrap()[0]).len() + 1;
+    let mut reader = src.open_snapshot(budget).unwrap();
+    assert_eq!(reader.mark(), Mark { epoch: 4, seq: 32 });
+    // The cut holds while the log goes on.
+    src.append_local(&[reg("dc-a", 4, 33, "late")]).unwrap();
+    let mut chunks: Vec<SnapshotChunk> = Vec::new();
+    for index in 0.. {
+        let c = reader.read_chunk(index).unwrap();
+        let bytes: usize = c.instances.iter().map(|i| tandem_schemas::encode(i).len()).sum::<usize>()
+            + c.tombstones.iter().map(|t| tandem_schemas::encode(t).len()).sum::<usize>();
+        assert!(
+            bytes <= budget || c.instances.len() + c.tombstones.len() == 1,
+            "chunk {index} is over budget"
+        );
+        assert!(!c.instances.is_empty() || !c.tombstones.is_empty(), "chunk {index} is empty");
+        let last = c.last;
+        chunks.push(c);
+        if last {
+            break;
+        }
+    }
+    assert!(chunks.len() >= 10, "{} chunks", chunks.len());
+    let staged_ids: Vec<_> =
+        chunks.iter().flat_map(|c| c.instances.iter().map(|i| i.record.key.clone())).collect();
+    assert!(!staged_ids.contains(&key("dc-a", "late")), "the cut must not see later writes");
+    // A chunk read again (a resume) is the same chunk; a new reader of the same cut too.
+    assert_eq!(reader.read_chunk(3).unwrap(), chunks[3]);
+
+    let mut dst = h.fresh("dc-b", 8);
+    dst.apply_remote("dc-a", &[reg("dc-a", 1, 1, "zombie")]).unwrap();
+    dst.apply_remote("dc-c", &[reg("dc-c", 1, 1, "other")]).unwrap();
+    let before = (dst.instances().unwrap(), dst.tombstones().unwrap(), dst.marks());
+    let id = chunks[0].snapshot_id;
+    for c in &chunks[..5] {
+        assert!(matches!(dst.stage_snapshot_chunk("dc-a", c).unwrap(), ChunkOutcome::Staged(_)));
+    }
+    let dst_after_crash = h.reopen(dst);
+    let mut dst = dst_after_crash;
+    assert_eq!(dst.staged_snapshot("dc-a").unwrap(), Some(StagedSnapshot { snapshot_id: id, chunks: 5 }));
+    assert_eq!(
+        (dst.instances().unwrap(), dst.tombstones().unwrap(), dst.marks()),
+        before,
+        "staging changed state"
+    );
+    // A redelivered chunk changes nothing; a gap is refused.
+    assert_eq!(
+        dst.stage_snapshot_chunk("dc-a", &chunks[2]).unwrap(),
+        ChunkOutcome::Staged(StagedSnapshot { snapshot_id: id, chunks: 5 })
+    );
+    assert!(matches!(
+        dst.stage_snapshot_chunk("dc-a", &chunks[7]),
+        Err(LogError::Refused(Refusal::Gap { .. }))
+    ));
+    // Chunk 0 of another snapshot starts the staging over; a later chunk of it is a gap.
+    let other = SnapshotChunk { snapshot_id: id ^ 1, ..chunks[0].clone() };
+    assert!(matches!(dst.stage_snapshot_chunk("dc-a", &other).unwrap(), ChunkOutcome::Staged(_)));
+    assert_eq!(dst.staged_snapshot("dc-a").unwrap(), Some(StagedSnapshot { snapshot_id: id ^ 1, chunks: 1 }));
+    assert!(dst.stage_snapshot_chunk("dc-a", &chunks[1]).is_err());
+    // Chunks of the own origin or of another owner are refused.
+    assert!(dst.stage_snapshot_chunk("dc-b", &chunks[0]).is_err());
+    assert!(dst.stage_snapshot_chunk("dc-c", &chunks[0]).is_err());
+    // Stage the real one from the start, crash once more before the end, then finish.
+    let mut outcome = None;
+    for (i, c) in chunks.iter().enumerate() {
+        if i == chunks.len() - 1 {
+            dst = h.reopen(dst);
+            assert_eq!((dst.instances().unwrap(), dst.tombstones().unwrap(), dst.marks()), before);
+        }
+        outcome = Some(dst.stage_snapshot_chunk("dc-a", c).unwrap());
+    }
+    let Some(ChunkOutcome::Installed(report)) = outcome else { panic!("the last chunk must install") };
+    assert_eq!(report.mark, Some(Mark { epoch: 4, seq: 32 }));
+    assert_eq!(dst.staged_snapshot("dc-a").unwrap(), None);
+    // Exactly what a whole install of the same cut gives.
+    let mut whole = h.fresh("dc-b", 8);
+    whole.apply_remote("dc-a", &[reg("dc-a", 1, 1, "zombie")]).unwrap();
+    whole.apply_remote("dc-c", &[reg("dc-c", 1, 1, "other")]).unwrap();
+    let mut snap = tandem_schemas::Snapshot {
+        origin_dc: "dc-a".into(),
+        mark: chunks[0].mark,
+        instances: vec![],
+        tombstones: vec![],
+    };
+    for c in &chunks {
+        snap.instances.extend(c.instances.iter().cloned());
+        snap.tombstones.extend(c.tombstones.iter().cloned());
+    }
+    let whole_report = whole.install_snapshot("dc-a", &snap).unwrap();
+    assert_eq!(report, whole_report);
+    assert_eq!(dst.instances().unwrap(), whole.instances().unwrap());
+    assert_eq!(dst.tombstones().unwrap(), whole.tombstones().unwrap());
+    assert_eq!(dst.held(&key("dc-a", "zombie")), Held::Absent);
+    assert_eq!(dst.held(&key("dc-c", "other")), Held::Live { seq: 1 });
+    assert_eq!(dst.held(&key("dc-a", "i07")), Held::Tombstone { seq: 32 });
+    let dst = h.reopen(dst);
+    assert_eq!(dst.mark_of("dc-a"), Some(Mark { epoch: 4, seq: 32 }));
+    assert_eq!(dst.staged_snapshot("dc-a").unwrap(), None);
+}
+
 /// Turns the suite into `#[test]` functions: `conformance_tests!(|| MyHarness::new());`
 #[macro_export]
 macro_rules! conformance_tests {
@@ -295,6 +405,10 @@ macro_rules! conformance_tests {
         #[test]
         fn conformance_epochs_and_event_ids() {
             $crate::log::conformance::epochs_and_event_ids(&mut ($make)());
+        }
+        #[test]
+        fn conformance_snapshot_chunks() {
+            $crate::log::conformance::snapshot_chunks(&mut ($make)());
         }
     };
 }

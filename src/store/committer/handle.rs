@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
-use tandem_replicator::log::ApplyReport;
-use tandem_schemas::{ChangeEvent, Mark, Snapshot};
+use tandem_replicator::log::{ApplyReport, ChunkOutcome};
+use tandem_schemas::{ChangeEvent, Mark, Snapshot, SnapshotChunk};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
@@ -61,6 +61,16 @@ impl<L: CommitLog + Send + 'static> CommitterHandle<L> {
         snapshot: Snapshot,
     ) -> Result<ApplyReport, CommitError> {
         self.call(|reply| Request::InstallSnapshot { channel_dc, snapshot, reply }).await
+    }
+
+    /// Stages a chunk of a remote origin's snapshot received over `channel_dc` (the last
+    /// chunk installs the snapshot).
+    pub async fn stage_snapshot_chunk(
+        &self,
+        channel_dc: String,
+        chunk: SnapshotChunk,
+    ) -> Result<ChunkOutcome, CommitError> {
+        self.call(|reply| Request::StageChunk { channel_dc, chunk, reply }).await
     }
 
     /// Purges own log entries and own tombstones at or below `upto_seq`; returns the floor.

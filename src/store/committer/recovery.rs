@@ -145,6 +145,18 @@ impl InDoubt {
         }
         InDoubt::Apply { origin: origin.to_owned(), mark_before, keys, snapshot: true }
     }
+
+    /// The install of a staged snapshot (its last chunk): the origin's keys the log holds
+    /// now; the keys it installed are added when it is settled.
+    pub(super) fn install<L: CommitLog>(log: &L, origin: &str, mark_before: Option<Mark>) -> InDoubt {
+        let empty = Snapshot {
+            origin_dc: origin.to_owned(),
+            mark: Mark { epoch: 0, seq: 0 },
+            instances: vec![],
+            tombstones: vec![],
+        };
+        InDoubt::snapshot(log, origin, mark_before, &empty)
+    }
 }
 
 /// The log is not writable: the write in doubt and the schedule of recovery attempts.
@@ -206,6 +218,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
             Request::RemoteApply { reply, .. } | Request::InstallSnapshot { reply, .. } => {
                 self.answer(reply, Err(e))
             }
+            Request::StageChunk { reply, .. } => self.answer(reply, Err(e)),
             Request::PurgeOwn { reply, .. } => self.answer(reply, Err(e)),
             Request::Retire { reply, .. } => self.answer(reply, Err(e)),
             Request::Unretire { reply, .. } => self.answer(reply, Err(e)),
@@ -290,8 +303,18 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                 }
                 return;
             }
-            InDoubt::Apply { origin, mark_before, keys, snapshot } => {
+            InDoubt::Apply { origin, mark_before, mut keys, snapshot } => {
                 let mark = self.log.mark_of(&origin);
+                if snapshot && mark != mark_before {
+                    // What the snapshot installed: the origin's keys held now.
+                    match self.log.instances() {
+                        Ok(held) => keys
+                            .extend(held.into_iter().map(|(_, r)| r.key).filter(|k| *k.owner_dc == *origin)),
+                        Err(e) => {
+                            tracing::error!(%origin, error = %e, "cannot list the origin's instances after a recovery")
+                        }
+                    }
+                }
                 (mark != mark_before).then(|| {
                     let changes = self.state_of(&keys);
                     let report = ApplyReport { applied: changes.len(), mark, changes, ..Default::default() };

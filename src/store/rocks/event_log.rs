@@ -5,11 +5,13 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch};
-use tandem_replicator::log::{mark_event_id, ApplyReport, EventLog, LogError, StateChange};
+use tandem_replicator::log::{
+    mark_event_id, ApplyReport, ChunkOutcome, EventLog, LogError, SnapshotReader, StateChange,
+};
 use tandem_replicator::merge::{self, Held};
 use tandem_schemas::{
     validate_event, validate_key, validate_record, ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot,
-    SnapshotInstance, Tombstone,
+    SnapshotChunk, SnapshotInstance, StagedSnapshot, Tombstone,
 };
 
 use super::{
@@ -168,61 +170,29 @@ impl EventLog for RocksLog {
         if channel_dc == self.dc {
             return Err(self.wrong_own_channel(channel_dc));
         }
-        let live = self.owner_keys(CF_INSTANCES, channel_dc)?;
-        let tombs = self.owner_keys(CF_TOMBSTONES, channel_dc)?;
-        let plan = merge::plan_snapshot(channel_dc, self.mark_of(channel_dc), &live, &tombs, snap)?;
-        let (inst_cf, tombs_cf) = (self.cf(CF_INSTANCES)?, self.cf(CF_TOMBSTONES)?);
-        let mut report = ApplyReport { mark: Some(plan.new_mark), ..Default::default() };
         let mut batch = WriteBatch::default();
-        // Which keys are live as the steps below go, so that the reported changes match the
-        // model step for step. Keys of other owners (only in a snapshot that failed
-        // validation) are looked up on demand.
-        let mut live_now: BTreeSet<InstanceKey> = live.into_iter().collect();
-        let mut others: BTreeMap<InstanceKey, bool> = BTreeMap::new();
-        for k in plan.remove {
-            batch.delete_cf(inst_cf, encode_key(&k));
-            live_now.remove(&k);
-            report.changes.push(StateChange::Remove { key: k });
-        }
-        for k in &plan.remove_tombstones {
-            batch.delete_cf(tombs_cf, encode_key(k));
-        }
-        for SnapshotInstance { seq, record } in &snap.instances {
-            let enc = encode_key(&record.key);
-            batch.delete_cf(tombs_cf, &enc);
-            batch.put_cf(inst_cf, &enc, tandem_schemas::encode(&(*seq, record)));
-            if *record.key.owner_dc == *channel_dc {
-                live_now.insert(record.key.clone());
-            } else {
-                others.insert(record.key.clone(), true);
-            }
-            report.changes.push(StateChange::Put { seq: *seq, record: record.clone() });
-        }
-        for t in &snap.tombstones {
-            let enc = encode_key(&t.key);
-            let was_live = if *t.key.owner_dc == *channel_dc {
-                live_now.remove(&t.key)
-            } else {
-                let held_live = match others.get(&t.key) {
-                    Some(live) => *live,
-                    None => matches!(self.try_held(&t.key)?, Held::Live { .. }),
-                };
-                others.insert(t.key.clone(), false);
-                held_live
-            };
-            if was_live {
-                batch.delete_cf(inst_cf, &enc);
-                report.changes.push(StateChange::Remove { key: t.key.clone() });
-            }
-            batch.put_cf(tombs_cf, &enc, tandem_schemas::encode(&(t.seq, t.reason)));
-        }
-        report.applied = snap.instances.len() + snap.tombstones.len();
-        batch.put_cf(self.cf(CF_META)?, meta_name(META_MARK_PREFIX, channel_dc), encode_mark(plan.new_mark));
-        batch.delete_cf(self.cf(CF_META)?, meta_name(META_MARK_ID_PREFIX, channel_dc));
+        let report = self.stage_install(&mut batch, channel_dc, snap)?;
+        let mark = report.mark.unwrap_or(snap.mark);
         self.commit(batch)?;
-        self.marks.insert(channel_dc.to_owned(), plan.new_mark);
+        self.marks.insert(channel_dc.to_owned(), mark);
         self.mark_ids.remove(channel_dc);
         Ok(report)
+    }
+
+    fn open_snapshot(&self, chunk_bytes_max: usize) -> Result<Box<dyn SnapshotReader>, LogError> {
+        self.open_snapshot_reader(chunk_bytes_max)
+    }
+
+    fn staged_snapshot(&self, origin: &str) -> Result<Option<StagedSnapshot>, LogError> {
+        self.staged_of(origin).map(|s| s.map(|(staged, _)| staged))
+    }
+
+    fn stage_snapshot_chunk(
+        &mut self,
+        channel_dc: &str,
+        chunk: &SnapshotChunk,
+    ) -> Result<ChunkOutcome, LogError> {
+        self.stage_chunk(channel_dc, chunk)
     }
 
     fn snapshot_own(&self) -> Result<Snapshot, LogError> {
@@ -313,5 +283,67 @@ impl RocksLog {
                 false
             }
         }
+    }
+
+    /// Stages the install of a whole snapshot of `channel_dc` into `batch` (state, mark);
+    /// the caller commits it. Shared by the single-frame install and the last chunk.
+    pub(super) fn stage_install(
+        &self,
+        batch: &mut WriteBatch,
+        channel_dc: &str,
+        snap: &Snapshot,
+    ) -> Result<ApplyReport, LogError> {
+        let live = self.owner_keys(CF_INSTANCES, channel_dc)?;
+        let tombs = self.owner_keys(CF_TOMBSTONES, channel_dc)?;
+        let plan = merge::plan_snapshot(channel_dc, self.mark_of(channel_dc), &live, &tombs, snap)?;
+        let (inst_cf, tombs_cf) = (self.cf(CF_INSTANCES)?, self.cf(CF_TOMBSTONES)?);
+        let mut report = ApplyReport { mark: Some(plan.new_mark), ..Default::default() };
+        // Which keys are live as the steps below go, so that the reported changes match the
+        // model step for step. Keys of other owners (only in a snapshot that failed
+        // validation) are looked up on demand.
+        let mut live_now: BTreeSet<InstanceKey> = live.into_iter().collect();
+        let mut others: BTreeMap<InstanceKey, bool> = BTreeMap::new();
+        for k in plan.remove {
+            batch.delete_cf(inst_cf, encode_key(&k));
+            live_now.remove(&k);
+            report.changes.push(StateChange::Remove { key: k });
+        }
+        for k in &plan.remove_tombstones {
+            batch.delete_cf(tombs_cf, encode_key(k));
+        }
+        for SnapshotInstance { seq, record } in &snap.instances {
+            let enc = encode_key(&record.key);
+            batch.delete_cf(tombs_cf, &enc);
+            batch.put_cf(inst_cf, &enc, tandem_schemas::encode(&(*seq, record)));
+            if *record.key.owner_dc == *channel_dc {
+                live_now.insert(record.key.clone());
+            } else {
+                others.insert(record.key.clone(), true);
+            }
+            report.changes.push(StateChange::Put { seq: *seq, record: record.clone() });
+        }
+        for t in &snap.tombstones {
+            let enc = encode_key(&t.key);
+            let was_live = if *t.key.owner_dc == *channel_dc {
+                live_now.remove(&t.key)
+            } else {
+                let held_live = match others.get(&t.key) {
+                    Some(live) => *live,
+                    None => matches!(self.try_held(&t.key)?, Held::Live { .. }),
+                };
+                others.insert(t.key.clone(), false);
+                held_live
+            };
+            if was_live {
+                batch.delete_cf(inst_cf, &enc);
+                report.changes.push(StateChange::Remove { key: t.key.clone() });
+            }
+            batch.put_cf(tombs_cf, &enc, tandem_schemas::encode(&(t.seq, t.reason)));
+        }
+        report.applied = snap.instances.len() + snap.tombstones.len();
+        batch.put_cf(self.cf(CF_META)?, meta_name(META_MARK_PREFIX, channel_dc), encode_mark(plan.new_mark));
+        // A snapshot's mark has no known event id.
+        batch.delete_cf(self.cf(CF_META)?, meta_name(META_MARK_ID_PREFIX, channel_dc));
+        Ok(report)
     }
 }

@@ -21,6 +21,7 @@
 
 mod event_log;
 mod retire;
+mod snapshot;
 #[cfg(test)]
 mod tests;
 
@@ -55,6 +56,7 @@ const CF_LOG: &str = "log";
 const CF_INSTANCES: &str = "instances";
 const CF_TOMBSTONES: &str = "tombstones";
 const CF_META: &str = "meta";
+/// Chunks of remote snapshots not installed yet (see `snapshot.rs`).
 const COLUMN_FAMILIES: [&str; 4] = [CF_LOG, CF_INSTANCES, CF_TOMBSTONES, CF_META];
 
 const META_DC: &[u8] = b"dc";
@@ -140,8 +142,9 @@ impl InvalidRecords {
 /// Not `Sync` and not meant to be shared: the [`Committer`](super::Committer) thread owns it
 /// and is the single sequencer of writes.
 pub struct RocksLog {
-    /// `None` only while a recovery is reopening it (or failed to).
-    db: Option<Db>,
+    /// `None` only while a recovery is reopening it (or failed to). Shared with the
+    /// snapshot reader threads (each holds a RocksDB snapshot of it).
+    db: Option<Arc<Db>>,
     write_buffer_mib: usize,
     max_open_files: u32,
     invalid: Arc<InvalidRecords>,
@@ -231,7 +234,7 @@ impl RocksLog {
         max_open_files: u32,
     ) -> Result<RocksLog, OpenError> {
         validate_dc("dc", dc)?;
-        let db = open_db(dir, write_buffer_mib, max_open_files)?;
+        let db = Arc::new(open_db(dir, write_buffer_mib, max_open_files)?);
         let mut log = RocksLog {
             db: Some(db),
             write_buffer_mib,
@@ -277,9 +280,18 @@ impl RocksLog {
     /// unwritable (and, if the reopen failed, closed: reads fail too until a later
     /// attempt succeeds).
     pub fn recover(&mut self) -> Result<(), LogError> {
-        // RocksDB locks its dir: the old handle must be closed before the new one opens.
-        self.db = None;
-        self.db = Some(open_db(&self.dir, self.write_buffer_mib, self.max_open_files)?);
+        // RocksDB locks its dir: the old handle must be closed before the new one opens,
+        // and snapshot readers share it (they let go when their snapshot is done).
+        if let Some(db) = self.db.take() {
+            if let Err(db) = snapshot::close_when_released(db) {
+                self.db = Some(db);
+                return Err(LogError::Storage(format!(
+                    "event log in {}: snapshot readers still hold the database; a later attempt reopens it",
+                    self.dir.display()
+                )));
+            }
+        }
+        self.db = Some(Arc::new(open_db(&self.dir, self.write_buffer_mib, self.max_open_files)?));
         let stored = self.meta_get(META_DC)?;
         if stored.as_deref() != Some(self.dc.as_bytes()) {
             return Err(LogError::Corrupt(format!(
@@ -321,7 +333,19 @@ fn open_db(dir: &Path, write_buffer_mib: usize, max_open_files: u32) -> Result<D
     // of a peer, tombstone lookups), and RocksDB's default 32 MiB per table factory
     // would only hold memory.
     let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
-    let cfs = COLUMN_FAMILIES.map(|name| {
+    // Column families this build does not use (a newer build's) are opened too and left
+    // alone: RocksDB refuses to open a database without all of its column families, and a
+    // downgrade must not lock the operator out of the data dir.
+    let mut names: Vec<String> = COLUMN_FAMILIES.iter().map(|n| (*n).to_owned()).collect();
+    if let Ok(existing) = Db::list_cf(&opts, dir) {
+        for name in existing {
+            if name != rocksdb::DEFAULT_COLUMN_FAMILY_NAME && !names.contains(&name) {
+                tracing::info!(column_family = %name, "opening a column family this build does not use");
+                names.push(name);
+            }
+        }
+    }
+    let cfs = names.into_iter().map(|name| {
         let mut cf = Options::default();
         cf.set_write_buffer_size(write_buffer_mib.clamp(1, 1024) << 20);
         let mut table = rocksdb::BlockBasedOptions::default();
@@ -662,12 +686,14 @@ impl RocksLog {
     }
 
     fn db(&self) -> Result<&Db, LogError> {
-        self.db.as_ref().ok_or_else(|| {
-            LogError::Storage(format!(
-                "event log in {} is closed until a recovery reopens it",
-                self.dir.display()
-            ))
-        })
+        self.db.as_deref().ok_or_else(|| self.closed())
+    }
+
+    fn closed(&self) -> LogError {
+        LogError::Storage(format!(
+            "event log in {} is closed until a recovery reopens it",
+            self.dir.display()
+        ))
     }
 
     fn cf(&self, name: &str) -> Result<&ColumnFamily, LogError> {

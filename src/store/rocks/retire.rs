@@ -51,6 +51,7 @@ impl RocksLog {
         batch.delete_cf(meta, meta_name(META_MARK_ID_PREFIX, dc));
         batch.delete_cf(meta, meta_name(META_ACK_PREFIX, dc));
         batch.put_cf(meta, meta_name(META_RETIRED_PREFIX, dc), at_ms.to_be_bytes());
+        self.drop_staging(&mut batch, dc)?;
         self.commit(batch)?;
         let mark = self.marks.remove(dc);
         self.mark_ids.remove(dc);

@@ -241,10 +241,33 @@ fn a_poison_event_does_not_stall_the_stream() {
                 break;
             }
         }
+        // The snapshot is read from its cut, off the log (as the gateway does).
+        while let Some((frame, events)) = sender.poll_snapshot().unwrap() {
+            unreadable += events.iter().filter(|e| matches!(e, SenderEvent::LogUnreadable { .. })).count();
+            to_receiver.push(frame);
+        }
     }
     assert_eq!(peer.mark_of("dc-a").map(|m| m.seq), Some(3), "the stream moved past the poison event");
     assert_eq!(unreadable, 1);
     let held: Vec<String> =
         peer.instances().unwrap().into_iter().map(|(_, r)| r.key.instance_id.to_string()).collect();
     assert_eq!(held, ["i1"]);
+}
+
+#[test]
+fn a_data_dir_with_a_column_family_of_a_newer_build_still_opens() {
+    // A downgrade: a newer build added a column family. RocksDB refuses to open a database
+    // without all of its column families, so the log opens every one it finds.
+    let dir = TempDir::new().unwrap();
+    let mut log = fresh(&dir);
+    log.append_local(&[reg("dc-a", EPOCH, 1, "i1")]).unwrap();
+    drop(log);
+    let mut opts = Options::default();
+    opts.create_missing_column_families(true);
+    let mut db = Db::open_cf(&opts, dir.path(), COLUMN_FAMILIES).unwrap();
+    db.create_cf("from-the-future", &Options::default()).unwrap();
+    drop(db);
+    let log = RocksLog::open(dir.path(), "dc-a").unwrap();
+    assert_eq!(log.own_mark(), Mark { epoch: EPOCH, seq: 1 });
+    assert_eq!(log.held(&key("dc-a", "i1")), Held::Live { seq: 1 });
 }
