@@ -9,29 +9,27 @@
 //! Every frame on a stream is a big-endian u32 length followed by a postcard
 //! [`Envelope`](tandem_schemas::Envelope). Lengths are bounded before anything is read.
 
+mod receive;
 mod stats;
 mod transport;
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use parking_lot::Mutex;
 use rand::Rng;
 use tandem_schemas::{
-    decode_frame_versioned, encode, encode_frame_as, ChangeEvent, Frame, Mark, Snapshot, SnapshotChunk,
-    FRAME_BYTES_MAX, SNAPSHOT_FRAME_BYTES_MAX,
+    decode_frame_versioned, encode_frame_as, ChangeEvent, Frame, Mark, Snapshot, SnapshotChunk,
+    FRAME_BYTES_MAX,
 };
-use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use crate::log::{ApplyReport, ChunkOutcome, EventLog, LogError, SharedReader};
-use crate::protocol::{Receiver, ReceiverAction, Sender, SenderEvent, StreamError, StreamTuning};
+use crate::protocol::{Sender, SenderEvent, StreamError, StreamTuning};
 use crate::tls::{self, ReloadableTls};
 
 pub use stats::{GatewayStats, LagRing, PeerLink};
@@ -162,7 +160,7 @@ impl Gateway {
         let started = tokio::time::Instant::now();
         let cfg = Arc::new(cfg);
         let mut tasks = Vec::new();
-        tasks.push(tokio::spawn(accept_loop(
+        tasks.push(tokio::spawn(receive::accept_loop(
             endpoint.clone(),
             cfg.clone(),
             store.clone(),
@@ -636,299 +634,4 @@ async fn send_session<S: ReplicaStore>(
             r = conn.closed() => return Err(format!("connection closed: {r}")),
         }
     }
-}
-
-async fn accept_loop<S: ReplicaStore>(
-    endpoint: quinn::Endpoint,
-    cfg: Arc<GatewayConfig>,
-    store: S,
-    stats: Arc<GatewayStats>,
-    started: tokio::time::Instant,
-    mut shut: watch::Receiver<bool>,
-) {
-    // Connection tasks live in this set: when the accept loop ends (or is aborted), every
-    // connection task is aborted with it, so no task outlives the gateway's socket.
-    let mut conns = tokio::task::JoinSet::new();
-    let sessions: Arc<Mutex<BTreeMap<String, Arc<OriginSessions>>>> = Default::default();
-    loop {
-        let incoming = tokio::select! {
-            i = endpoint.accept() => i,
-            _ = shut.changed() => return,
-            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-        };
-        let Some(incoming) = incoming else { return };
-        let cfg = cfg.clone();
-        let store = store.clone();
-        let stats = stats.clone();
-        let sessions = sessions.clone();
-        conns.spawn(async move {
-            let conn = match incoming.await {
-                Ok(c) => c,
-                Err(e) => {
-                    stats.refused_connections.fetch_add(1, Ordering::Relaxed);
-                    warn!(error = %e, "refused replication connection (TLS handshake failed)");
-                    return;
-                }
-            };
-            let peer_dc = match tls::peer_dc(&conn) {
-                Ok(dc) if store.retired(&dc) => {
-                    let n = stats.refused_retired.fetch_add(1, Ordering::Relaxed) + 1;
-                    // Sampled: a retired DC keeps redialing; log its 1st, 2nd, 4th, 8th... try.
-                    if n.is_power_of_two() {
-                        warn!(peer = %dc, refused = n, "refused replication connection from a retired DC");
-                    }
-                    conn.close(2u32.into(), b"retired here");
-                    return;
-                }
-                Ok(dc) if cfg.peers.iter().any(|p| p.dc == dc) && dc != cfg.local_dc => dc,
-                Ok(dc) => {
-                    stats.refused_connections.fetch_add(1, Ordering::Relaxed);
-                    warn!(peer = %dc, "refused replication connection from a DC that is not a configured peer");
-                    conn.close(1u32.into(), b"not a configured peer");
-                    return;
-                }
-                Err(e) => {
-                    stats.refused_connections.fetch_add(1, Ordering::Relaxed);
-                    warn!(error = %e, "refused replication connection without a usable identity");
-                    conn.close(1u32.into(), b"no identity");
-                    return;
-                }
-            };
-            let origin = sessions.lock().entry(peer_dc.clone()).or_default().clone();
-            let res = receive_session(&conn, &cfg, &peer_dc, &store, &stats, started, origin).await;
-            if let Err(e) = res {
-                debug!(peer = %peer_dc, error = %e, "replication stream from peer ended");
-            }
-        });
-    }
-}
-
-/// Serializes the receive sessions of one origin.
-#[derive(Debug)]
-struct OriginSessions {
-    /// Bumped by every new session; an older session that sees it change stops.
-    gen: watch::Sender<u64>,
-    /// Held by the running session.
-    turn: tokio::sync::Mutex<()>,
-}
-
-impl Default for OriginSessions {
-    fn default() -> Self {
-        OriginSessions { gen: watch::channel(0).0, turn: tokio::sync::Mutex::new(()) }
-    }
-}
-
-async fn receive_session<S: ReplicaStore>(
-    conn: &quinn::Connection,
-    cfg: &GatewayConfig,
-    peer_dc: &str,
-    store: &S,
-    stats: &GatewayStats,
-    started: tokio::time::Instant,
-    origin: Arc<OriginSessions>,
-) -> Result<(), String> {
-    let (mut send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
-    // One receive session per origin at a time: a newer connection of the origin ends the
-    // older one (it may be a half-open connection of a dead incarnation) and waits until
-    // it has stopped, so the mark it reports in its HelloAck cannot be moved under it.
-    let my_gen = {
-        let mut g = 0;
-        origin.gen.send_modify(|v| {
-            *v += 1;
-            g = *v;
-        });
-        g
-    };
-    let mut superseded = origin.gen.subscribe();
-    let _turn = origin.turn.lock().await;
-    if *superseded.borrow_and_update() != my_gen {
-        return Err("superseded by a newer connection of the same origin".into());
-    }
-    let origin_dc = peer_dc.to_owned();
-    let staged = store
-        .with_log(Box::new(move |log: &dyn EventLog| log.staged_snapshot(&origin_dc)))
-        .await
-        .and_then(|r| r)
-        .map_err(|e| e.to_string())?;
-    // Chunked snapshots are schema 2: a schema 1 Hello turns them off (below).
-    let mut receiver = Receiver::chunked(&cfg.local_dc, peer_dc, staged);
-    let mut last_snapshot_log: Option<tokio::time::Instant> = None;
-    // Answers go out in the version of the Hello (until it came: the configured one).
-    let mut v = cfg.schema_version_write;
-    stats.with_peer(peer_dc, |p| p.in_connected = true);
-    info!(peer = %peer_dc, "replication stream from peer open");
-    let res = async {
-        loop {
-            let frame = tokio::select! {
-                f = read_frame(&mut recv, SNAPSHOT_FRAME_BYTES_MAX) => f,
-                _ = superseded.changed() => {
-                    return Err("superseded by a newer connection of the same origin".into());
-                }
-            };
-            if *superseded.borrow() != my_gen {
-                return Err("superseded by a newer connection of the same origin".into());
-            }
-            let frame = match frame {
-                Ok(Some((f, version))) => {
-                    if matches!(f, Frame::Hello { .. }) {
-                        v = version;
-                        if v < CHUNKED_SNAPSHOTS_SINCE {
-                            receiver.whole_snapshots_only();
-                        }
-                    }
-                    f
-                }
-                Ok(None) => return Ok(()),
-                Err(e) => {
-                    stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                    let _ = write_frame(&mut send, &e.to_frame(), v).await;
-                    return Err(e.message);
-                }
-            };
-            stats.frames_received.fetch_add(1, Ordering::Relaxed);
-            let mono = now_ms(started);
-            stats.with_peer(peer_dc, |p| p.on_frame(wall_ms(), mono));
-            let (mark, mark_id) = store.mark_of(peer_dc.to_owned()).await.map_err(|e| e.to_string())?;
-            let actions = match receiver.handle_frame(mark, mark_id, frame) {
-                Ok(a) => a,
-                Err(e) => {
-                    stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                    if e.code == tandem_schemas::RefuseCode::Fenced {
-                        warn!(peer = %peer_dc, error = %e, "refusing an older incarnation of the peer");
-                    }
-                    let _ = write_frame(&mut send, &e.to_frame(), v).await;
-                    let _ = send.finish();
-                    return Err(e.message);
-                }
-            };
-            for action in actions {
-                let ack = match action {
-                    ReceiverAction::Send(f) => Some(Ok(f)),
-                    ReceiverAction::Apply { batch_id, events } => {
-                        let times: Vec<u64> = events.iter().map(|e| e.commit_time_ms).collect();
-                        let report = store
-                            .apply_remote(peer_dc.to_owned(), events)
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        let now = wall_ms();
-                        stats.with_peer(peer_dc, |p| {
-                            p.events_applied += report.applied as u64;
-                            for t in times.iter().take(report.applied + report.superseded + report.duplicates)
-                            {
-                                p.lag_ms_recent.push(now.saturating_sub(*t));
-                            }
-                            if let Some(m) = report.mark {
-                                p.on_origin_position(m.epoch, m.seq);
-                            }
-                            p.on_progress(now_ms(started));
-                        });
-                        Some(receiver.applied(batch_id, &report))
-                    }
-                    ReceiverAction::Install { batch_id, snapshot } => {
-                        let report = match store.install_snapshot(peer_dc.to_owned(), snapshot).await {
-                            Ok(r) => r,
-                            // A refused snapshot changed nothing; tell the sender why.
-                            Err(LogError::Refused(r)) => {
-                                ApplyReport { refusal: Some(r), ..Default::default() }
-                            }
-                            Err(e) => return Err(e.to_string()),
-                        };
-                        stats.with_peer(peer_dc, |p| {
-                            p.snapshots_installed += 1;
-                            if report.refusal.is_none() {
-                                p.on_progress(now_ms(started));
-                            } else {
-                                p.snapshots_refused += 1;
-                            }
-                        });
-                        Some(receiver.applied(batch_id, &report))
-                    }
-                    ReceiverAction::StageChunk { batch_id, chunk } => {
-                        let (snapshot_id, index, mark) = (chunk.snapshot_id, chunk.index, chunk.mark);
-                        let bytes = (encode(&chunk.instances).len() + encode(&chunk.tombstones).len()) as u64;
-                        let sampled = last_snapshot_log
-                            .is_none_or(|t| t.elapsed().as_millis() as u64 >= SNAPSHOT_LOG_EVERY_MS);
-                        if index == 0 && sampled {
-                            last_snapshot_log = Some(tokio::time::Instant::now());
-                            info!(peer = %peer_dc, snapshot_id, epoch = mark.epoch, seq = mark.seq, "receiving a snapshot from peer in chunks");
-                        }
-                        let outcome = match store.stage_snapshot_chunk(peer_dc.to_owned(), chunk).await {
-                            Ok(o) => o,
-                            Err(LogError::Refused(r)) => {
-                                if sampled {
-                                    last_snapshot_log = Some(tokio::time::Instant::now());
-                                    info!(peer = %peer_dc, snapshot_id, index, reason = %r, "refused a snapshot chunk from peer");
-                                }
-                                stats.with_peer(peer_dc, |p| p.snapshots_refused += 1);
-                                ChunkOutcome::Installed(ApplyReport { refusal: Some(r), ..Default::default() })
-                            }
-                            Err(e) => return Err(e.to_string()),
-                        };
-                        match outcome {
-                            ChunkOutcome::Staged(staged) => {
-                                stats.with_peer(peer_dc, |p| {
-                                    p.snapshot_chunks_staged += 1;
-                                    p.snapshot_bytes_staged += bytes;
-                                    p.in_snapshot_id = staged.snapshot_id;
-                                    p.in_snapshot_chunks = staged.chunks;
-                                    p.on_progress(now_ms(started));
-                                });
-                                Some(Ok(receiver.chunk_staged(batch_id, snapshot_id, index)))
-                            }
-                            ChunkOutcome::Installed(report) => {
-                                if report.refusal.is_none() {
-                                    info!(peer = %peer_dc, snapshot_id, chunks = index + 1, epoch = mark.epoch, seq = mark.seq, "installed a snapshot from peer");
-                                    stats.with_peer(peer_dc, |p| {
-                                        p.snapshots_installed += 1;
-                                        p.snapshot_chunks_staged += 1;
-                                        p.snapshot_bytes_staged += bytes;
-                                        p.in_snapshot_id = 0;
-                                        p.in_snapshot_chunks = 0;
-                                        p.on_origin_position(mark.epoch, mark.seq);
-                                        p.on_progress(now_ms(started));
-                                    });
-                                }
-                                Some(receiver.applied(batch_id, &report))
-                            }
-                        }
-                    }
-                    ReceiverAction::PurgeTombstones { upto_seq } => {
-                        store
-                            .purge_remote_tombstones(peer_dc.to_owned(), upto_seq)
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        None
-                    }
-                    ReceiverAction::Contact { epoch, last_seq, caught_up, .. } => {
-                        stats.with_peer(peer_dc, |p| {
-                            p.on_origin_position(epoch, last_seq);
-                            if caught_up {
-                                p.on_progress(now_ms(started));
-                            }
-                        });
-                        None
-                    }
-                };
-                match ack {
-                    None => {}
-                    Some(Ok(f)) => {
-                        write_frame(&mut send, &f, v).await.map_err(|e| e.message)?;
-                        stats.frames_sent.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Some(Err(e)) => {
-                        stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                        warn!(peer = %peer_dc, error = %e, "refusing replication stream");
-                        let _ = write_frame(&mut send, &e.to_frame(), v).await;
-                        let _ = send.finish();
-                        return Err(e.message);
-                    }
-                }
-            }
-            let _ = send.flush().await;
-        }
-    }
-    .await;
-    // Still holding the turn, so a newer session's "up" is never overwritten.
-    stats.with_peer(peer_dc, |p| p.in_connected = false);
-    res
 }

@@ -3,6 +3,7 @@
 
 use super::*;
 use proptest::prelude::*;
+use rocksdb::Options;
 use tandem_replicator::log::conformance::{dereg, key, reg};
 use tandem_schemas::Snapshot;
 use tempfile::TempDir;
