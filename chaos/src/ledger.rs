@@ -29,6 +29,8 @@ pub enum FaultKind {
     /// The process of this side is down: killed (until its restart) or paused (until its
     /// resume).
     Down(usize),
+    /// An old process of this side runs next to its replacement (until it is killed).
+    Split(usize),
 }
 
 /// What the checker must be told about the DCs' processes for one step: (side, event).
@@ -48,6 +50,8 @@ pub enum StepEffect {
     /// It ended a fault (heal, clear packets, restart, resume). `quiet`: no fault is left in
     /// force, so this step is a recovery point.
     Ended { quiet: bool },
+    /// It was done inside a fault and changed none (a data dir copied while its DC is down).
+    Within,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +71,7 @@ pub struct FaultLedger {
     cut: bool,
     packets: bool,
     down: [bool; 2],
+    split: [bool; 2],
 }
 
 impl FaultLedger {
@@ -79,6 +84,7 @@ impl FaultLedger {
             cut: false,
             packets: false,
             down: [false; 2],
+            split: [false; 2],
         }
     }
 
@@ -93,7 +99,7 @@ impl FaultLedger {
 
     /// No fault in force: no cut, no packet faults, every process up.
     pub fn is_quiet(&self) -> bool {
-        !self.cut && !self.packets && self.down == [false; 2]
+        !self.cut && !self.packets && self.down == [false; 2] && self.split == [false; 2]
     }
 
     /// The faults in force (which must be healed), in the order they started.
@@ -123,7 +129,21 @@ impl FaultLedger {
             }
             Action::Pause { side } => events.before.push((side, ProcessEvent::Paused)),
             Action::Resume { side } => events.after.push((side, ProcessEvent::Resumed)),
-            Action::Cut(_) | Action::Heal | Action::Packets(_) | Action::ClearPackets => {}
+            // The DC is down; the history after its save is gone once it is copied back.
+            Action::Restore { side } => events.after.push((side, ProcessEvent::HistoryRewound)),
+            // The replacement starts from nothing and answers for the DC once it is ready;
+            // the old process is out of the clients' sight from then on.
+            Action::Split { side } => events.after.extend([
+                (side, ProcessEvent::HistoryLost),
+                (side, ProcessEvent::Spawned),
+                (side, ProcessEvent::Ready),
+            ]),
+            Action::Save { .. }
+            | Action::EndSplit { .. }
+            | Action::Cut(_)
+            | Action::Heal
+            | Action::Packets(_)
+            | Action::ClearPackets => {}
         }
         events
     }
@@ -143,6 +163,15 @@ impl FaultLedger {
             Action::Restart { side } => format!("restart {} (ready)", self.names[side]),
             Action::Pause { side } => format!("SIGSTOP {}", self.names[side]),
             Action::Resume { side } => format!("SIGCONT {}", self.names[side]),
+            Action::Save { side } => format!("copy {}'s data dir aside", self.names[side]),
+            Action::Restore { side } => format!("restore {}'s older data dir", self.names[side]),
+            Action::Split { side } => {
+                format!(
+                    "start a replacement of {} on an empty data dir; the old process keeps running",
+                    self.names[side]
+                )
+            }
+            Action::EndSplit { side } => format!("kill the old process of {}", self.names[side]),
         }
     }
 
@@ -185,9 +214,21 @@ impl FaultLedger {
                 self.close(FaultKind::Down(side), done);
                 self.down[side] = false;
             }
+            Action::Save { .. } | Action::Restore { .. } => {}
+            Action::Split { side } => {
+                let label = format!("old process of {} next to its replacement", self.names[side]);
+                self.open(FaultKind::Split(side), label, started);
+                self.split[side] = true;
+            }
+            Action::EndSplit { side } => {
+                self.close(FaultKind::Split(side), done);
+                self.split[side] = false;
+            }
         }
         if action.starts_fault() {
             StepEffect::Started
+        } else if action.within_fault() {
+            StepEffect::Within
         } else {
             StepEffect::Ended { quiet: self.is_quiet() }
         }

@@ -20,10 +20,12 @@ pub enum DrillKind {
     Pause,
     PacketChaos,
     LongPartition,
+    RestoreRollback,
+    SplitIncarnation,
 }
 
 impl DrillKind {
-    pub const ALL: [DrillKind; 7] = [
+    pub const ALL: [DrillKind; 9] = [
         DrillKind::PartitionHeal,
         DrillKind::OneWayPartition,
         DrillKind::FlappingLink,
@@ -31,6 +33,8 @@ impl DrillKind {
         DrillKind::Pause,
         DrillKind::PacketChaos,
         DrillKind::LongPartition,
+        DrillKind::RestoreRollback,
+        DrillKind::SplitIncarnation,
     ];
 
     pub fn name(self) -> &'static str {
@@ -42,6 +46,8 @@ impl DrillKind {
             DrillKind::Pause => "pause",
             DrillKind::PacketChaos => "packet-chaos",
             DrillKind::LongPartition => "long-partition",
+            DrillKind::RestoreRollback => "restore-rollback",
+            DrillKind::SplitIncarnation => "split-incarnation",
         }
     }
 
@@ -56,6 +62,12 @@ impl DrillKind {
             DrillKind::LongPartition => {
                 "partition long enough to purge; the second DC loses its disk meanwhile, so healing takes the snapshot path"
             }
+            DrillKind::RestoreRollback => {
+                "restore an older copy of a DC's data dir (kill -9, copy back, restart): once on a healthy link, once partitioned while the restored DC writes past its peer's mark"
+            }
+            DrillKind::SplitIncarnation => {
+                "start a DC's replacement on an empty data dir while the old process keeps running; clients and the peer move to the replacement; the old one must be fenced"
+            }
         }
     }
 
@@ -69,6 +81,8 @@ impl DrillKind {
             DrillKind::Pause => 16_000,
             DrillKind::PacketChaos => 16_000,
             DrillKind::LongPartition => 22_000,
+            DrillKind::RestoreRollback => 24_000,
+            DrillKind::SplitIncarnation => 18_000,
         }
     }
 
@@ -81,12 +95,21 @@ impl DrillKind {
     }
 
     /// Needs one-way cuts or packet faults (only the user-space relay provides them).
+    /// (split-incarnation: the peer's dials move to the replacement by moving the relay's
+    /// upstream; in network namespaces both processes would need the one address.)
     pub fn needs_relay(self) -> bool {
-        matches!(self, DrillKind::OneWayPartition | DrillKind::PacketChaos)
+        matches!(self, DrillKind::OneWayPartition | DrillKind::PacketChaos | DrillKind::SplitIncarnation)
     }
 
     pub fn needs_processes(self) -> bool {
-        matches!(self, DrillKind::CrashRestart | DrillKind::Pause | DrillKind::LongPartition)
+        matches!(
+            self,
+            DrillKind::CrashRestart
+                | DrillKind::Pause
+                | DrillKind::LongPartition
+                | DrillKind::RestoreRollback
+                | DrillKind::SplitIncarnation
+        )
     }
 }
 
@@ -171,12 +194,42 @@ pub enum Action {
     Resume {
         side: usize,
     },
+    /// While the DC is killed: a crash-consistent copy of its data dir is kept aside.
+    Save {
+        side: usize,
+    },
+    /// While the DC is killed: its data dir is replaced by the copy `Save` kept (a VM or
+    /// disk snapshot rolled back). Its history after the save is legitimately gone.
+    Restore {
+        side: usize,
+    },
+    /// A replacement process of the DC starts on an empty data dir (new ports); once it
+    /// answers, clients and the peer's dials move to it. The old process keeps running.
+    Split {
+        side: usize,
+    },
+    /// The old process of a split is checked (it must report itself fenced) and killed.
+    EndSplit {
+        side: usize,
+    },
 }
 
 impl Action {
     /// Starts a fault (as opposed to ending one).
     pub fn starts_fault(self) -> bool {
-        matches!(self, Action::Cut(_) | Action::Packets(_) | Action::Kill { .. } | Action::Pause { .. })
+        matches!(
+            self,
+            Action::Cut(_)
+                | Action::Packets(_)
+                | Action::Kill { .. }
+                | Action::Pause { .. }
+                | Action::Split { .. }
+        )
+    }
+
+    /// Neither starts nor ends a fault: done to a DC that is down (`Save`, `Restore`).
+    pub fn within_fault(self) -> bool {
+        matches!(self, Action::Save { .. } | Action::Restore { .. })
     }
 }
 
@@ -302,6 +355,45 @@ pub fn plan(kind: DrillKind, seed: u64, span_ms: Option<u64>, caps: Capabilities
             at(wipe_at + 1_000, Action::Restart { side: 1 });
             at(end, Action::Heal);
         }
+        DrillKind::RestoreRollback => {
+            // Each cycle: a crash-consistent copy of one DC's data dir (kill -9, copy,
+            // restart), a few seconds of writes, then that copy restored (kill -9, copy back,
+            // restart). Every other cycle the restore happens under a partition, so the
+            // restored DC writes past its peer's mark before the heal.
+            let mut side = rng.gen_range(0..2usize);
+            let mut partitioned = false;
+            while t + if partitioned { 9_500 } else { 6_500 } <= end {
+                at(t, Action::Kill { side, wipe: false });
+                at(t + 1, Action::Save { side });
+                at(t + 300, Action::Restart { side });
+                let r = t + 300 + rng.gen_range(3_000..4_000);
+                if partitioned {
+                    at(r - 200, Action::Cut(Cut::Both));
+                }
+                at(r, Action::Kill { side, wipe: false });
+                at(r + 1, Action::Restore { side });
+                at(r + 500, Action::Restart { side });
+                t = r + 500;
+                if partitioned {
+                    let heal = t + rng.gen_range(2_500..3_500);
+                    at(heal, Action::Heal);
+                    t = heal;
+                }
+                t += rng.gen_range(2_000..2_500);
+                partitioned = !partitioned;
+                side = 1 - side;
+            }
+        }
+        DrillKind::SplitIncarnation => {
+            let mut side = rng.gen_range(0..2usize);
+            while t + 7_000 <= end {
+                let d = rng.gen_range(5_000..7_000).min(end - t);
+                at(t, Action::Split { side });
+                at(t + d, Action::EndSplit { side });
+                t += d + rng.gen_range(2_000..3_000);
+                side = 1 - side;
+            }
+        }
     }
     a.sort_by_key(|p| p.at_ms);
     Plan { kind, span_ms: span, actions: a }
@@ -321,6 +413,7 @@ mod tests {
                 assert_eq!(p, plan(kind, 9, span, ALL_CAPS));
                 assert!(!p.actions.is_empty(), "{kind} has faults");
                 let (mut cut, mut killed, mut paused, mut packets) = (false, [false; 2], [false; 2], false);
+                let mut split = [false; 2];
                 for x in &p.actions {
                     assert!(x.at_ms < p.span_ms);
                     match x.action {
@@ -332,10 +425,15 @@ mod tests {
                         Action::Restart { side } => killed[side] = false,
                         Action::Pause { side } => paused[side] = true,
                         Action::Resume { side } => paused[side] = false,
+                        Action::Save { side } | Action::Restore { side } => {
+                            assert!(killed[side], "{kind}: the data dir is copied while the DC is down")
+                        }
+                        Action::Split { side } => split[side] = true,
+                        Action::EndSplit { side } => split[side] = false,
                     }
                 }
                 assert!(
-                    !cut && !packets && killed == [false; 2] && paused == [false; 2],
+                    !cut && !packets && killed == [false; 2] && paused == [false; 2] && split == [false; 2],
                     "{kind}: every fault ends"
                 );
             }

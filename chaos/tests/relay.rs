@@ -447,3 +447,24 @@ async fn dropping_the_relay_stops_relaying() {
     }
     assert_eq!(handle.stats().forward.received, 0);
 }
+
+#[tokio::test]
+async fn a_moved_upstream_gets_the_next_datagrams_of_every_client() {
+    // The split-incarnation drill moves a DC's replication address to its replacement.
+    let old = socket().await;
+    let new = socket().await;
+    let relay = Relay::start(localhost(), old.local_addr().unwrap(), Faults::NONE, 1).await.unwrap();
+    let client = socket().await;
+    client.connect(relay.local_addr()).await.unwrap();
+    client.send(b"one").await.unwrap();
+    assert_eq!(recv(&old).await.0, b"one");
+    relay.set_upstream(new.local_addr().unwrap());
+    assert_eq!(relay.handle().stats().mappings_open, 0, "the old mappings are gone");
+    client.send(b"two").await.unwrap();
+    let (got, from) = recv(&new).await;
+    assert_eq!(got, b"two");
+    assert_quiet(&old).await;
+    // Replies of the new upstream reach the client through the relay.
+    new.send_to(b"back", from).await.unwrap();
+    assert_eq!(recv(&client).await.0, b"back");
+}

@@ -261,7 +261,7 @@ impl Checker {
     ) {
         let Some(st) = self.dcs.get(&o.dc) else { return };
         let Some(inst) = self.insts.get(r) else { return };
-        if inst.persistent || inst.owner != o.dc {
+        if inst.persistent || inst.owner != o.dc || inst.rewound.is_some() {
             return;
         }
         let (s_ms, u_ms, e_ms) = rules.times(inst.ttl_ms);

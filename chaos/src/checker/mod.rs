@@ -210,6 +210,9 @@ pub struct Checker {
     /// Self-preservation samples per DC: (invoked, completed, expiry paused somewhere).
     preservation: HashMap<String, std::collections::VecDeque<(Ms, Ms, bool)>>,
     damped_excused: u64,
+    /// Instances no longer judged on their own because their owner's data dir was restored
+    /// to an older copy.
+    rewound_excused: u64,
     stale: stale::Staleness,
 }
 
@@ -238,6 +241,7 @@ impl Checker {
             reported: std::collections::HashSet::new(),
             preservation: HashMap::new(),
             damped_excused: 0,
+            rewound_excused: 0,
             stale: Default::default(),
         }
     }

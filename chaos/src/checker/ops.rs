@@ -155,6 +155,7 @@ impl Checker {
                             status_unknown: Vec::new(),
                             per_dc: BTreeMap::new(),
                             life: Default::default(),
+                            rewound: None,
                         },
                     );
                 }

@@ -21,6 +21,11 @@ pub enum ProcessEvent {
     /// Its data dir was lost: its own history before now is legitimately gone, and it
     /// will take a new origin epoch.
     HistoryLost,
+    /// An older copy of its data dir was restored: its history since that copy is
+    /// legitimately gone (a deregistration may be undone, a registration lost), and its
+    /// instances from before now are no longer judged one by one; the DCs must still
+    /// converge.
+    HistoryRewound,
 }
 
 #[derive(Debug)]
@@ -53,7 +58,7 @@ impl Checker {
         let st = self.dcs.entry(dc.to_owned()).or_default();
         st.events.push((at, ev));
         st.events.sort_by_key(|(t, _)| *t);
-        if ev == ProcessEvent::HistoryLost {
+        if matches!(ev, ProcessEvent::HistoryLost | ProcessEvent::HistoryRewound) {
             st.history_lost.push(at);
             st.history_lost.sort_unstable();
         }
@@ -71,15 +76,30 @@ impl Checker {
     }
 
     pub(super) fn judge_process(&mut self, dc: &str, at: Ms, ev: ProcessEvent) {
-        if ev != ProcessEvent::HistoryLost {
+        if !matches!(ev, ProcessEvent::HistoryLost | ProcessEvent::HistoryRewound) {
             return;
         }
-        // The DC starts from nothing: its baselines and its view of every instance restart.
+        // The DC starts from nothing (or from an older copy): its baselines and its view of
+        // every instance restart.
         if let Some(st) = self.dcs.get_mut(dc) {
             st.index.clear();
             st.log = None;
             st.applied.clear();
             st.present.clear();
+            if ev == ProcessEvent::HistoryLost {
+                // A history restarted from nothing: instances of its earlier epochs must go
+                // at the peers once they follow a later one (a provisional epoch in between,
+                // whether or not a status ever showed it).
+                st.epochs.push(0);
+            }
+        }
+        if ev == ProcessEvent::HistoryRewound {
+            for inst in self.insts.values_mut() {
+                if inst.owner == dc && inst.reg_invoked < at && inst.rewound.is_none() {
+                    inst.rewound = Some(at);
+                    self.rewound_excused += 1;
+                }
+            }
         }
         for inst in self.insts.values_mut() {
             if let Some(d) = inst.per_dc.get_mut(dc) {

@@ -121,7 +121,7 @@ impl Checker {
                             out.push((s, Some(*t), format!("{peer} {what} at {s}ms")));
                         }
                     }
-                    ProcessEvent::Ready | ProcessEvent::HistoryLost => {}
+                    ProcessEvent::Ready | ProcessEvent::HistoryLost | ProcessEvent::HistoryRewound => {}
                 }
             }
             if let Some((s, what)) = down {

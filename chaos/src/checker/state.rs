@@ -66,6 +66,9 @@ pub(super) struct Inst {
     pub(super) per_dc: BTreeMap<String, DcInst>,
     /// Renewals and quiet periods, for lease-health.
     pub(super) life: super::health::Life,
+    /// Its owner's data dir was restored to an older copy at this time: its state since the
+    /// copy is legitimately undone, so it is no longer judged on its own.
+    pub(super) rewound: Option<Ms>,
 }
 
 impl Inst {
@@ -101,7 +104,10 @@ impl DcState {
         let mut down_since: Option<Ms> = None;
         for &(at, ev) in &self.events {
             match ev {
-                ProcessEvent::Killed | ProcessEvent::Paused | ProcessEvent::HistoryLost => {
+                ProcessEvent::Killed
+                | ProcessEvent::Paused
+                | ProcessEvent::HistoryLost
+                | ProcessEvent::HistoryRewound => {
                     down_since.get_or_insert(at);
                 }
                 ProcessEvent::Ready | ProcessEvent::Resumed => {
@@ -135,7 +141,8 @@ impl DcState {
                 ProcessEvent::Ready
                 | ProcessEvent::Paused
                 | ProcessEvent::Resumed
-                | ProcessEvent::HistoryLost => {}
+                | ProcessEvent::HistoryLost
+                | ProcessEvent::HistoryRewound => {}
             }
         }
         if let Some(k) = dead {

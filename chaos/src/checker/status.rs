@@ -134,7 +134,14 @@ impl Checker {
             if let Some(tombs) = self.tombstones.get(&origin) {
                 let hit: Vec<InstanceRef> =
                     tombs.range((m.epoch, 0)..=(m.epoch, m.seq)).map(|(_, r)| r.clone()).collect();
+                // A deregistration acknowledged after the origin lost or rewound its history
+                // (after this status) is of another history, even in the same epoch.
+                let lost: Vec<Ms> = self.dcs.get(&origin).map(|s| s.history_lost.clone()).unwrap_or_default();
                 for r in hit {
+                    let acked = self.insts.get(&r).and_then(|i| i.dereg_acked).map(|(a, _)| a);
+                    if acked.is_some_and(|a| lost.iter().any(|h| *h > o.completed && *h <= a)) {
+                        continue;
+                    }
                     if let Some(d) = self.insts.get_mut(&r).map(|i| i.dc(&dc)) {
                         if d.tomb_passed.is_none() {
                             let what = if origin == dc {
@@ -225,10 +232,17 @@ impl Checker {
     /// already passed it must no longer show `r`.
     pub(super) fn tombstone_known(&mut self, r: &InstanceRef, epoch: u64, version: u64) {
         let Some(owner) = self.insts.get(r).map(|i| i.owner.clone()) else { return };
+        // A mark seen before the owner lost or rewound its history names events of that
+        // other history, even in the same epoch (a restored copy reuses its seqs until it
+        // moves to a new epoch).
+        let lost: Vec<Ms> = self.dcs.get(&owner).map(|s| s.history_lost.clone()).unwrap_or_default();
         let mut passed: Vec<(String, Ms, Mark)> = Vec::new();
         for (dc, st) in &self.dcs {
             let m = if dc == &owner { st.log } else { st.applied.get(&owner).copied() };
             if let Some((t, m)) = m {
+                if lost.iter().any(|h| *h > t) {
+                    continue;
+                }
                 if m.epoch == epoch && m.seq >= version {
                     passed.push((dc.clone(), t, m));
                 }

@@ -267,6 +267,10 @@ impl Checker {
                 continue;
             }
             let Some(inst) = self.insts.get(r) else { continue };
+            if inst.rewound.is_some() {
+                // Its owner went back to an older copy: only convergence judges it.
+                continue;
+            }
             let owner = inst.owner.clone();
             let dereg = inst.dereg_acked;
             for (dc, set, _, present) in &finals {
@@ -413,8 +417,13 @@ impl Checker {
         match inv {
             Invariant::NoResurrection => {
                 let deregs = self.insts.values().filter(|i| i.dereg_acked.is_some()).count();
+                let rewound = if self.rewound_excused > 0 {
+                    format!("; {} instances of a DC restored to an older data dir judged only by convergence", self.rewound_excused)
+                } else {
+                    String::new()
+                };
                 format!(
-                    "{} instances, {deregs} acked deregistrations, {checks} presence checks",
+                    "{} instances, {deregs} acked deregistrations, {checks} presence checks{rewound}",
                     self.insts.len()
                 )
             }

@@ -196,6 +196,9 @@ impl Checker {
         completed: Ms,
     ) {
         let Some(inst) = self.insts.get_mut(r) else { return };
+        if inst.rewound.is_some() {
+            return;
+        }
         let owner = inst.owner.clone();
         let reg_invoked = inst.reg_invoked;
         let dereg_acked = inst.dereg_acked;
@@ -259,6 +262,9 @@ impl Checker {
 
     fn judge_absent(&mut self, dc: &str, r: &InstanceRef, tag: &str, t: Ms, completed: Ms) {
         let Some(inst) = self.insts.get_mut(r) else { return };
+        if inst.rewound.is_some() {
+            return;
+        }
         let owner = inst.owner.clone();
         let line = format!("{tag}: absent");
         let d = inst.dc(dc);

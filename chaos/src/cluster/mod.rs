@@ -30,8 +30,11 @@ use crate::api::Api;
 use crate::plan::{Action, Capabilities, Cut, PacketFaults};
 use crate::relay::{Direction, Faults, LinkFaults, Probability, Relay};
 
+mod incarnations;
 mod netns;
 
+use incarnations::OldIncarnation;
+pub use incarnations::SplitCheck;
 use netns::Netns;
 
 /// The DC names of the sandbox.
@@ -132,6 +135,13 @@ pub struct Cluster {
     netns: Option<Netns>,
     bin: PathBuf,
     api: Api,
+    /// The sandbox's dir and node settings (a split writes its replacement's config there).
+    dir: Option<PathBuf>,
+    tuning: NodeTuning,
+    /// Per side: the old process of a split, and how many replacements were started.
+    old: [Option<OldIncarnation>; 2],
+    generation: [u32; 2],
+    split_checks: Vec<SplitCheck>,
 }
 
 fn free_port(udp: bool) -> anyhow::Result<u16> {
@@ -303,6 +313,11 @@ impl Cluster {
             netns: None,
             bin: bin.to_owned(),
             api: Api::new(),
+            dir: Some(dir.to_owned()),
+            tuning: tuning.clone(),
+            old: [None, None],
+            generation: [0; 2],
+            split_checks: Vec::new(),
         };
         c.spawn(0)?;
         c.spawn(1)?;
@@ -348,6 +363,11 @@ impl Cluster {
             netns: None,
             bin: bin.to_owned(),
             api,
+            dir: None,
+            tuning: NodeTuning::default(),
+            old: [None, None],
+            generation: [0; 2],
+            split_checks: Vec::new(),
         })
     }
 
@@ -436,6 +456,10 @@ impl Cluster {
             }
             Action::Pause { side } => self.signal(side, "-STOP", true).await?,
             Action::Resume { side } => self.signal(side, "-CONT", false).await?,
+            Action::Save { side } => self.save(side)?,
+            Action::Restore { side } => self.restore(side)?,
+            Action::Split { side } => self.split(side).await?,
+            Action::EndSplit { side } => self.end_split(side).await?,
         }
         Ok(None)
     }
@@ -555,6 +579,10 @@ impl Cluster {
             Action::Restart { side } => vec!["restart".into(), self.dcs[side].name.clone()],
             Action::Pause { side } => vec!["pause".into(), self.dcs[side].name.clone()],
             Action::Resume { side } => vec!["resume".into(), self.dcs[side].name.clone()],
+            Action::Save { side } => vec!["save".into(), self.dcs[side].name.clone()],
+            Action::Restore { side } => vec!["restore".into(), self.dcs[side].name.clone()],
+            Action::Split { side } => vec!["split".into(), self.dcs[side].name.clone()],
+            Action::EndSplit { side } => vec!["end-split".into(), self.dcs[side].name.clone()],
         };
         let line = format!("{hook} {}", args.join(" "));
         // The arguments go in as positional parameters, never through the shell's parser.
@@ -602,6 +630,7 @@ impl Cluster {
 
     /// Stops the DCs (SIGTERM, then SIGKILL after a bounded wait) and removes namespaces.
     pub async fn shutdown(mut self) {
+        self.kill_old_incarnations();
         for side in 0..2 {
             if self.dcs[side].paused {
                 let _ = self.signal(side, "-CONT", false).await;
@@ -631,6 +660,7 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        self.kill_old_incarnations();
         for dc in &mut self.dcs {
             if let Some(child) = dc.child.as_mut() {
                 // SIGKILL works on stopped processes too.

@@ -62,6 +62,11 @@ impl Cluster {
             netns: Some(ns),
             bin: bin.to_owned(),
             api: Api::new(),
+            dir: Some(dir.to_owned()),
+            tuning: tuning.clone(),
+            old: [None, None],
+            generation: [0; 2],
+            split_checks: Vec::new(),
         };
         c.spawn(0)?;
         c.spawn(1)?;

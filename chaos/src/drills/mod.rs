@@ -106,7 +106,8 @@ struct Ctx {
     start: Instant,
     checker: Mutex<Checker>,
     api: Api,
-    bases: [String; 2],
+    /// The DCs' base URLs; a split moves one to the replacement process.
+    bases: [parking_lot::RwLock<String>; 2],
     names: [String; 2],
     ns: String,
     services: Vec<String>,
@@ -123,6 +124,10 @@ struct Ctx {
 impl Ctx {
     fn now(&self) -> Ms {
         self.start.elapsed().as_millis() as Ms
+    }
+
+    fn base(&self, side: usize) -> String {
+        self.bases[side].read().clone()
     }
 
     fn say(&self, msg: &str) {
@@ -308,7 +313,7 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         start: Instant::now(),
         checker: Mutex::new(Checker::new(ccfg)),
         api: Api::new(),
-        bases: bases.clone(),
+        bases: bases.clone().map(parking_lot::RwLock::new),
         names: names.clone(),
         ns: ns.clone(),
         services,
@@ -386,6 +391,13 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
             }
         }
         let note = cluster.apply(step.action).await.with_context(|| format!("fault {:?}", step.action))?;
+        // A split moved a DC to its replacement: the clients follow before the checker hears
+        // of it (a request read the base before its invocation time).
+        for side in 0..2 {
+            if *ctx.bases[side].read() != cluster.dcs[side].base {
+                *ctx.bases[side].write() = cluster.dcs[side].base.clone();
+            }
+        }
         let t1 = ctx.now();
         let label = ledger.label(step.action);
         ctx.say(&format!("fault: {label}{}", note.map(|n| format!(" ({n})")).unwrap_or_default()));
@@ -503,7 +515,8 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
             Some(format!("removed the {n} instances the drill left in namespace {ns} of your deployment"));
     }
     let relay = cluster.relay_totals();
-    let metrics_snapshots = snapshot_metrics(&ctx.api, &bases).await;
+    let metrics_snapshots = snapshot_metrics(&ctx.api, &[ctx.base(0), ctx.base(1)]).await;
+    let split_checks = cluster.split_checks().to_vec();
     let logs: Vec<String> =
         cluster.dcs.iter().filter_map(|d| d.log_path().map(|p| p.display().to_string())).collect();
     cluster.shutdown().await;
@@ -540,6 +553,18 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
                 a = names[0],
                 b = names[1]
             ),
+        });
+    }
+    if opts.kind == DrillKind::SplitIncarnation && cluster_did_processes(&opts.env) {
+        let fenced = split_checks.iter().filter(|c| c.fenced).count();
+        expectations.push(Expectation {
+            name: "fenced".into(),
+            passed: !split_checks.is_empty() && fenced == split_checks.len(),
+            detail: if split_checks.is_empty() {
+                "no split was ended".into()
+            } else {
+                split_checks.iter().map(|c| format!("{}: {}", c.dc, c.detail)).collect::<Vec<_>>().join("; ")
+            },
         });
     }
     let passed = check.passed() && expectations.iter().all(|e| e.passed);

@@ -44,8 +44,11 @@ pub(super) fn sample_from(t_ms: u64, side: usize, peer: &str, v: &Value) -> Samp
 }
 
 pub(super) async fn poll_status(ctx: &Ctx, side: usize) -> Option<(StatusView, Value)> {
+    // The base first, then the time: a poll of a replaced process is invoked before the
+    // drill declares the replacement.
+    let base = ctx.base(side);
     let invoked = ctx.now();
-    let r = ctx.api.status(&ctx.bases[side], POLL_TIMEOUT).await;
+    let r = ctx.api.status(&base, POLL_TIMEOUT).await;
     let completed = ctx.now();
     let (result, raw) = match r {
         Ok((s, raw)) => (Ok(s), Some(raw)),
@@ -80,8 +83,9 @@ pub(super) async fn poll_view(
     service: &str,
     scope: ViewScope,
 ) -> Option<ServiceView> {
+    let base = ctx.base(side);
     let invoked = ctx.now();
-    let r = ctx.api.view(&ctx.bases[side], &ctx.ns, service, scope, POLL_TIMEOUT).await;
+    let r = ctx.api.view(&base, &ctx.ns, service, scope, POLL_TIMEOUT).await;
     let completed = ctx.now();
     ctx.polls.fetch_add(1, Ordering::Relaxed);
     ctx.checker.lock().observe_view(ViewObservation {
@@ -111,12 +115,12 @@ pub(super) async fn poller(ctx: Arc<Ctx>, side: usize) {
 
 pub(super) async fn executor(ctx: Arc<Ctx>, side: usize, ops: Vec<Scheduled>) {
     let dc = ctx.names[side].clone();
-    let base = ctx.bases[side].clone();
     for s in ops {
         tokio::time::sleep_until(ctx.start + Duration::from_millis(s.at_ms)).await;
         if ctx.stop_workload.load(Ordering::Relaxed) {
             break;
         }
+        let base = ctx.base(side);
         let ns = ctx.ns.clone();
         match s.op {
             PlannedOp::Register { instance, persistent, ttl_ms, address, port } => {
@@ -177,7 +181,7 @@ pub(super) async fn executor(ctx: Arc<Ctx>, side: usize, ops: Vec<Scheduled>) {
 /// expire. Stops early when the owner is unreachable.
 async fn race(ctx: &Ctx, side: usize, instance: &InstanceRef, rounds: u32, ttl_ms: u64) {
     let dc = &ctx.names[side];
-    let base = &ctx.bases[side];
+    let base = &ctx.base(side);
     let ns = &ctx.ns;
     let (svc, id) = (&instance.service, &instance.id);
     let register = || async {
@@ -221,7 +225,7 @@ pub(super) async fn heartbeater(ctx: Arc<Ctx>, side: usize) {
             set.spawn(async move {
                 let id = ctx.checker.lock().invoke(&dc, &inst, OpKind::Heartbeat, ctx.now());
                 let out =
-                    ctx.api.heartbeat(&ctx.bases[side], &ctx.ns, &inst.service, &inst.id, HB_TIMEOUT).await;
+                    ctx.api.heartbeat(&ctx.base(side), &ctx.ns, &inst.service, &inst.id, HB_TIMEOUT).await;
                 let forgotten = matches!(out, Outcome::Failed { http_status: Some(404), .. });
                 ctx.checker.lock().complete(id, ctx.now(), out);
                 if forgotten {
@@ -275,13 +279,13 @@ pub(super) async fn remove_leftovers(ctx: &Ctx) -> usize {
     let mut removed = 0;
     for side in 0..2 {
         for svc in &ctx.services {
-            let Ok(v) = ctx.api.view(&ctx.bases[side], &ctx.ns, svc, ViewScope::All, POLL_TIMEOUT).await
+            let Ok(v) = ctx.api.view(&ctx.base(side), &ctx.ns, svc, ViewScope::All, POLL_TIMEOUT).await
             else {
                 continue;
             };
             for i in v.instances.iter().filter(|i| i.owner_dc == ctx.names[side]).take(100_000) {
                 if let Outcome::Acked { .. } =
-                    ctx.api.deregister(&ctx.bases[side], &ctx.ns, svc, &i.id, OP_TIMEOUT).await
+                    ctx.api.deregister(&ctx.base(side), &ctx.ns, svc, &i.id, OP_TIMEOUT).await
                 {
                     removed += 1;
                 }

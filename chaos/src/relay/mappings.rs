@@ -109,7 +109,7 @@ impl MappingTable {
 /// Receives from clients, keeps the mapping table, applies forward faults.
 pub(super) async fn run_listener(
     io: Io,
-    upstream: SocketAddr,
+    upstream: Arc<Mutex<SocketAddr>>,
     mappings: Arc<Mutex<MappingTable>>,
     limits: RelayLimits,
 ) {
@@ -131,7 +131,8 @@ pub(super) async fn run_listener(
                     }
                 };
                 let payload = &buf[..len];
-                let socket = match mapping_for(&io, client, upstream, &mappings, epoch).await {
+                let to = *upstream.lock();
+                let socket = match mapping_for(&io, client, to, &mappings, epoch).await {
                     Ok(socket) => socket,
                     Err(error) => {
                         tracing::debug!(%client, %error, "relay could not open an upstream socket");
@@ -141,6 +142,14 @@ pub(super) async fn run_listener(
                         continue;
                     }
                 };
+                if *upstream.lock() != to {
+                    // Moved while this mapping was being opened: drop it; the client's next
+                    // datagram opens one to the new upstream.
+                    if mappings.lock().mappings.remove(&client).is_some() {
+                        io.shared.mappings_open.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    continue;
+                }
                 io.relay(Way::Forward, payload, || Target::Upstream(Arc::clone(&socket)));
             }
             _ = sweep.tick() => {

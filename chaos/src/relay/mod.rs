@@ -108,6 +108,8 @@ pub struct Relay {
     local_addr: SocketAddr,
     handle: RelayHandle,
     mappings: Arc<Mutex<MappingTable>>,
+    /// Where new mappings connect to ([`Relay::set_upstream`] moves it).
+    upstream: Arc<Mutex<SocketAddr>>,
     listener: JoinHandle<()>,
     scheduler: JoinHandle<()>,
 }
@@ -150,9 +152,18 @@ impl Relay {
             budget: Arc::clone(&budget),
         };
         let mappings = Arc::new(Mutex::new(MappingTable::new(limits)));
+        let upstream = Arc::new(Mutex::new(upstream));
         let scheduler = tokio::spawn(run_scheduler(queue_rx, Arc::clone(&shared), budget));
-        let listener = tokio::spawn(run_listener(io, upstream, Arc::clone(&mappings), limits));
-        Ok(Relay { local_addr, handle: RelayHandle { shared }, mappings, listener, scheduler })
+        let listener = tokio::spawn(run_listener(io, Arc::clone(&upstream), Arc::clone(&mappings), limits));
+        Ok(Relay { local_addr, handle: RelayHandle { shared }, mappings, upstream, listener, scheduler })
+    }
+
+    /// Relays to `upstream` from now on (a replacement process took over the DC): every
+    /// mapping is dropped, so each client's next datagram opens one to the new upstream.
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        *self.upstream.lock() = upstream;
+        let dropped = self.mappings.lock().drain();
+        self.handle.shared.mappings_open.fetch_sub(dropped.len() as u64, Ordering::Relaxed);
     }
 
     /// The address clients send to (the bound `listen` address, with the real port).

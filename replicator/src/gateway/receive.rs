@@ -162,7 +162,7 @@ async fn receive_session<S: ReplicaStore>(
                 Ok(None) => return Ok(()),
                 Err(e) => {
                     stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                    let _ = write_frame(&mut send, &e.to_frame(), v).await;
+                    refuse(&mut send, &e.to_frame(), v).await;
                     return Err(e.message);
                 }
             };
@@ -177,8 +177,7 @@ async fn receive_session<S: ReplicaStore>(
                     if e.code == tandem_schemas::RefuseCode::Fenced {
                         warn!(peer = %peer_dc, error = %e, "refusing an older incarnation of the peer");
                     }
-                    let _ = write_frame(&mut send, &e.to_frame(), v).await;
-                    let _ = send.finish();
+                    refuse(&mut send, &e.to_frame(), v).await;
                     return Err(e.message);
                 }
             };
@@ -299,8 +298,7 @@ async fn receive_session<S: ReplicaStore>(
                     Some(Err(e)) => {
                         stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
                         warn!(peer = %peer_dc, error = %e, "refusing replication stream");
-                        let _ = write_frame(&mut send, &e.to_frame(), v).await;
-                        let _ = send.finish();
+                        refuse(&mut send, &e.to_frame(), v).await;
                         return Err(e.message);
                     }
                 }
@@ -312,4 +310,16 @@ async fn receive_session<S: ReplicaStore>(
     // Still holding the turn, so a newer session's "up" is never overwritten.
     stats.with_peer(peer_dc, |p| p.in_connected = false);
     res
+}
+
+/// How long a refusal waits for the peer to receive it before the connection goes.
+const REFUSE_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Writes a refusal, finishes the stream and waits (bounded) until the peer has received
+/// it: dropping the connection at once would discard it, and the peer (a fenced old
+/// incarnation, say) would never learn why.
+async fn refuse(send: &mut quinn::SendStream, frame: &Frame, version: u16) {
+    if write_frame(send, frame, version).await.is_ok() && send.finish().is_ok() {
+        let _ = tokio::time::timeout(REFUSE_LINGER, send.stopped()).await;
+    }
 }
