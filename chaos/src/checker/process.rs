@@ -82,6 +82,11 @@ impl Checker {
         // The DC starts from nothing (or from an older copy): its baselines and its view of
         // every instance restart.
         if let Some(st) = self.dcs.get_mut(dc) {
+            if ev == ProcessEvent::HistoryRewound {
+                if let Some((_, m)) = st.log {
+                    st.rewound_epochs.push(m.epoch);
+                }
+            }
             st.index.clear();
             st.log = None;
             st.applied.clear();

@@ -92,6 +92,10 @@ pub(super) struct DcState {
     pub(super) history_lost: Vec<Ms>,
     /// The DC's own epochs, in the order first observed.
     pub(super) epochs: Vec<u64>,
+    /// Epochs the DC was in when an older copy of its data dir was restored: a seq of such
+    /// an epoch may name an event of either history (the restored copy reuses seqs until it
+    /// moves to a new epoch), so its tombstones are not matched against marks.
+    pub(super) rewound_epochs: Vec<u64>,
     pub(super) polls_ok: u64,
     pub(super) polls_failed_excused: u64,
     pub(super) polls_failed: u64,

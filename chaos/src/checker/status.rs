@@ -131,7 +131,8 @@ impl Checker {
         let mut marks: Vec<(String, Mark)> = s.applied.iter().map(|(k, v)| (k.clone(), *v)).collect();
         marks.push((dc.clone(), s.log));
         for (origin, m) in marks {
-            if let Some(tombs) = self.tombstones.get(&origin) {
+            let ambiguous = self.dcs.get(&origin).is_some_and(|s| s.rewound_epochs.contains(&m.epoch));
+            if let Some(tombs) = self.tombstones.get(&origin).filter(|_| !ambiguous) {
                 let hit: Vec<InstanceRef> =
                     tombs.range((m.epoch, 0)..=(m.epoch, m.seq)).map(|(_, r)| r.clone()).collect();
                 // A deregistration acknowledged after the origin lost or rewound its history
@@ -236,6 +237,9 @@ impl Checker {
         // other history, even in the same epoch (a restored copy reuses its seqs until it
         // moves to a new epoch).
         let lost: Vec<Ms> = self.dcs.get(&owner).map(|s| s.history_lost.clone()).unwrap_or_default();
+        if self.dcs.get(&owner).is_some_and(|s| s.rewound_epochs.contains(&epoch)) {
+            return;
+        }
         let mut passed: Vec<(String, Ms, Mark)> = Vec::new();
         for (dc, st) in &self.dcs {
             let m = if dc == &owner { st.log } else { st.applied.get(&owner).copied() };
