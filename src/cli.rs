@@ -52,6 +52,10 @@ enum TokenCmd {
         /// Expire after this long: 90d, 12h, 30m.
         #[arg(long)]
         expires: Option<String>,
+        /// Who owns the instances this token registers (default: the token's id). Give a
+        /// successor token the same principal to keep them across a rotation.
+        #[arg(long)]
+        principal: Option<String>,
     },
     /// List the tokens of a node's config (ids, policies, expiry; never secrets).
     List {
@@ -287,8 +291,8 @@ async fn run(cli: Cli) -> ExitCode {
 fn cmd_args(cmd: TokenCmd) -> crate::acl::cli::TokenCommand {
     use crate::acl::cli::TokenCommand;
     match cmd {
-        TokenCmd::Create { config, policies, description, expires } => {
-            TokenCommand::Create { config, policies, description, expires }
+        TokenCmd::Create { config, policies, description, expires, principal } => {
+            TokenCommand::Create { config, policies, description, expires, principal }
         }
         TokenCmd::List { config } => TokenCommand::List { config },
     }

@@ -84,14 +84,16 @@ async fn register(
     let req = json_body(body)?;
     let namespace = req.namespace.clone().unwrap_or_else(|| "default".to_owned());
     auth::check(&node, &principal, &Need::Write { namespace, service: req.service.clone() })?;
-    let resp = node.registry.register(req).await?;
+    let resp = auth::owned(&node, node.registry.register_as(req, &principal.writer()).await)?;
     Ok((StatusCode::OK, Json(resp)).into_response())
 }
 
 async fn heartbeat(
     State(node): State<Arc<NodeShared>>,
+    Extension(principal): Extension<Principal>,
     Path((ns, svc, id)): Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
+    auth::owned(&node, node.registry.check_owner(&ns, &svc, &id, &principal.writer()))?;
     node.registry.heartbeat(&ns, &svc, &id).await?;
     Ok(Json(HeartbeatAnswer { ok: true }).into_response())
 }
@@ -107,25 +109,37 @@ async fn heartbeat_batch(
         let namespace = item.namespace.clone().unwrap_or_else(|| "default".to_owned());
         auth::check(&node, &principal, &Need::Write { namespace, service: item.service.clone() })?;
     }
+    // And every entry the caller's (or unowned): another principal's instance refuses it too.
+    let writer = principal.writer();
+    for item in &b.instances {
+        auth::owned(
+            &node,
+            node.registry.check_owner(item.namespace(), &item.service, &item.instance_id, &writer),
+        )?;
+    }
     let answer = node.registry.heartbeat_batch(&b.instances).await?;
     Ok(Json(answer).into_response())
 }
 
 async fn deregister(
     State(node): State<Arc<NodeShared>>,
+    Extension(principal): Extension<Principal>,
     Path((ns, svc, id)): Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
-    let version = node.registry.deregister(&ns, &svc, &id).await?;
+    let version = auth::owned(&node, node.registry.deregister_as(&ns, &svc, &id, &principal.writer()).await)?;
     Ok(Json(WriteAnswer { version }).into_response())
 }
 
 async fn set_status(
     State(node): State<Arc<NodeShared>>,
+    Extension(principal): Extension<Principal>,
     Path((ns, svc, id)): Path<(String, String, String)>,
     body: Result<Json<StatusChange>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let b = json_body(body)?;
-    let version = node.registry.set_status(&ns, &svc, &id, b.status.into()).await?;
+    let by = principal.writer();
+    let version =
+        auth::owned(&node, node.registry.set_status_as(&ns, &svc, &id, b.status.into(), &by).await)?;
     Ok(Json(WriteAnswer { version }).into_response())
 }
 

@@ -136,6 +136,7 @@ impl Node {
         let counters = Arc::new(Counters::default());
         let view = ViewCell::new(&cfg.dc, log.index(), counters.clone());
         view.load(log.instances()?);
+        let owners = log.owners().context("cannot read the instance owners")?;
         let live = Arc::new(parking_lot::RwLock::new(LiveMarks {
             own: log.own_mark(),
             floor: log.purge_floor(),
@@ -180,6 +181,7 @@ impl Node {
             counters,
             Arc::new(crate::clock::SystemClock::new()),
         );
+        registry.load_owners(owners);
 
         let (shutdown, shut_rx) = watch::channel(false);
         let mut tasks = Vec::new();

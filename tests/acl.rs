@@ -2,9 +2,11 @@
 //! × {no token, unknown token, read token, write token of another namespace, write token,
 //! admin} gives the expected status, and a refused request changes nothing; other headers
 //! grant nothing; expiry, revocation by reload, the bootstrap token, and the refusal to
-//! start exposed without an ACL decision.
+//! start exposed without an ACL decision. `acl/owners.rs`: instance ownership by principal.
 
 mod common;
+#[path = "acl/owners.rs"]
+mod owners;
 
 use std::path::Path;
 
@@ -35,7 +37,7 @@ rules = [{ namespace = "default", service_prefix = "orders", read = true, write 
 /// Who calls, in the matrix's column order.
 const WHO: [&str; 6] = ["none", "unknown", "reader", "team-b", "orders", "admin"];
 
-struct Acl {
+pub(crate) struct Acl {
     _dir: tempfile::TempDir,
     config: std::path::PathBuf,
     node: Option<Node>,
@@ -44,15 +46,25 @@ struct Acl {
     tokens: Vec<(String, Option<String>)>,
 }
 
+/// Tokens besides the matrix's: another principal with the `orders` policy, and two tokens
+/// that share the principal `orders-ci` (a rotation).
+const EXTRA: [(&str, &str, Option<&str>); 3] =
+    [("rival", "orders", None), ("ci-1", "orders", Some("orders-ci")), ("ci-2", "orders", Some("orders-ci"))];
+
 impl Acl {
     async fn start() -> Acl {
+        Acl::start_with("").await
+    }
+
+    /// A node with the matrix's policies and tokens, and `extra` appended to its config.
+    pub(crate) async fn start_with(extra: &str) -> Acl {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("dc-a");
         let config = dir.path().join("dc-a.toml");
         std::fs::write(
             &config,
             format!(
-                "dc = \"dc-a\"\ndata_dir = \"{}\"\nhttp_addr = \"127.0.0.1:0\"\n{POLICIES}",
+                "dc = \"dc-a\"\ndata_dir = \"{}\"\nhttp_addr = \"127.0.0.1:0\"\n{POLICIES}\n{extra}",
                 data.display()
             ),
         )
@@ -68,17 +80,40 @@ impl Acl {
             let (_, secret) = file.create(vec![policy.into()], String::new(), 0, None);
             tokens.push(((*who).to_owned(), Some(secret)));
         }
+        for (who, policy, principal) in EXTRA {
+            let (_, secret) = file.create(vec![policy.into()], String::new(), 0, None);
+            file.tokens.last_mut().unwrap().principal = principal.map(Into::into);
+            tokens.push((who.to_owned(), Some(secret)));
+        }
         file.store(&cfg.acl.tokens_path(&cfg.data_dir)).unwrap();
         let node = Node::start(cfg, Some(config.clone())).await.unwrap();
         let base = format!("http://{}", node.http_addr());
         Acl { _dir: dir, config, node: Some(node), http: reqwest::Client::new(), base, tokens }
     }
 
+    /// Stops the node and starts it again on the same data dir and config.
+    pub(crate) async fn restart(&mut self) {
+        self.node.take().unwrap().shutdown().await;
+        let node = Node::start(Config::load(&self.config).unwrap(), Some(self.config.clone())).await.unwrap();
+        self.base = format!("http://{}", node.http_addr());
+        self.node = Some(node);
+    }
+
+    pub(crate) async fn stop(mut self) {
+        self.node.take().unwrap().shutdown().await;
+    }
+
     fn token(&self, who: &str) -> Option<&str> {
         self.tokens.iter().find(|(w, _)| w == who).and_then(|(_, t)| t.as_deref())
     }
 
-    async fn call(&self, who: &str, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    pub(crate) async fn call(
+        &self,
+        who: &str,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
         let mut req = self.http.request(method, format!("{}{path}", self.base));
         if let Some(t) = self.token(who) {
             req = req.bearer_auth(t);
@@ -100,20 +135,21 @@ impl Acl {
     }
 }
 
-fn reg(ns: &str, id: &str) -> Value {
+pub(crate) fn reg(ns: &str, id: &str) -> Value {
     json!({"namespace": ns, "service": "orders", "instance_id": id, "address": "10.0.0.7", "port": 8080, "ttl_ms": 60000})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_endpoint_answers_each_principal_as_its_scopes_say() {
     let mut t = Acl::start().await;
-    // The instances the writes act on.
+    // The instances the writes act on, each registered by the token that writes it below
+    // (an owned instance refuses other principals: acl/owners.rs).
     assert_eq!(
-        t.call("admin", Method::POST, "/v1/register", Some(reg("default", "o1"))).await.0,
+        t.call("orders", Method::POST, "/v1/register", Some(reg("default", "o1"))).await.0,
         StatusCode::OK
     );
     assert_eq!(
-        t.call("admin", Method::POST, "/v1/register", Some(reg("team-b", "b1"))).await.0,
+        t.call("team-b", Method::POST, "/v1/register", Some(reg("team-b", "b1"))).await.0,
         StatusCode::OK
     );
 
@@ -137,7 +173,7 @@ async fn every_endpoint_answers_each_principal_as_its_scopes_say() {
         (Method::POST, "/v1/admin/retire-dc", Some(json!({"dc": "dc-z"})), [u, u, f, f, f, ok]),
         (Method::POST, "/v1/admin/unretire-dc", Some(json!({"dc": "dc-z"})), [u, u, f, f, f, ok]),
         (Method::GET, "/v1/no-such-endpoint", None, [u, u, f, f, f, S::NOT_FOUND]),
-        (Method::DELETE, "/v1/instances/default/orders/o2", None, [u, u, f, f, ok, S::NOT_FOUND]),
+        (Method::DELETE, "/v1/instances/default/orders/o1", None, [u, u, f, f, ok, S::NOT_FOUND]),
     ];
     for (method, path, body, want) in matrix {
         for (who, want) in WHO.iter().zip(want) {

@@ -50,6 +50,15 @@ pub fn check(node: &NodeShared, principal: &Principal, need: &Need) -> Result<()
     principal.check(need).inspect_err(|e| node.acl.refused(true, "(body)", &e.message))
 }
 
+/// Counts (and sample-logs) an ownership refusal (403 from the registry) like any other.
+pub fn owned<T>(node: &NodeShared, result: Result<T, ApiError>) -> Result<T, ApiError> {
+    result.inspect_err(|e| {
+        if e.status == StatusCode::FORBIDDEN {
+            node.acl.refused(true, "(owner)", &e.message);
+        }
+    })
+}
+
 /// What a request needs, from its method, path and query.
 pub fn need(method: &Method, path: &str, query: Option<&str>) -> Result<Need, ApiError> {
     let segs: Vec<String> = path

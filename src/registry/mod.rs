@@ -36,6 +36,7 @@ use crate::store::AppendLocal;
 
 mod discovery;
 mod leases;
+mod owners;
 mod view;
 mod write;
 
@@ -43,6 +44,7 @@ mod write;
 mod tests;
 
 pub use discovery::validate_query;
+pub use owners::{Writer, ANONYMOUS};
 pub use view::{Held, ViewCell, ViewIndex};
 
 use view::ServiceId;
@@ -103,6 +105,9 @@ pub struct Registry {
     /// The leases of the local ephemeral instances, changed as their events are minted
     /// (see [`crate::leases`]).
     leases: Arc<LeaseBook>,
+    /// Who owns each own instance (see [`owners`]): changed as registrations and
+    /// deregistrations are minted, durable with them.
+    owners: Arc<Mutex<owners::Owners>>,
     failover: Mutex<HashMap<ServiceId, FailoverState>>,
     /// Last known staleness of each remote origin, to wake watchers when it flips.
     staleness: Mutex<BTreeMap<String, bool>>,
@@ -128,6 +133,7 @@ impl Registry {
             minted: Arc::new(Mutex::new(Overlay::default())),
             view,
             leases: Arc::new(LeaseBook::new(cfg.dc.as_str(), health.clone(), clock.clone())),
+            owners: Arc::default(),
             failover: Mutex::new(HashMap::new()),
             staleness: Mutex::new(BTreeMap::new()),
             counters,
@@ -144,6 +150,39 @@ impl Registry {
                 .rebuild(v.services.values().flat_map(|s| s.instances.values()).map(|h| (h.seq, &*h.record)));
         }
         reg
+    }
+
+    /// The owners of the own instances as the log holds them (at start, before any write).
+    pub fn load_owners(&self, owners: Vec<(tandem_schemas::InstanceKey, Arc<str>)>) {
+        self.owners.lock().load(owners);
+    }
+
+    /// Own instances with a recorded owner.
+    pub fn owned_instances(&self) -> usize {
+        self.owners.lock().len()
+    }
+
+    /// Whether `by` may renew (or change) own instance `ns/svc/id`: its owner or an admin,
+    /// or anyone with the scope when it has no owner. An unknown instance passes (the
+    /// heartbeat itself answers 404).
+    pub fn check_owner(
+        &self,
+        ns: &str,
+        svc: &str,
+        id: &str,
+        by: &Writer,
+    ) -> Result<(), crate::error::ApiError> {
+        if by.admin {
+            return Ok(());
+        }
+        let key = tandem_schemas::InstanceKey {
+            owner_dc: self.dc.clone(),
+            namespace: ns.into(),
+            service: svc.into(),
+            instance_id: id.into(),
+        };
+        let owner = self.owners.lock().current(&key);
+        owners::judge(owner.as_deref(), by, &key)
     }
 
     pub fn set_stale_fn(&self, f: StaleFn) {
