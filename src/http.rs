@@ -31,6 +31,7 @@ use crate::shared::NodeShared;
 pub mod auth;
 pub mod limits;
 pub mod listener;
+pub mod rate;
 
 /// Largest accepted request body.
 pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;
@@ -57,6 +58,8 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(DefaultBodyLimit::max(REQUEST_BODY_BYTES_MAX))
         .layer(axum::middleware::from_fn_with_state(node.clone(), limits::guard))
+        // After authentication, before everything else: the request rates.
+        .layer(axum::middleware::from_fn_with_state(node.clone(), rate::limit))
         // Outermost: a request without a valid token is refused before it can use any
         // shared budget (the admin call rate among them).
         .layer(axum::middleware::from_fn_with_state(node.clone(), auth::authorize))

@@ -2,9 +2,12 @@
 //! × {no token, unknown token, read token, write token of another namespace, write token,
 //! admin} gives the expected status, and a refused request changes nothing; other headers
 //! grant nothing; expiry, revocation by reload, the bootstrap token, and the refusal to
-//! start exposed without an ACL decision. `acl/owners.rs`: instance ownership by principal.
+//! start exposed without an ACL decision. `acl/owners.rs`: instance ownership by principal;
+//! `acl/limits.rs`: namespace quotas and request rates.
 
 mod common;
+#[path = "acl/limits.rs"]
+mod limits;
 #[path = "acl/owners.rs"]
 mod owners;
 
@@ -39,10 +42,10 @@ const WHO: [&str; 6] = ["none", "unknown", "reader", "team-b", "orders", "admin"
 
 pub(crate) struct Acl {
     _dir: tempfile::TempDir,
-    config: std::path::PathBuf,
+    pub(crate) config: std::path::PathBuf,
     node: Option<Node>,
-    http: reqwest::Client,
-    base: String,
+    pub(crate) http: reqwest::Client,
+    pub(crate) base: String,
     tokens: Vec<(String, Option<String>)>,
 }
 
@@ -103,7 +106,7 @@ impl Acl {
         self.node.take().unwrap().shutdown().await;
     }
 
-    fn token(&self, who: &str) -> Option<&str> {
+    pub(crate) fn token(&self, who: &str) -> Option<&str> {
         self.tokens.iter().find(|(w, _)| w == who).and_then(|(_, t)| t.as_deref())
     }
 

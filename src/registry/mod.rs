@@ -45,7 +45,7 @@ mod tests;
 
 pub use discovery::validate_query;
 pub use owners::{Writer, ANONYMOUS};
-pub use view::{Held, ViewCell, ViewIndex};
+pub use view::{metadata_bytes, Held, NsUsage, ViewCell, ViewIndex};
 
 use view::ServiceId;
 use write::Overlay;
@@ -69,6 +69,10 @@ pub struct Counters {
     pub refused_services_max: AtomicU64,
     /// Local registrations in a new namespace refused by `[limits] namespaces_max`.
     pub refused_namespaces_max: AtomicU64,
+    /// Local registrations refused by their namespace's quota, per quota.
+    pub refused_quota_instances: AtomicU64,
+    pub refused_quota_services: AtomicU64,
+    pub refused_quota_metadata: AtomicU64,
 }
 
 /// Tells whether a remote origin's copies are stale (its link silent too long).
@@ -155,6 +159,11 @@ impl Registry {
     /// The owners of the own instances as the log holds them (at start, before any write).
     pub fn load_owners(&self, owners: Vec<(tandem_schemas::InstanceKey, Arc<str>)>) {
         self.owners.lock().load(owners);
+    }
+
+    /// What each namespace holds (see [`NsUsage`]).
+    pub fn namespace_usage(&self) -> Vec<(Name, NsUsage)> {
+        self.view.namespace_usage()
     }
 
     /// Own instances with a recorded owner.

@@ -383,6 +383,28 @@ impl Registry {
                 ),
             ));
         }
+        // The namespace's quota (own instances, services, metadata bytes). Checked against
+        // the view: registrations in flight may pass it together (at most the committer's
+        // queue of them).
+        let bytes = req.metadata.as_ref().map_or(0, super::view::metadata_bytes);
+        if let Err((key, cap)) =
+            self.view.quota_room(&namespace, &req.service, &instance_id, bytes, limits.quota(&namespace))
+        {
+            let counter = match key {
+                "instances_max" => &self.counters.refused_quota_instances,
+                "services_max" => &self.counters.refused_quota_services,
+                _ => &self.counters.refused_quota_metadata,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::new(
+                axum::http::StatusCode::INSUFFICIENT_STORAGE,
+                "quota_exceeded",
+                format!(
+                    "namespace {namespace} is at its quota: {key} = {cap} ([limits] namespace_{key}, or \
+                     [limits.namespace.{namespace}] {key}); deregister instances or raise it"
+                ),
+            ));
+        }
         // The service's shared names when it exists, so the lease shares them too.
         let (ns_name, svc_name) = self
             .view
