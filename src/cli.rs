@@ -319,6 +319,20 @@ async fn server(
     Ok(())
 }
 
+/// The audit line of a reload on SIGHUP.
+fn tandem_audit_signal(result: &Result<(), crate::shared::ReloadError>) -> crate::audit::Record {
+    crate::audit::Record {
+        principal: "signal".into(),
+        client: "local".into(),
+        action: "reload".into(),
+        target: "SIGHUP".into(),
+        outcome: if result.is_ok() { "ok" } else { "failed" }.into(),
+        status: 0,
+        detail: result.as_ref().err().map(|e| format!("refused: {e}")),
+        ..Default::default()
+    }
+}
+
 /// Waits for Ctrl-C or SIGTERM; SIGHUP reloads the nodes' configuration.
 async fn wait_for_stop(nodes: &[&Node]) {
     use tokio::signal::unix::{signal, SignalKind};
@@ -330,7 +344,10 @@ async fn wait_for_stop(nodes: &[&Node]) {
             _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => break,
             _ = async { match hup.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {
                 for n in nodes {
-                    match n.shared.reload() {
+                    let result = n.shared.reload();
+                    let rec = tandem_audit_signal(&result);
+                    n.shared.audit.record(rec);
+                    match result {
                         Ok(()) => tracing::info!("reloaded on SIGHUP"),
                         Err(e) => tracing::error!(error = %e, "reload refused; the old configuration stays"),
                     }

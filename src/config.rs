@@ -44,6 +44,9 @@ pub struct Config {
     pub acl: crate::acl::AclSection,
     #[serde(default)]
     pub limits: LimitsSection,
+    /// The audit log of state changes, admin calls and refusals.
+    #[serde(default)]
+    pub audit: crate::audit::AuditSection,
 }
 
 fn default_http_addr() -> SocketAddr {
@@ -402,6 +405,7 @@ impl Config {
             http: Default::default(),
             acl: Default::default(),
             limits: Default::default(),
+            audit: Default::default(),
         }
     }
 
@@ -429,6 +433,7 @@ impl Config {
         self.http.validate()?;
         self.acl.validate().map_err(|(key, reason)| inv(key, reason))?;
         self.limits.validate().map_err(|(key, reason)| inv(key, reason))?;
+        self.audit.validate().map_err(|(key, reason)| inv(key, reason))?;
         let st = &self.store;
         if st.group_commit_linger_us > 10_000 {
             return Err(inv("[store] group_commit_linger_us", "must be 0..=10000"));

@@ -28,6 +28,7 @@ use crate::error::ApiError;
 use crate::registry::DcFilter;
 use crate::shared::NodeShared;
 
+pub mod audit;
 pub mod auth;
 pub mod limits;
 pub mod listener;
@@ -60,6 +61,9 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .layer(axum::middleware::from_fn_with_state(node.clone(), limits::guard))
         // After authentication, before everything else: the request rates.
         .layer(axum::middleware::from_fn_with_state(node.clone(), rate::limit))
+        // Inside authentication (it knows the principal): state changes, admin calls and
+        // refusals to the audit log.
+        .layer(axum::middleware::from_fn_with_state(node.clone(), audit::record))
         // Outermost: a request without a valid token is refused before it can use any
         // shared budget (the admin call rate among them).
         .layer(axum::middleware::from_fn_with_state(node.clone(), auth::authorize))
@@ -82,12 +86,17 @@ fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
 async fn register(
     State(node): State<Arc<NodeShared>>,
     Extension(principal): Extension<Principal>,
+    Extension(note): Extension<audit::AuditNote>,
     body: Result<Json<RegisterRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let req = json_body(body)?;
     let namespace = req.namespace.clone().unwrap_or_else(|| "default".to_owned());
-    auth::check(&node, &principal, &Need::Write { namespace, service: req.service.clone() })?;
+    let id = req.instance_id.clone().unwrap_or_else(|| "(new)".into());
+    let service = req.service.clone();
+    note.target(format!("{namespace}/{service}/{id}"));
+    auth::check(&node, &principal, &Need::Write { namespace: namespace.clone(), service: service.clone() })?;
     let resp = auth::owned(&node, node.registry.register_as(req, &principal.writer()).await)?;
+    note.target(format!("{namespace}/{}/{}", service, resp.instance_id));
     Ok((StatusCode::OK, Json(resp)).into_response())
 }
 
@@ -136,10 +145,12 @@ async fn deregister(
 async fn set_status(
     State(node): State<Arc<NodeShared>>,
     Extension(principal): Extension<Principal>,
+    Extension(note): Extension<audit::AuditNote>,
     Path((ns, svc, id)): Path<(String, String, String)>,
     body: Result<Json<StatusChange>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let b = json_body(body)?;
+    note.detail(format!("to {:?}", b.status));
     let by = principal.writer();
     let version =
         auth::owned(&node, node.registry.set_status_as(&ns, &svc, &id, b.status.into(), &by).await)?;
@@ -425,10 +436,19 @@ async fn metrics(State(node): State<Arc<NodeShared>>) -> Response {
 
 /// POST /v1/admin/reload. A refusal names the key and rule at fault but never echoes the
 /// file's text or paths to the caller: those go to the log.
-async fn reload(State(node): State<Arc<NodeShared>>) -> Result<Response, ApiError> {
+async fn reload(
+    State(node): State<Arc<NodeShared>>,
+    Extension(note): Extension<audit::AuditNote>,
+) -> Result<Response, ApiError> {
     use crate::config::ConfigError;
     use crate::shared::ReloadError;
-    node.reload().map_err(|e| {
+    let tokens_before = node.acl.current().tokens();
+    let result = node.reload();
+    note.detail(match &result {
+        Ok(()) => format!("tokens {tokens_before} -> {}", node.acl.current().tokens()),
+        Err(e) => format!("refused: {}", e.to_string().chars().take(200).collect::<String>()),
+    });
+    result.map_err(|e| {
         tracing::warn!(error = %e, "configuration reload refused; the old configuration stays");
         let message = match &e {
             ReloadError::Config(ConfigError::Read { .. }) => {
@@ -452,9 +472,11 @@ async fn reload(State(node): State<Arc<NodeShared>>) -> Result<Response, ApiErro
 /// docs/replication.md, "Retiring a DC").
 async fn retire_dc(
     State(node): State<Arc<NodeShared>>,
+    Extension(note): Extension<audit::AuditNote>,
     body: Result<Json<RetireRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let req = json_body(body)?;
+    note.target(req.dc.chars().take(64).collect::<String>());
     tandem_schemas::validate_dc("dc", &req.dc).map_err(ApiError::invalid)?;
     if *req.dc == *node.registry.dc {
         return Err(ApiError::invalid_field("dc", "a node cannot retire its own DC"));
@@ -477,9 +499,11 @@ async fn retire_dc(
 /// POST /v1/admin/unretire-dc: the DC may replicate again, from scratch.
 async fn unretire_dc(
     State(node): State<Arc<NodeShared>>,
+    Extension(note): Extension<audit::AuditNote>,
     body: Result<Json<RetireRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let req = json_body(body)?;
+    note.target(req.dc.chars().take(64).collect::<String>());
     tandem_schemas::validate_dc("dc", &req.dc).map_err(ApiError::invalid)?;
     let unretired =
         node.committer.unretire(req.dc).await.map_err(|e| ApiError::unavailable(e.to_string()))?;

@@ -118,6 +118,7 @@ impl Node {
         crate::acl::check_exposure(&cfg)?;
         data_dir::prepare(&cfg.data_dir)?;
         let acl = crate::acl::start(&cfg)?;
+        let audit = Arc::new(crate::audit::Audit::start(&cfg)?);
         // Before RocksDB opens: a descriptor budget too small for clients refuses the start.
         let limits = ListenerLimits::new(&cfg, listener::open_files_limit())?;
         let mut log = RocksLog::open_tuned(
@@ -245,6 +246,7 @@ impl Node {
             started: std::time::Instant::now(),
             http: Default::default(),
             acl: Arc::new(crate::acl::AclState::new(acl)),
+            audit,
             invalid_records,
         });
 

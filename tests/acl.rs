@@ -3,8 +3,10 @@
 //! admin} gives the expected status, and a refused request changes nothing; other headers
 //! grant nothing; expiry, revocation by reload, the bootstrap token, and the refusal to
 //! start exposed without an ACL decision. `acl/owners.rs`: instance ownership by principal;
-//! `acl/limits.rs`: namespace quotas and request rates.
+//! `acl/limits.rs`: namespace quotas and request rates; `acl/audit.rs`: the audit log.
 
+#[path = "acl/audit.rs"]
+mod audit;
 mod common;
 #[path = "acl/limits.rs"]
 mod limits;
@@ -46,7 +48,7 @@ pub(crate) struct Acl {
     node: Option<Node>,
     pub(crate) http: reqwest::Client,
     pub(crate) base: String,
-    tokens: Vec<(String, Option<String>)>,
+    pub(crate) tokens: Vec<(String, Option<String>)>,
 }
 
 /// Tokens besides the matrix's: another principal with the `orders` policy, and two tokens
@@ -104,6 +106,14 @@ impl Acl {
 
     pub(crate) async fn stop(mut self) {
         self.node.take().unwrap().shutdown().await;
+    }
+
+    /// The public id of `who`'s token.
+    pub(crate) fn id_of(&self, who: &str) -> String {
+        let cfg = Config::load(&self.config).unwrap();
+        let hash = hex::encode(tandem::acl::tokens::hash_secret(self.token(who).unwrap()));
+        let file = TokenFile::load(&cfg.acl.tokens_path(&cfg.data_dir)).unwrap();
+        file.tokens.into_iter().find(|e| e.sha256 == hash).unwrap().id
     }
 
     pub(crate) fn token(&self, who: &str) -> Option<&str> {

@@ -52,6 +52,18 @@ pub fn token(cmd: TokenCommand) -> anyhow::Result<()> {
                 last.principal = principal;
             }
             file.store(&path)?;
+            let rec = crate::audit::Record {
+                principal: "local".into(),
+                client: "local".into(),
+                action: "token_create".into(),
+                target: entry.id.clone(),
+                outcome: "ok".into(),
+                detail: Some(format!("policies {}", entry.policies.join(","))),
+                ..Default::default()
+            };
+            if let Err(e) = crate::audit::append_local(&cfg, rec) {
+                eprintln!("warning: cannot write the audit log: {e}");
+            }
             eprintln!(
                 "token {} created in {}; reload the node to use it. The secret below is shown once:",
                 entry.id,

@@ -341,6 +341,19 @@ impl NodeShared {
             &[("dc", dc)],
             self.acl.forbidden.load(Ordering::Relaxed),
         );
+        for (outcome, n) in [
+            ("written", self.audit.written.load(Ordering::Relaxed)),
+            ("dropped", self.audit.dropped.load(Ordering::Relaxed)),
+            ("sampled_out", self.audit.sampled_out.load(Ordering::Relaxed)),
+            ("failed", self.audit.failed.load(Ordering::Relaxed)),
+        ] {
+            m.counter(
+                "tandem_audit_lines_total",
+                "Audit log lines: written, dropped (queue full), left out by the refusal sampling, failed (I/O)",
+                &[("dc", dc), ("outcome", outcome)],
+                n,
+            );
+        }
         m.gauge(
             "tandem_acl_tokens",
             "Tokens loaded (0 with ACLs off)",
