@@ -418,6 +418,8 @@ async fn dev(dir: PathBuf, http_port: u16, repl_port: u16, stale_after_ms: u64) 
     let nb = Node::start(b, None).await?;
     let (ha, hb) = (na.http_addr(), nb.http_addr());
     println!("tandem dev: two DCs on loopback, data and certificates in {}", dir.display());
+    println!("  ACLs are off: any local process may read and change everything (loopback only;");
+    println!("  a server on another address needs [acl], see docs/security.md)");
     println!(
         "  dc-a  http://{ha}   replication udp {}",
         na.repl_addr().map(|a| a.to_string()).unwrap_or_default()

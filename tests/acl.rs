@@ -307,3 +307,33 @@ async fn an_exposed_node_without_an_acl_decision_refuses_to_start() {
     assert!(tandem::acl::check_exposure(&off).is_ok());
     assert!(!Path::new(&cfg.data_dir).exists(), "nothing was created");
 }
+
+#[tokio::test]
+async fn tandem_dev_says_at_start_that_acls_are_off() {
+    use tokio::io::AsyncBufReadExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    // Two consecutive ports each (dc-a, dc-b); a pair bound and freed just before.
+    let (http, repl) = (free_tcp_port(), free_udp_port());
+    let mut child = tokio::process::Command::new(tandem_bin())
+        .args(["dev", "--dir"])
+        .arg(dir.path())
+        .args(["--http-port", &http.to_string(), "--repl-port", &repl.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let said = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while let Ok(Some(line)) = out.next_line().await {
+            if line.contains("ACLs are off") {
+                return Some(line);
+            }
+        }
+        None
+    })
+    .await;
+    child.kill().await.unwrap();
+    let line = said.expect("tandem dev printed its banner in time").expect("it says ACLs are off");
+    assert!(line.contains("loopback only"), "{line}");
+}
