@@ -52,6 +52,10 @@ enum TokenCmd {
         /// Expire after this long: 90d, 12h, 30m.
         #[arg(long)]
         expires: Option<String>,
+        /// Who owns the instances this token registers (default: the token's id). Give a
+        /// successor token the same principal to keep them across a rotation.
+        #[arg(long)]
+        principal: Option<String>,
     },
     /// List the tokens of a node's config (ids, policies, expiry; never secrets).
     List {
@@ -287,8 +291,8 @@ async fn run(cli: Cli) -> ExitCode {
 fn cmd_args(cmd: TokenCmd) -> crate::acl::cli::TokenCommand {
     use crate::acl::cli::TokenCommand;
     match cmd {
-        TokenCmd::Create { config, policies, description, expires } => {
-            TokenCommand::Create { config, policies, description, expires }
+        TokenCmd::Create { config, policies, description, expires, principal } => {
+            TokenCommand::Create { config, policies, description, expires, principal }
         }
         TokenCmd::List { config } => TokenCommand::List { config },
     }
@@ -315,6 +319,20 @@ async fn server(
     Ok(())
 }
 
+/// The audit line of a reload on SIGHUP.
+fn tandem_audit_signal(result: &Result<(), crate::shared::ReloadError>) -> crate::audit::Record {
+    crate::audit::Record {
+        principal: "signal".into(),
+        client: "local".into(),
+        action: "reload".into(),
+        target: "SIGHUP".into(),
+        outcome: if result.is_ok() { "ok" } else { "failed" }.into(),
+        status: 0,
+        detail: result.as_ref().err().map(|e| format!("refused: {e}")),
+        ..Default::default()
+    }
+}
+
 /// Waits for Ctrl-C or SIGTERM; SIGHUP reloads the nodes' configuration.
 async fn wait_for_stop(nodes: &[&Node]) {
     use tokio::signal::unix::{signal, SignalKind};
@@ -326,7 +344,10 @@ async fn wait_for_stop(nodes: &[&Node]) {
             _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => break,
             _ = async { match hup.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {
                 for n in nodes {
-                    match n.shared.reload() {
+                    let result = n.shared.reload();
+                    let rec = tandem_audit_signal(&result);
+                    n.shared.audit.record(rec);
+                    match result {
                         Ok(()) => tracing::info!("reloaded on SIGHUP"),
                         Err(e) => tracing::error!(error = %e, "reload refused; the old configuration stays"),
                     }
@@ -398,6 +419,8 @@ async fn dev(dir: PathBuf, http_port: u16, repl_port: u16, stale_after_ms: u64) 
     let nb = Node::start(b, None).await?;
     let (ha, hb) = (na.http_addr(), nb.http_addr());
     println!("tandem dev: two DCs on loopback, data and certificates in {}", dir.display());
+    println!("  ACLs are off: any local process may read and change everything (loopback only;");
+    println!("  a server on another address needs [acl], see docs/security.md)");
     println!(
         "  dc-a  http://{ha}   replication udp {}",
         na.repl_addr().map(|a| a.to_string()).unwrap_or_default()

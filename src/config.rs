@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::failover::PolicyConfig;
+
+mod limits;
 use crate::health::HealthConfig;
+pub use limits::{LimitsSection, NamespaceQuota, Quota};
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -41,6 +44,9 @@ pub struct Config {
     pub acl: crate::acl::AclSection,
     #[serde(default)]
     pub limits: LimitsSection,
+    /// The audit log of state changes, admin calls and refusals.
+    #[serde(default)]
+    pub audit: crate::audit::AuditSection,
 }
 
 fn default_http_addr() -> SocketAddr {
@@ -309,27 +315,6 @@ impl HttpSection {
     }
 }
 
-/// What the registry holds, bounded (docs/deploy.md, "Limits"). Checked by local
-/// registrations only: records replicated from a peer are always taken (refusing them
-/// would break convergence), and each DC caps its own, so the view holds at most the sum
-/// of the DCs' caps. Reloadable.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields, default)]
-pub struct LimitsSection {
-    /// Most services the view holds (local and replicated); a local registration of one
-    /// more is refused with 507 `too_many_services`.
-    pub services_max: u64,
-    /// Most namespaces the view holds; a local registration in one more is refused with
-    /// 507 `too_many_namespaces`.
-    pub namespaces_max: u64,
-}
-
-impl Default for LimitsSection {
-    fn default() -> Self {
-        LimitsSection { services_max: 100_000, namespaces_max: 1_000 }
-    }
-}
-
 /// The event log's write path.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -429,6 +414,7 @@ impl Config {
             http: Default::default(),
             acl: Default::default(),
             limits: Default::default(),
+            audit: Default::default(),
         }
     }
 
@@ -455,12 +441,8 @@ impl Config {
         }
         self.http.validate()?;
         self.acl.validate().map_err(|(key, reason)| inv(key, reason))?;
-        if !(1..=10_000_000).contains(&self.limits.services_max) {
-            return Err(inv("[limits] services_max", "must be 1..=10000000"));
-        }
-        if !(1..=1_000_000).contains(&self.limits.namespaces_max) {
-            return Err(inv("[limits] namespaces_max", "must be 1..=1000000"));
-        }
+        self.limits.validate().map_err(|(key, reason)| inv(key, reason))?;
+        self.audit.validate().map_err(|(key, reason)| inv(key, reason))?;
         let st = &self.store;
         if st.group_commit_linger_us > 10_000 {
             return Err(inv("[store] group_commit_linger_us", "must be 0..=10000"));

@@ -63,10 +63,17 @@ impl From<ApiError> for Response {
     }
 }
 
+/// The stable code of an error answer, in its response's extensions (the audit log reads
+/// it there rather than parsing the body).
+#[derive(Clone, Copy, Debug)]
+pub struct ErrorCode(pub &'static str);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let retry = self.code == LOG_UNWRITABLE;
+        let code = self.code;
         let mut r = (self.status, axum::Json(ErrorBody::new(self.code, self.message))).into_response();
+        r.extensions_mut().insert(ErrorCode(code));
         if retry {
             r.headers_mut()
                 .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));

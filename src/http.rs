@@ -28,9 +28,11 @@ use crate::error::ApiError;
 use crate::registry::DcFilter;
 use crate::shared::NodeShared;
 
+pub mod audit;
 pub mod auth;
 pub mod limits;
 pub mod listener;
+pub mod rate;
 
 /// Largest accepted request body.
 pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;
@@ -57,6 +59,11 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(DefaultBodyLimit::max(REQUEST_BODY_BYTES_MAX))
         .layer(axum::middleware::from_fn_with_state(node.clone(), limits::guard))
+        // After authentication, before everything else: the request rates.
+        .layer(axum::middleware::from_fn_with_state(node.clone(), rate::limit))
+        // Inside authentication (it knows the principal): state changes, admin calls and
+        // refusals to the audit log.
+        .layer(axum::middleware::from_fn_with_state(node.clone(), audit::record))
         // Outermost: a request without a valid token is refused before it can use any
         // shared budget (the admin call rate among them).
         .layer(axum::middleware::from_fn_with_state(node.clone(), auth::authorize))
@@ -79,19 +86,26 @@ fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
 async fn register(
     State(node): State<Arc<NodeShared>>,
     Extension(principal): Extension<Principal>,
+    Extension(note): Extension<audit::AuditNote>,
     body: Result<Json<RegisterRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let req = json_body(body)?;
     let namespace = req.namespace.clone().unwrap_or_else(|| "default".to_owned());
-    auth::check(&node, &principal, &Need::Write { namespace, service: req.service.clone() })?;
-    let resp = node.registry.register(req).await?;
+    let id = req.instance_id.clone().unwrap_or_else(|| "(new)".into());
+    let service = req.service.clone();
+    note.target(format!("{namespace}/{service}/{id}"));
+    auth::check(&node, &principal, &Need::Write { namespace: namespace.clone(), service: service.clone() })?;
+    let resp = auth::owned(&node, node.registry.register_as(req, &principal.writer()).await)?;
+    note.target(format!("{namespace}/{}/{}", service, resp.instance_id));
     Ok((StatusCode::OK, Json(resp)).into_response())
 }
 
 async fn heartbeat(
     State(node): State<Arc<NodeShared>>,
+    Extension(principal): Extension<Principal>,
     Path((ns, svc, id)): Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
+    auth::owned(&node, node.registry.check_owner(&ns, &svc, &id, &principal.writer()))?;
     node.registry.heartbeat(&ns, &svc, &id).await?;
     Ok(Json(HeartbeatAnswer { ok: true }).into_response())
 }
@@ -107,25 +121,39 @@ async fn heartbeat_batch(
         let namespace = item.namespace.clone().unwrap_or_else(|| "default".to_owned());
         auth::check(&node, &principal, &Need::Write { namespace, service: item.service.clone() })?;
     }
+    // And every entry the caller's (or unowned): another principal's instance refuses it too.
+    let writer = principal.writer();
+    for item in &b.instances {
+        auth::owned(
+            &node,
+            node.registry.check_owner(item.namespace(), &item.service, &item.instance_id, &writer),
+        )?;
+    }
     let answer = node.registry.heartbeat_batch(&b.instances).await?;
     Ok(Json(answer).into_response())
 }
 
 async fn deregister(
     State(node): State<Arc<NodeShared>>,
+    Extension(principal): Extension<Principal>,
     Path((ns, svc, id)): Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
-    let version = node.registry.deregister(&ns, &svc, &id).await?;
+    let version = auth::owned(&node, node.registry.deregister_as(&ns, &svc, &id, &principal.writer()).await)?;
     Ok(Json(WriteAnswer { version }).into_response())
 }
 
 async fn set_status(
     State(node): State<Arc<NodeShared>>,
+    Extension(principal): Extension<Principal>,
+    Extension(note): Extension<audit::AuditNote>,
     Path((ns, svc, id)): Path<(String, String, String)>,
     body: Result<Json<StatusChange>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let b = json_body(body)?;
-    let version = node.registry.set_status(&ns, &svc, &id, b.status.into()).await?;
+    note.detail(format!("to {:?}", b.status));
+    let by = principal.writer();
+    let version =
+        auth::owned(&node, node.registry.set_status_as(&ns, &svc, &id, b.status.into(), &by).await)?;
     Ok(Json(WriteAnswer { version }).into_response())
 }
 
@@ -408,10 +436,19 @@ async fn metrics(State(node): State<Arc<NodeShared>>) -> Response {
 
 /// POST /v1/admin/reload. A refusal names the key and rule at fault but never echoes the
 /// file's text or paths to the caller: those go to the log.
-async fn reload(State(node): State<Arc<NodeShared>>) -> Result<Response, ApiError> {
+async fn reload(
+    State(node): State<Arc<NodeShared>>,
+    Extension(note): Extension<audit::AuditNote>,
+) -> Result<Response, ApiError> {
     use crate::config::ConfigError;
     use crate::shared::ReloadError;
-    node.reload().map_err(|e| {
+    let tokens_before = node.acl.current().tokens();
+    let result = node.reload();
+    note.detail(match &result {
+        Ok(()) => format!("tokens {tokens_before} -> {}", node.acl.current().tokens()),
+        Err(e) => format!("refused: {}", e.to_string().chars().take(200).collect::<String>()),
+    });
+    result.map_err(|e| {
         tracing::warn!(error = %e, "configuration reload refused; the old configuration stays");
         let message = match &e {
             ReloadError::Config(ConfigError::Read { .. }) => {
@@ -435,9 +472,11 @@ async fn reload(State(node): State<Arc<NodeShared>>) -> Result<Response, ApiErro
 /// docs/replication.md, "Retiring a DC").
 async fn retire_dc(
     State(node): State<Arc<NodeShared>>,
+    Extension(note): Extension<audit::AuditNote>,
     body: Result<Json<RetireRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let req = json_body(body)?;
+    note.target(req.dc.chars().take(64).collect::<String>());
     tandem_schemas::validate_dc("dc", &req.dc).map_err(ApiError::invalid)?;
     if *req.dc == *node.registry.dc {
         return Err(ApiError::invalid_field("dc", "a node cannot retire its own DC"));
@@ -460,9 +499,11 @@ async fn retire_dc(
 /// POST /v1/admin/unretire-dc: the DC may replicate again, from scratch.
 async fn unretire_dc(
     State(node): State<Arc<NodeShared>>,
+    Extension(note): Extension<audit::AuditNote>,
     body: Result<Json<RetireRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let req = json_body(body)?;
+    note.target(req.dc.chars().take(64).collect::<String>());
     tandem_schemas::validate_dc("dc", &req.dc).map_err(ApiError::invalid)?;
     let unretired =
         node.committer.unretire(req.dc).await.map_err(|e| ApiError::unavailable(e.to_string()))?;

@@ -29,6 +29,7 @@ pub const VERSION: &str = concat!(
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (release build)");
 
 pub mod acl;
+pub mod audit;
 pub mod cli;
 pub mod clock;
 pub mod config;

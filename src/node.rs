@@ -125,6 +125,7 @@ impl Node {
         crate::acl::check_exposure(&cfg)?;
         data_dir::prepare(&cfg.data_dir)?;
         let acl = crate::acl::start(&cfg)?;
+        let audit = Arc::new(crate::audit::Audit::start(&cfg)?);
         // Before RocksDB opens: a descriptor budget too small for clients refuses the start.
         let limits = ListenerLimits::new(&cfg, listener::open_files_limit())?;
         let mut log = RocksLog::open_tuned(
@@ -143,6 +144,7 @@ impl Node {
         let counters = Arc::new(Counters::default());
         let view = ViewCell::new(&cfg.dc, log.index(), counters.clone());
         view.load(log.instances()?);
+        let owners = log.owners().context("cannot read the instance owners")?;
         let live = Arc::new(parking_lot::RwLock::new(LiveMarks {
             own: log.own_mark(),
             floor: log.purge_floor(),
@@ -187,6 +189,7 @@ impl Node {
             counters,
             Arc::new(crate::clock::SystemClock::new()),
         );
+        registry.load_owners(owners);
 
         let (shutdown, shut_rx) = watch::channel(false);
         let mut tasks = Vec::new();
@@ -251,6 +254,7 @@ impl Node {
             started: std::time::Instant::now(),
             http: Default::default(),
             acl: Arc::new(crate::acl::AclState::new(acl)),
+            audit,
             invalid_records,
         });
 

@@ -47,6 +47,8 @@ pub struct NodeShared {
     pub http: Arc<crate::http::limits::HttpState>,
     /// The access rules in force and their counters.
     pub acl: Arc<crate::acl::AclState>,
+    /// The audit log.
+    pub audit: Arc<crate::audit::Audit>,
     /// Stored records the log skipped on read because they break the schema's rules.
     pub invalid_records: Arc<crate::store::InvalidRecords>,
 }

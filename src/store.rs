@@ -36,10 +36,10 @@ mod rocks;
 
 pub use commit_log::{CommitLog, Retirement};
 pub use committer::{
-    AppendLocal, BuildEvents, CommitError, CommitNotice, CommitStats, Committed, Committer, CommitterHandle,
-    CommitterLimits, InlineCommitter, LogHealth, LogHealthReport, OnCommit, Reply, Request, Settle, Settled,
-    WithLogFn, GROUP_SIZE_BUCKETS, LINGER_GAP_US_DEFAULT, LINGER_MAX_US_DEFAULT, LINGER_TARGET_DEFAULT,
-    RECOVERY_BACKOFF_INITIAL_MS_DEFAULT, RECOVERY_BACKOFF_MAX_MS_DEFAULT,
+    AppendLocal, BuildEvents, Built, CommitError, CommitNotice, CommitStats, Committed, Committer,
+    CommitterHandle, CommitterLimits, InlineCommitter, LogHealth, LogHealthReport, OnCommit, Reply, Request,
+    Settle, Settled, WithLogFn, GROUP_SIZE_BUCKETS, LINGER_GAP_US_DEFAULT, LINGER_MAX_US_DEFAULT,
+    LINGER_TARGET_DEFAULT, RECOVERY_BACKOFF_INITIAL_MS_DEFAULT, RECOVERY_BACKOFF_MAX_MS_DEFAULT,
 };
 pub use mem::{MemFault, MemStore};
 pub use rocks::{InvalidRecords, OpenError, RocksLog, MAX_OPEN_FILES_DEFAULT, WRITE_BUFFER_MIB_DEFAULT};

@@ -2,9 +2,16 @@
 //! × {no token, unknown token, read token, write token of another namespace, write token,
 //! admin} gives the expected status, and a refused request changes nothing; other headers
 //! grant nothing; expiry, revocation by reload, the bootstrap token, and the refusal to
-//! start exposed without an ACL decision.
+//! start exposed without an ACL decision. `acl/owners.rs`: instance ownership by principal;
+//! `acl/limits.rs`: namespace quotas and request rates; `acl/audit.rs`: the audit log.
 
+#[path = "acl/audit.rs"]
+mod audit;
 mod common;
+#[path = "acl/limits.rs"]
+mod limits;
+#[path = "acl/owners.rs"]
+mod owners;
 
 use std::path::Path;
 
@@ -35,24 +42,34 @@ rules = [{ namespace = "default", service_prefix = "orders", read = true, write 
 /// Who calls, in the matrix's column order.
 const WHO: [&str; 6] = ["none", "unknown", "reader", "team-b", "orders", "admin"];
 
-struct Acl {
+pub(crate) struct Acl {
     _dir: tempfile::TempDir,
-    config: std::path::PathBuf,
+    pub(crate) config: std::path::PathBuf,
     node: Option<Node>,
-    http: reqwest::Client,
-    base: String,
-    tokens: Vec<(String, Option<String>)>,
+    pub(crate) http: reqwest::Client,
+    pub(crate) base: String,
+    pub(crate) tokens: Vec<(String, Option<String>)>,
 }
+
+/// Tokens besides the matrix's: another principal with the `orders` policy, and two tokens
+/// that share the principal `orders-ci` (a rotation).
+const EXTRA: [(&str, &str, Option<&str>); 3] =
+    [("rival", "orders", None), ("ci-1", "orders", Some("orders-ci")), ("ci-2", "orders", Some("orders-ci"))];
 
 impl Acl {
     async fn start() -> Acl {
+        Acl::start_with("").await
+    }
+
+    /// A node with the matrix's policies and tokens, and `extra` appended to its config.
+    pub(crate) async fn start_with(extra: &str) -> Acl {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("dc-a");
         let config = dir.path().join("dc-a.toml");
         std::fs::write(
             &config,
             format!(
-                "dc = \"dc-a\"\ndata_dir = \"{}\"\nhttp_addr = \"127.0.0.1:0\"\n{POLICIES}",
+                "dc = \"dc-a\"\ndata_dir = \"{}\"\nhttp_addr = \"127.0.0.1:0\"\n{POLICIES}\n{extra}",
                 data.display()
             ),
         )
@@ -68,17 +85,48 @@ impl Acl {
             let (_, secret) = file.create(vec![policy.into()], String::new(), 0, None);
             tokens.push(((*who).to_owned(), Some(secret)));
         }
+        for (who, policy, principal) in EXTRA {
+            let (_, secret) = file.create(vec![policy.into()], String::new(), 0, None);
+            file.tokens.last_mut().unwrap().principal = principal.map(Into::into);
+            tokens.push((who.to_owned(), Some(secret)));
+        }
         file.store(&cfg.acl.tokens_path(&cfg.data_dir)).unwrap();
         let node = Node::start(cfg, Some(config.clone())).await.unwrap();
         let base = format!("http://{}", node.http_addr());
         Acl { _dir: dir, config, node: Some(node), http: reqwest::Client::new(), base, tokens }
     }
 
-    fn token(&self, who: &str) -> Option<&str> {
+    /// Stops the node and starts it again on the same data dir and config.
+    pub(crate) async fn restart(&mut self) {
+        self.node.take().unwrap().shutdown().await;
+        let node = Node::start(Config::load(&self.config).unwrap(), Some(self.config.clone())).await.unwrap();
+        self.base = format!("http://{}", node.http_addr());
+        self.node = Some(node);
+    }
+
+    pub(crate) async fn stop(mut self) {
+        self.node.take().unwrap().shutdown().await;
+    }
+
+    /// The public id of `who`'s token.
+    pub(crate) fn id_of(&self, who: &str) -> String {
+        let cfg = Config::load(&self.config).unwrap();
+        let hash = hex::encode(tandem::acl::tokens::hash_secret(self.token(who).unwrap()));
+        let file = TokenFile::load(&cfg.acl.tokens_path(&cfg.data_dir)).unwrap();
+        file.tokens.into_iter().find(|e| e.sha256 == hash).unwrap().id
+    }
+
+    pub(crate) fn token(&self, who: &str) -> Option<&str> {
         self.tokens.iter().find(|(w, _)| w == who).and_then(|(_, t)| t.as_deref())
     }
 
-    async fn call(&self, who: &str, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    pub(crate) async fn call(
+        &self,
+        who: &str,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
         let mut req = self.http.request(method, format!("{}{path}", self.base));
         if let Some(t) = self.token(who) {
             req = req.bearer_auth(t);
@@ -100,20 +148,21 @@ impl Acl {
     }
 }
 
-fn reg(ns: &str, id: &str) -> Value {
+pub(crate) fn reg(ns: &str, id: &str) -> Value {
     json!({"namespace": ns, "service": "orders", "instance_id": id, "address": "10.0.0.7", "port": 8080, "ttl_ms": 60000})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_endpoint_answers_each_principal_as_its_scopes_say() {
     let mut t = Acl::start().await;
-    // The instances the writes act on.
+    // The instances the writes act on, each registered by the token that writes it below
+    // (an owned instance refuses other principals: acl/owners.rs).
     assert_eq!(
-        t.call("admin", Method::POST, "/v1/register", Some(reg("default", "o1"))).await.0,
+        t.call("orders", Method::POST, "/v1/register", Some(reg("default", "o1"))).await.0,
         StatusCode::OK
     );
     assert_eq!(
-        t.call("admin", Method::POST, "/v1/register", Some(reg("team-b", "b1"))).await.0,
+        t.call("team-b", Method::POST, "/v1/register", Some(reg("team-b", "b1"))).await.0,
         StatusCode::OK
     );
 
@@ -137,7 +186,7 @@ async fn every_endpoint_answers_each_principal_as_its_scopes_say() {
         (Method::POST, "/v1/admin/retire-dc", Some(json!({"dc": "dc-z"})), [u, u, f, f, f, ok]),
         (Method::POST, "/v1/admin/unretire-dc", Some(json!({"dc": "dc-z"})), [u, u, f, f, f, ok]),
         (Method::GET, "/v1/no-such-endpoint", None, [u, u, f, f, f, S::NOT_FOUND]),
-        (Method::DELETE, "/v1/instances/default/orders/o2", None, [u, u, f, f, ok, S::NOT_FOUND]),
+        (Method::DELETE, "/v1/instances/default/orders/o1", None, [u, u, f, f, ok, S::NOT_FOUND]),
     ];
     for (method, path, body, want) in matrix {
         for (who, want) in WHO.iter().zip(want) {
@@ -257,4 +306,34 @@ async fn an_exposed_node_without_an_acl_decision_refuses_to_start() {
     off.acl.enabled = Some(false);
     assert!(tandem::acl::check_exposure(&off).is_ok());
     assert!(!Path::new(&cfg.data_dir).exists(), "nothing was created");
+}
+
+#[tokio::test]
+async fn tandem_dev_says_at_start_that_acls_are_off() {
+    use tokio::io::AsyncBufReadExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    // Two consecutive ports each (dc-a, dc-b); a pair bound and freed just before.
+    let (http, repl) = (free_tcp_port(), free_udp_port());
+    let mut child = tokio::process::Command::new(tandem_bin())
+        .args(["dev", "--dir"])
+        .arg(dir.path())
+        .args(["--http-port", &http.to_string(), "--repl-port", &repl.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let said = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while let Ok(Some(line)) = out.next_line().await {
+            if line.contains("ACLs are off") {
+                return Some(line);
+            }
+        }
+        None
+    })
+    .await;
+    child.kill().await.unwrap();
+    let line = said.expect("tandem dev printed its banner in time").expect("it says ACLs are off");
+    assert!(line.contains("loopback only"), "{line}");
 }

@@ -10,15 +10,23 @@ use crate::config::Config;
 
 /// What `tandem acl token` was asked to do.
 pub enum TokenCommand {
-    Create { config: PathBuf, policies: Vec<String>, description: String, expires: Option<String> },
-    List { config: PathBuf },
+    Create {
+        config: PathBuf,
+        policies: Vec<String>,
+        description: String,
+        expires: Option<String>,
+        principal: Option<String>,
+    },
+    List {
+        config: PathBuf,
+    },
 }
 
 /// Runs a token command. `create` prints the secret on stdout (once: it is stored nowhere).
 pub fn token(cmd: TokenCommand) -> anyhow::Result<()> {
     let now = tandem_replicator::gateway::wall_ms();
     match cmd {
-        TokenCommand::Create { config, policies, description, expires } => {
+        TokenCommand::Create { config, policies, description, expires, principal } => {
             let cfg = Config::load(&config).with_context(|| format!("cannot load {}", config.display()))?;
             for p in &policies {
                 if p != ADMIN_POLICY && !cfg.acl.policies.iter().any(|d| d.name == *p) {
@@ -28,11 +36,34 @@ pub fn token(cmd: TokenCommand) -> anyhow::Result<()> {
             if description.len() > 256 || description.chars().any(char::is_control) {
                 bail!("--description: at most 256 bytes, no control characters");
             }
+            if let Some(p) = &principal {
+                let ok = (1..=128).contains(&p.len())
+                    && p.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+                    && p != crate::registry::ANONYMOUS;
+                if !ok {
+                    bail!("--principal: 1 to 128 of A-Z a-z 0-9 . _ - (and not `anonymous`)");
+                }
+            }
             let expires_at_ms = expires.as_deref().map(|e| parse_span(e).map(|ms| now + ms)).transpose()?;
             let path = cfg.acl.tokens_path(&cfg.data_dir);
             let mut file = TokenFile::load(&path)?;
             let (entry, secret) = file.create(policies, description, now, expires_at_ms);
+            if let Some(last) = file.tokens.last_mut() {
+                last.principal = principal;
+            }
             file.store(&path)?;
+            let rec = crate::audit::Record {
+                principal: "local".into(),
+                client: "local".into(),
+                action: "token_create".into(),
+                target: entry.id.clone(),
+                outcome: "ok".into(),
+                detail: Some(format!("policies {}", entry.policies.join(","))),
+                ..Default::default()
+            };
+            if let Err(e) = crate::audit::append_local(&cfg, rec) {
+                eprintln!("warning: cannot write the audit log: {e}");
+            }
             eprintln!(
                 "token {} created in {}; reload the node to use it. The secret below is shown once:",
                 entry.id,

@@ -135,12 +135,21 @@ impl Grants {
 pub struct Principal {
     /// The token's public id (`anonymous` when ACLs are off); never the secret.
     pub id: Arc<str>,
+    /// Who owns what it registers: the token's `principal` when set (so a successor token
+    /// with the same principal keeps the instances), else its id.
+    pub name: Arc<str>,
     pub grants: Arc<Grants>,
 }
 
 impl Principal {
     pub fn anonymous() -> Principal {
-        Principal { id: "anonymous".into(), grants: Arc::new(Grants::everything()) }
+        let id: Arc<str> = crate::registry::ANONYMOUS.into();
+        Principal { id: id.clone(), name: id, grants: Arc::new(Grants::everything()) }
+    }
+
+    /// The principal as instance ownership sees it.
+    pub fn writer(&self) -> crate::registry::Writer {
+        crate::registry::Writer { principal: self.name.clone(), admin: self.grants.admin }
     }
 
     /// `Ok` when the principal may do what `need` says; else the 403 error.
@@ -203,6 +212,11 @@ impl Acl {
         let mut tokens = HashMap::new();
         for t in &file.tokens {
             let hash = t.hash()?;
+            if t.id == crate::registry::ANONYMOUS
+                || t.principal.as_deref() == Some(crate::registry::ANONYMOUS)
+            {
+                return Err(AclError::ReservedName(t.id.clone()));
+            }
             let mut g = Grants::default();
             for name in &t.policies {
                 let p = policies
@@ -237,7 +251,9 @@ impl Acl {
         if entry.expires_at_ms.is_some_and(|t| now_ms >= t) {
             return Err(Unauthenticated::Expired);
         }
-        Ok(Principal { id: entry.id.as_str().into(), grants: grants.clone() })
+        let id: Arc<str> = entry.id.as_str().into();
+        let name = entry.principal.as_deref().map_or_else(|| id.clone(), Arc::from);
+        Ok(Principal { id, name, grants: grants.clone() })
     }
 }
 
@@ -301,6 +317,8 @@ pub enum AclError {
     UnknownPolicy { token: String, policy: String },
     #[error("token {0}: the same secret hash is listed twice")]
     DuplicateToken(String),
+    #[error("token {0}: `anonymous` is reserved (what ACLs off register as) as an id or principal")]
+    ReservedName(String),
     #[error("token {id}: sha256 must be 64 hex digits")]
     BadHash { id: String },
 }

@@ -33,6 +33,10 @@ pub struct TokenEntry {
     /// SHA-256 of the secret, 64 hex digits.
     pub sha256: String,
     pub policies: Vec<String>,
+    /// Who owns the instances this token registers (default: the token's id). Tokens that
+    /// share a principal share ownership, so a successor token (rotation) keeps them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub description: String,
     pub created_at_ms: u64,
@@ -105,6 +109,7 @@ impl TokenFile {
             id: format!("t-{}", uuid::Uuid::now_v7().simple()),
             sha256: hex::encode(hash_secret(&secret)),
             policies,
+            principal: None,
             description,
             created_at_ms: now_ms,
             expires_at_ms,

@@ -28,6 +28,7 @@ pub async fn authorize(State(node): State<Arc<NodeShared>>, mut req: Request, ne
             let mut r =
                 ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", why.message()).into_response();
             r.headers_mut().insert(axum::http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            audit_refusal(&node, &req, "-", &r);
             return r;
         }
     };
@@ -38,16 +39,35 @@ pub async fn authorize(State(node): State<Arc<NodeShared>>, mut req: Request, ne
         };
         if let Err(e) = principal.check(&need) {
             node.acl.refused(true, req.uri().path(), &e.message);
-            return e.into_response();
+            let r = e.into_response();
+            audit_refusal(&node, &req, &principal.id, &r);
+            return r;
         }
     }
     req.extensions_mut().insert(principal);
     next.run(req).await
 }
 
+/// A refusal made here (outside the audit layer) to the audit log, sampled.
+fn audit_refusal(node: &NodeShared, req: &Request, principal: &str, resp: &Response) {
+    if node.audit.enabled() {
+        let client = req.extensions().get::<super::limits::ClientAddr>().copied();
+        node.audit.refusal(super::audit::line(req.method(), req.uri().path(), principal, client, resp));
+    }
+}
+
 /// For the handlers that decide on their body: checks `need` and counts a refusal.
 pub fn check(node: &NodeShared, principal: &Principal, need: &Need) -> Result<(), ApiError> {
     principal.check(need).inspect_err(|e| node.acl.refused(true, "(body)", &e.message))
+}
+
+/// Counts (and sample-logs) an ownership refusal (403 from the registry) like any other.
+pub fn owned<T>(node: &NodeShared, result: Result<T, ApiError>) -> Result<T, ApiError> {
+    result.inspect_err(|e| {
+        if e.status == StatusCode::FORBIDDEN {
+            node.acl.refused(true, "(owner)", &e.message);
+        }
+    })
 }
 
 /// What a request needs, from its method, path and query.

@@ -61,12 +61,26 @@ pub struct HttpState {
     /// One sampler per kind of refusal, so each kind shows up in the log.
     pub(crate) log_accept: LogSampler,
     pub(crate) log_request: LogSampler,
+    /// The request-rate limits per principal and per client address.
+    pub rates: super::rate::Rates,
     admin_bucket: Mutex<Option<(f64, Instant)>>,
 }
 
 impl HttpState {
     pub fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Logs a rate-limit refusal (sampled: one line per 10 s).
+    pub(crate) fn log_rate(&self, what: &str) {
+        if let Some(held_back) = self.log_request.admit() {
+            tracing::warn!(
+                refused = "rate",
+                by = what,
+                held_back,
+                "HTTP request refused (sampled: one line per 10 s)"
+            );
+        }
     }
 
     /// Takes one admin call from a bucket of `per_minute` calls refilled evenly; on

@@ -141,6 +141,38 @@ impl NodeShared {
         m.counter(refused, help, &[("dc", dc), ("limit", "namespaces_max")], {
             c.refused_namespaces_max.load(Ordering::Relaxed)
         });
+        for (limit, n) in [
+            ("namespace_instances_max", &c.refused_quota_instances),
+            ("namespace_services_max", &c.refused_quota_services),
+            ("namespace_metadata_bytes_max", &c.refused_quota_metadata),
+        ] {
+            m.counter(refused, help, &[("dc", dc), ("limit", limit)], n.load(Ordering::Relaxed));
+        }
+        // Per namespace (at most [limits] namespaces_max of them): what its quota counts.
+        for (ns, u) in reg.namespace_usage() {
+            let l = [("dc", dc), ("namespace", &*ns)];
+            m.gauge(
+                "tandem_namespace_instances",
+                "Own instances of the namespace (its quota counts these)",
+                &l,
+                u.instances as f64,
+            );
+            m.gauge(
+                "tandem_namespace_services",
+                "Services of the namespace, every DC's",
+                &l,
+                u.services as f64,
+            );
+            m.gauge(
+                "tandem_namespace_metadata_bytes",
+                "Metadata bytes (keys and values) of the namespace's own instances",
+                &l,
+                u.metadata_bytes as f64,
+            );
+        }
+        m.gauge("tandem_owned_instances", "Own instances with a recorded owner principal", &[("dc", dc)], {
+            reg.owned_instances() as f64
+        });
         self.render_http_limits(&mut m, dc);
         let st = self.committer.stats();
         m.counter(
@@ -345,6 +377,19 @@ impl NodeShared {
             &[("dc", dc)],
             self.acl.forbidden.load(Ordering::Relaxed),
         );
+        for (outcome, n) in [
+            ("written", self.audit.written.load(Ordering::Relaxed)),
+            ("dropped", self.audit.dropped.load(Ordering::Relaxed)),
+            ("sampled_out", self.audit.sampled_out.load(Ordering::Relaxed)),
+            ("failed", self.audit.failed.load(Ordering::Relaxed)),
+        ] {
+            m.counter(
+                "tandem_audit_lines_total",
+                "Audit log lines: written, dropped (queue full), left out by the refusal sampling, failed (I/O)",
+                &[("dc", dc), ("outcome", outcome)],
+                n,
+            );
+        }
         m.gauge(
             "tandem_acl_tokens",
             "Tokens loaded (0 with ACLs off)",
@@ -417,6 +462,8 @@ impl NodeShared {
         m.counter(req, help, &[("dc", dc), ("reason", "host")], get(&h.refused_host));
         m.counter(req, help, &[("dc", dc), ("reason", "admin_unmarked")], get(&h.refused_admin_unmarked));
         m.counter(req, help, &[("dc", dc), ("reason", "admin_rate")], get(&h.refused_admin_rate));
+        m.counter(req, help, &[("dc", dc), ("reason", "principal_rate")], get(&h.rates.refused_principal));
+        m.counter(req, help, &[("dc", dc), ("reason", "address_rate")], get(&h.rates.refused_address));
         let by_cap = [
             ("watch_streams_max", &h.streams.refused_total),
             ("watch_streams_per_address_max", &h.streams.refused_per_address),

@@ -36,6 +36,7 @@ use crate::store::AppendLocal;
 
 mod discovery;
 mod leases;
+mod owners;
 mod view;
 mod write;
 
@@ -43,7 +44,8 @@ mod write;
 mod tests;
 
 pub use discovery::validate_query;
-pub use view::{Held, ViewCell, ViewIndex};
+pub use owners::{Writer, ANONYMOUS};
+pub use view::{metadata_bytes, Held, NsUsage, ViewCell, ViewIndex};
 
 use view::ServiceId;
 use write::Overlay;
@@ -67,6 +69,10 @@ pub struct Counters {
     pub refused_services_max: AtomicU64,
     /// Local registrations in a new namespace refused by `[limits] namespaces_max`.
     pub refused_namespaces_max: AtomicU64,
+    /// Local registrations refused by their namespace's quota, per quota.
+    pub refused_quota_instances: AtomicU64,
+    pub refused_quota_services: AtomicU64,
+    pub refused_quota_metadata: AtomicU64,
 }
 
 /// Tells whether a remote origin's copies are stale (its link silent too long).
@@ -103,6 +109,9 @@ pub struct Registry {
     /// The leases of the local ephemeral instances, changed as their events are minted
     /// (see [`crate::leases`]).
     leases: Arc<LeaseBook>,
+    /// Who owns each own instance (see [`owners`]): changed as registrations and
+    /// deregistrations are minted, durable with them.
+    owners: Arc<Mutex<owners::Owners>>,
     failover: Mutex<HashMap<ServiceId, FailoverState>>,
     /// Last known staleness of each remote origin, to wake watchers when it flips.
     staleness: Mutex<BTreeMap<String, bool>>,
@@ -128,6 +137,7 @@ impl Registry {
             minted: Arc::new(Mutex::new(Overlay::default())),
             view,
             leases: Arc::new(LeaseBook::new(cfg.dc.as_str(), health.clone(), clock.clone())),
+            owners: Arc::default(),
             failover: Mutex::new(HashMap::new()),
             staleness: Mutex::new(BTreeMap::new()),
             counters,
@@ -144,6 +154,44 @@ impl Registry {
                 .rebuild(v.services.values().flat_map(|s| s.instances.values()).map(|h| (h.seq, &*h.record)));
         }
         reg
+    }
+
+    /// The owners of the own instances as the log holds them (at start, before any write).
+    pub fn load_owners(&self, owners: Vec<(tandem_schemas::InstanceKey, Arc<str>)>) {
+        self.owners.lock().load(owners);
+    }
+
+    /// What each namespace holds (see [`NsUsage`]).
+    pub fn namespace_usage(&self) -> Vec<(Name, NsUsage)> {
+        self.view.namespace_usage()
+    }
+
+    /// Own instances with a recorded owner.
+    pub fn owned_instances(&self) -> usize {
+        self.owners.lock().len()
+    }
+
+    /// Whether `by` may renew (or change) own instance `ns/svc/id`: its owner or an admin,
+    /// or anyone with the scope when it has no owner. An unknown instance passes (the
+    /// heartbeat itself answers 404).
+    pub fn check_owner(
+        &self,
+        ns: &str,
+        svc: &str,
+        id: &str,
+        by: &Writer,
+    ) -> Result<(), crate::error::ApiError> {
+        if by.admin {
+            return Ok(());
+        }
+        let key = tandem_schemas::InstanceKey {
+            owner_dc: self.dc.clone(),
+            namespace: ns.into(),
+            service: svc.into(),
+            instance_id: id.into(),
+        };
+        let owner = self.owners.lock().current(&key);
+        owners::judge(owner.as_deref(), by, &key)
     }
 
     pub fn set_stale_fn(&self, f: StaleFn) {

@@ -140,8 +140,22 @@ impl hashbrown::Equivalent<ServiceId> for SvcRef<'_> {
 pub(super) struct View {
     pub(super) index: u64,
     pub(super) services: hashbrown::HashMap<ServiceId, Service>,
-    /// Services held per namespace (namespaces holding none are not listed).
-    pub(super) namespaces: HashMap<Name, usize>,
+    /// What each namespace holds (namespaces holding no service are not listed).
+    pub(super) namespaces: HashMap<Name, NsUsage>,
+}
+
+/// What one namespace holds: its services (every DC's), and this DC's own instances and
+/// the bytes of their metadata (keys and values), which its quota bounds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NsUsage {
+    pub services: u64,
+    pub instances: u64,
+    pub metadata_bytes: u64,
+}
+
+/// The bytes of a record's metadata, as a namespace's quota counts them.
+pub fn metadata_bytes(metadata: &std::collections::BTreeMap<String, String>) -> u64 {
+    metadata.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum()
 }
 
 /// How many absence buckets (see the module's header) the view keeps: an absent service's
@@ -153,17 +167,48 @@ impl View {
     fn create(&mut self, sid: &ServiceId, idx: u64) -> (&mut Service, bool) {
         let created = !self.services.contains_key(sid);
         if created {
-            *self.namespaces.entry(sid.0.clone()).or_insert(0) += 1;
+            self.namespaces.entry(sid.0.clone()).or_default().services += 1;
         }
         (self.services.entry(sid.clone()).or_insert_with(|| Service::new(idx, sid.clone())), created)
+    }
+
+    /// Holds `record` in its service (created when absent; true then), counting an own
+    /// record (`local`) in its namespace's usage.
+    fn put_record(&mut self, idx: u64, seq: u64, record: InstanceRecord, local: bool) -> bool {
+        let sid = (record.key.namespace.clone(), record.key.service.clone());
+        let old = self
+            .services
+            .get(&sid)
+            .and_then(|s| s.instances.get(&record.key))
+            .map(|h| metadata_bytes(&h.record.metadata));
+        let new = metadata_bytes(&record.metadata);
+        let (svc, created) = self.create(&sid, idx);
+        svc.put(seq, record);
+        if local {
+            if let Some(u) = self.namespaces.get_mut(&sid.0) {
+                if old.is_none() {
+                    u.instances += 1;
+                }
+                u.metadata_bytes = (u.metadata_bytes + new).saturating_sub(old.unwrap_or(0));
+            }
+        }
+        created
+    }
+
+    /// Uncounts a removed own record from its namespace's usage.
+    fn uncount(&mut self, ns: &str, record: &InstanceRecord) {
+        if let Some(u) = self.namespaces.get_mut(ns) {
+            u.instances = u.instances.saturating_sub(1);
+            u.metadata_bytes = u.metadata_bytes.saturating_sub(metadata_bytes(&record.metadata));
+        }
     }
 
     /// Drops `sid` (which holds no instance any more) and uncounts it.
     fn drop_service(&mut self, sid: &ServiceId) {
         if self.services.remove(sid).is_some() {
             if let Some(n) = self.namespaces.get_mut(&sid.0) {
-                *n -= 1;
-                if *n == 0 {
+                n.services -= 1;
+                if n.services == 0 {
                     self.namespaces.remove(&sid.0);
                 }
             }
@@ -200,8 +245,8 @@ impl ViewCell {
         let mut v = self.view.write();
         let idx = v.index;
         for (seq, record) in instances {
-            let sid = (record.key.namespace.clone(), record.key.service.clone());
-            v.create(&sid, idx).0.put(seq, record);
+            let local = *record.key.owner_dc == *self.local_dc;
+            v.put_record(idx, seq, record, local);
         }
     }
 
@@ -226,9 +271,11 @@ impl ViewCell {
                         self.counters.events_remote.fetch_add(1, Ordering::Relaxed);
                     }
                     let sid = (record.key.namespace.clone(), record.key.service.clone());
-                    let (svc, created) = v.create(&sid, idx);
-                    svc.put(*seq, record.clone());
-                    svc.index = idx;
+                    let local = *record.key.owner_dc == *self.local_dc;
+                    let created = v.put_record(idx, *seq, record.clone(), local);
+                    if let Some(svc) = v.services.get_mut(&sid) {
+                        svc.index = idx;
+                    }
                     if created {
                         appeared.push(sid.clone());
                     }
@@ -236,16 +283,21 @@ impl ViewCell {
                 }
                 StateChange::Remove { key } => {
                     let sid = (key.namespace.clone(), key.service.clone());
+                    let mut gone = None;
                     if let Some(svc) = v.services.get_mut(&SvcRef(&key.namespace, &key.service)) {
-                        if svc.instances.remove(key).is_some() {
+                        if let Some(h) = svc.instances.remove(key) {
                             svc.removed.retain(|k| k != key);
                             if svc.removed.len() >= REMOVED_REMEMBERED_MAX {
                                 svc.removed.pop_front();
                             }
                             svc.removed.push_back(key.clone());
+                            gone = Some(h.record);
                         }
                         svc.index = idx;
                         touched.push(sid);
+                    }
+                    if let Some(r) = gone.filter(|r| *r.key.owner_dc == *self.local_dc) {
+                        v.uncount(&key.namespace, &r);
                     }
                 }
             }
@@ -349,6 +401,43 @@ impl ViewCell {
         }
         if v.services.len() as u64 >= services_max {
             return Err("services_max");
+        }
+        Ok(())
+    }
+
+    /// What each namespace holds now.
+    pub fn namespace_usage(&self) -> Vec<(Name, NsUsage)> {
+        let v = self.view.read();
+        let mut out: Vec<_> = v.namespaces.iter().map(|(k, u)| (k.clone(), *u)).collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Whether namespace `ns`'s quota has room for own instance `svc/id` with
+    /// `new_bytes` of metadata (replacing what it holds now, if anything); else which
+    /// quota key refuses it and its value.
+    pub(super) fn quota_room(
+        &self,
+        ns: &str,
+        svc: &str,
+        id: &str,
+        new_bytes: u64,
+        q: crate::config::Quota,
+    ) -> Result<(), (&'static str, u64)> {
+        let v = self.view.read();
+        let u = v.namespaces.get(ns).copied().unwrap_or_default();
+        let old = self
+            .find_in(&v, ns, svc, id)
+            .filter(|h| *h.record.key.owner_dc == *self.local_dc)
+            .map(|h| metadata_bytes(&h.record.metadata));
+        if !v.services.contains_key(&SvcRef(ns, svc)) && u.services >= q.services_max {
+            return Err(("services_max", q.services_max));
+        }
+        if old.is_none() && u.instances >= q.instances_max {
+            return Err(("instances_max", q.instances_max));
+        }
+        if (u.metadata_bytes + new_bytes).saturating_sub(old.unwrap_or(0)) > q.metadata_bytes_max {
+            return Err(("metadata_bytes_max", q.metadata_bytes_max));
         }
         Ok(())
     }

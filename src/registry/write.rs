@@ -14,10 +14,11 @@ use uuid::Uuid;
 
 use tandem_replicator::log::LogError;
 
+use super::owners::{OwnerChange, Writer};
 use super::view::Held;
 use super::{RegisterAnswer, RegisterRequest, Registry};
 use crate::error::ApiError;
-use crate::store::{CommitError, Settled};
+use crate::store::{Built, CommitError, Settled};
 
 /// A change to one local instance, turned into an event against the latest minted state.
 #[derive(Clone, Debug)]
@@ -44,6 +45,16 @@ pub(super) enum Outcome {
     Written(ChangeEvent),
     Unchanged,
     Gone,
+    /// Another principal owns the instance (the 403 says which).
+    Forbidden(ApiError),
+}
+
+/// What the builder decided for one patch.
+enum Slot {
+    Gone,
+    Unchanged,
+    Seq(u64),
+    Forbidden(ApiError),
 }
 
 /// What a patch did.
@@ -166,24 +177,41 @@ impl Registry {
     /// each other's fields. Returns one entry per patch: `Written(event)`, `Unchanged`, or
     /// `Gone` when the instance is not live any more.
     pub(super) async fn commit(&self, patches: Vec<(InstanceKey, Patch)>) -> Result<Vec<Outcome>, ApiError> {
+        self.commit_as(patches, None).await
+    }
+
+    /// [`commit`](Self::commit) on behalf of `by`: each patch is first judged against the
+    /// instance's latest minted owner (see [`super::owners`]), and a registration records
+    /// `by` as the owner, in the same durable write. `None`: the node's own decisions
+    /// (lease transitions), which no owner refuses.
+    pub(super) async fn commit_as(
+        &self,
+        patches: Vec<(InstanceKey, Patch)>,
+        by: Option<Writer>,
+    ) -> Result<Vec<Outcome>, ApiError> {
         let dc = self.dc.clone();
         let minted = self.minted.clone();
         let view = self.view.clone();
         let clock = self.clock.clone();
         let leases = self.leases.clone();
-        let outcome: Arc<Mutex<Vec<Option<u64>>>> = Arc::new(Mutex::new(Vec::new()));
+        let owners = self.owners.clone();
+        let outcome: Arc<Mutex<Vec<Slot>>> = Arc::new(Mutex::new(Vec::new()));
         let out = outcome.clone();
         let mine: Arc<Mutex<Vec<(InstanceKey, u64)>>> = Arc::new(Mutex::new(Vec::new()));
         let mine_in = mine.clone();
+        let owned: Arc<Mutex<Vec<OwnerChange>>> = Arc::new(Mutex::new(Vec::new()));
+        let owned_in = owned.clone();
         // Once the outcome is known, the view holds what was written (or, on failure, the
         // durable state stands), so this call's in-flight entries leave the overlay, and
         // on failure the durable state decides the leases of the keys it minted. This
         // runs on the committer, whether or not this call still waits: a caller that went
         // away (before or after its builder ran) leaves nothing behind.
         let (overlay, in_view, in_leases) = (self.minted.clone(), self.view.clone(), self.leases.clone());
+        let settle_owners = self.owners.clone();
         let settle = Box::new(move |settled: Settled| {
             let mine = std::mem::take(&mut *mine.lock());
             settle(&mut overlay.lock(), &mine);
+            settle_owners.lock().settle(&std::mem::take(&mut *owned.lock()), settled.written);
             if !settled.written {
                 for (key, _) in &mine {
                     in_leases.reconcile(key, in_view.get(key).as_ref().map(|h| (h.seq, &*h.record)));
@@ -196,11 +224,19 @@ impl Registry {
                 Box::new(move |mark: Mark| {
                     let now = clock.wall_ms();
                     let mut minted = minted.lock();
+                    let mut owners = owners.lock();
                     let mut seq = mark.seq;
-                    let mut events = Vec::new();
+                    let mut built = Built::default();
                     let mut outcome = out.lock();
                     let mut mine = mine_in.lock();
+                    let mut owned = owned_in.lock();
                     for (key, patch) in patches {
+                        if let Some(w) = &by {
+                            if let Err(e) = super::owners::judge(owners.current(&key).as_deref(), w, &key) {
+                                outcome.push(Slot::Forbidden(e));
+                                continue;
+                            }
+                        }
                         let registration = matches!(patch, Patch::Register(_));
                         let judged = patch.judged();
                         let lease = leases.version_of(&key);
@@ -208,7 +244,7 @@ impl Registry {
                         let op = match patch.apply(&key, &mut minted, seq + 1, base, lease) {
                             Minted::Op(op) => op,
                             Minted::Unchanged => {
-                                outcome.push(Some(0));
+                                outcome.push(Slot::Unchanged);
                                 continue;
                             }
                             Minted::Gone => {
@@ -216,7 +252,7 @@ impl Registry {
                                 if let Some(v) = judged {
                                     leases.forget(&key, v);
                                 }
-                                outcome.push(None);
+                                outcome.push(Slot::Gone);
                                 continue;
                             }
                         };
@@ -224,9 +260,24 @@ impl Registry {
                         // The leases follow the minted sequence: a registration's lease starts
                         // with its event, a deregistration's removal with its tombstone.
                         leases.minted(&key, registration, &op, seq);
-                        outcome.push(Some(seq));
+                        // So do the owners: a registration records who made it, a
+                        // deregistration removes the record.
+                        let owner_change = match (&op, &by) {
+                            (Op::Deregister { .. }, _) => Some(None),
+                            (_, Some(w)) if registration => Some(Some(w.principal.clone())),
+                            _ => None,
+                        };
+                        if let Some(owner) = owner_change {
+                            if let Some(o) = &owner {
+                                built.owners.push((seq, o.clone()));
+                            }
+                            let change = (key.clone(), seq, owner);
+                            owners.mint(&change);
+                            owned.push(change);
+                        }
+                        outcome.push(Slot::Seq(seq));
                         mine.push((key, seq));
-                        events.push(ChangeEvent {
+                        built.events.push(ChangeEvent {
                             event_id: Uuid::now_v7(),
                             origin_dc: dc.to_string(),
                             origin_epoch: mark.epoch,
@@ -235,7 +286,7 @@ impl Registry {
                             op,
                         });
                     }
-                    events
+                    built
                 }),
                 settle,
             )
@@ -256,17 +307,24 @@ impl Registry {
         Ok(outcome
             .into_iter()
             .map(|o| match o {
-                None => Outcome::Gone,
-                Some(0) => Outcome::Unchanged,
-                Some(seq) => {
+                Slot::Gone => Outcome::Gone,
+                Slot::Unchanged => Outcome::Unchanged,
+                Slot::Forbidden(e) => Outcome::Forbidden(e),
+                Slot::Seq(seq) => {
                     events.iter().find(|e| e.seq == seq).cloned().map_or(Outcome::Gone, Outcome::Written)
                 }
             })
             .collect())
     }
 
-    /// POST /v1/register.
+    /// POST /v1/register, as the anonymous principal (ACLs off).
     pub async fn register(&self, req: RegisterRequest) -> Result<RegisterAnswer, ApiError> {
+        self.register_as(req, &Writer::anonymous()).await
+    }
+
+    /// POST /v1/register on behalf of `by`, who becomes the instance's owner; refused (403)
+    /// when another principal owns it and `by` is not an admin.
+    pub async fn register_as(&self, req: RegisterRequest, by: &Writer) -> Result<RegisterAnswer, ApiError> {
         let namespace = req.namespace.unwrap_or_else(|| "default".into());
         tandem_schemas::validate_name("namespace", &namespace).map_err(ApiError::invalid)?;
         tandem_schemas::validate_name("service", &req.service).map_err(ApiError::invalid)?;
@@ -325,6 +383,28 @@ impl Registry {
                 ),
             ));
         }
+        // The namespace's quota (own instances, services, metadata bytes). Checked against
+        // the view: registrations in flight may pass it together (at most the committer's
+        // queue of them).
+        let bytes = req.metadata.as_ref().map_or(0, super::view::metadata_bytes);
+        if let Err((key, cap)) =
+            self.view.quota_room(&namespace, &req.service, &instance_id, bytes, limits.quota(&namespace))
+        {
+            let counter = match key {
+                "instances_max" => &self.counters.refused_quota_instances,
+                "services_max" => &self.counters.refused_quota_services,
+                _ => &self.counters.refused_quota_metadata,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::new(
+                axum::http::StatusCode::INSUFFICIENT_STORAGE,
+                "quota_exceeded",
+                format!(
+                    "namespace {namespace} is at its quota: {key} = {cap} ([limits] namespace_{key}, or \
+                     [limits.namespace.{namespace}] {key}); deregister instances or raise it"
+                ),
+            ));
+        }
         // The service's shared names when it exists, so the lease shares them too.
         let (ns_name, svc_name) = self
             .view
@@ -362,11 +442,14 @@ impl Registry {
         tandem_schemas::validate_record(&record).map_err(ApiError::invalid)?;
         // The lease starts when the registration is minted (before the ack, so a heartbeat
         // racing the ack is kept), in the order of the events.
-        let events = self.commit(vec![(key.clone(), Patch::Register(Box::new(record)))]).await?;
-        self.counters.registrations.fetch_add(1, Ordering::Relaxed);
-        let Some(Outcome::Written(ev)) = events.into_iter().next() else {
-            return Err(ApiError::unavailable("the registration was not written"));
+        let events =
+            self.commit_as(vec![(key.clone(), Patch::Register(Box::new(record)))], Some(by.clone())).await?;
+        let ev = match events.into_iter().next() {
+            Some(Outcome::Written(ev)) => ev,
+            Some(Outcome::Forbidden(e)) => return Err(e),
+            _ => return Err(ApiError::unavailable("the registration was not written")),
         };
+        self.counters.registrations.fetch_add(1, Ordering::Relaxed);
         Ok(RegisterAnswer {
             instance_id,
             owner_dc: self.dc.to_string(),
@@ -395,11 +478,19 @@ impl Registry {
 
     /// DELETE /v1/instances: explicit deregistration; returns the tombstone's seq.
     pub async fn deregister(&self, ns: &str, svc: &str, id: &str) -> Result<u64, ApiError> {
+        self.deregister_as(ns, svc, id, &Writer::anonymous()).await
+    }
+
+    /// [`deregister`](Self::deregister) on behalf of `by` (its owner or an admin).
+    pub async fn deregister_as(&self, ns: &str, svc: &str, id: &str, by: &Writer) -> Result<u64, ApiError> {
         let (key, _) = self.local_key(ns, svc, id)?;
         // The lease goes when the deregistration is minted, not when this call resumes: a
         // registration minted after it (a racing re-registration) keeps its own lease.
-        let events = self.commit(vec![(key, Patch::Deregister(DeregisterReason::Explicit, None))]).await?;
+        let events = self
+            .commit_as(vec![(key, Patch::Deregister(DeregisterReason::Explicit, None))], Some(by.clone()))
+            .await?;
         match events.into_iter().next() {
+            Some(Outcome::Forbidden(e)) => Err(e),
             Some(Outcome::Written(ev)) => {
                 self.counters.deregistrations.fetch_add(1, Ordering::Relaxed);
                 Ok(ev.seq)
@@ -412,8 +503,21 @@ impl Registry {
 
     /// PUT /v1/instances/../status.
     pub async fn set_status(&self, ns: &str, svc: &str, id: &str, status: Status) -> Result<u64, ApiError> {
+        self.set_status_as(ns, svc, id, status, &Writer::anonymous()).await
+    }
+
+    /// [`set_status`](Self::set_status) on behalf of `by` (its owner or an admin).
+    pub async fn set_status_as(
+        &self,
+        ns: &str,
+        svc: &str,
+        id: &str,
+        status: Status,
+        by: &Writer,
+    ) -> Result<u64, ApiError> {
         let (key, held) = self.local_key(ns, svc, id)?;
-        match self.commit(vec![(key, Patch::Status(status))]).await?.into_iter().next() {
+        match self.commit_as(vec![(key, Patch::Status(status))], Some(by.clone())).await?.into_iter().next() {
+            Some(Outcome::Forbidden(e)) => Err(e),
             Some(Outcome::Written(ev)) => Ok(ev.seq),
             Some(Outcome::Unchanged) => Ok(held.seq),
             Some(Outcome::Gone) | None => {

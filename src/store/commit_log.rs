@@ -6,6 +6,7 @@
 //! in-memory reference log of the node simulation.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use tandem_replicator::log::{EventLog, LogError, StateChange};
 use tandem_schemas::{ChangeEvent, InstanceKey, Mark, Op};
@@ -26,6 +27,17 @@ pub trait CommitLog: EventLog {
     fn record_peer_ack(&mut self, peer: &str, mark: Mark) -> Result<(), LogError>;
     /// [`EventLog::append_local`], returning the changes to state in order.
     fn append_local_with_changes(&mut self, events: &[ChangeEvent]) -> Result<Vec<StateChange>, LogError>;
+    /// [`append_local_with_changes`](Self::append_local_with_changes) that also records, in
+    /// the same durable write, who owns each own instance: a registration whose seq is in
+    /// `owners` records that principal (one without: none), a deregistration removes the
+    /// record. Owners are local to this DC: they never replicate.
+    fn append_local_owned(
+        &mut self,
+        events: &[ChangeEvent],
+        owners: &[(u64, Arc<str>)],
+    ) -> Result<Vec<StateChange>, LogError>;
+    /// The principals that own the own live instances, as durable.
+    fn owners(&self) -> Result<Vec<(InstanceKey, Arc<str>)>, LogError>;
     /// [`EventLog::purge_own`], returning the keys of the own tombstones it removed.
     fn purge_own_reporting(&mut self, upto_seq: u64) -> Result<Vec<InstanceKey>, LogError>;
     /// [`EventLog::purge_remote_tombstones`], returning the keys it removed.
@@ -77,6 +89,24 @@ pub(crate) fn local_changes(events: &[ChangeEvent]) -> Vec<StateChange> {
         .collect()
 }
 
+/// What own events do to the owner records: a registration with an owner records it, one
+/// without removes any record; an update with an owner (a re-registration) records it, one
+/// without (status, health) leaves it; a deregistration removes it. In event order.
+pub(crate) fn owner_changes(
+    events: &[ChangeEvent],
+    owners: &[(u64, Arc<str>)],
+) -> Vec<(InstanceKey, Option<Arc<str>>)> {
+    let owner_of = |seq: u64| owners.iter().find(|(s, _)| *s == seq).map(|(_, o)| o.clone());
+    events
+        .iter()
+        .filter_map(|ev| match &ev.op {
+            Op::Register(r) => Some((r.key.clone(), owner_of(ev.seq))),
+            Op::Update(r) => owner_of(ev.seq).map(|o| (r.key.clone(), Some(o))),
+            Op::Deregister { key, .. } => Some((key.clone(), None)),
+        })
+        .collect()
+}
+
 impl CommitLog for RocksLog {
     fn index(&self) -> u64 {
         RocksLog::index(self)
@@ -95,6 +125,16 @@ impl CommitLog for RocksLog {
     }
     fn append_local_with_changes(&mut self, events: &[ChangeEvent]) -> Result<Vec<StateChange>, LogError> {
         RocksLog::append_local_with_changes(self, events)
+    }
+    fn append_local_owned(
+        &mut self,
+        events: &[ChangeEvent],
+        owners: &[(u64, Arc<str>)],
+    ) -> Result<Vec<StateChange>, LogError> {
+        RocksLog::append_local_owned(self, events, owners)
+    }
+    fn owners(&self) -> Result<Vec<(InstanceKey, Arc<str>)>, LogError> {
+        RocksLog::owners(self)
     }
     fn purge_own_reporting(&mut self, upto_seq: u64) -> Result<Vec<InstanceKey>, LogError> {
         RocksLog::purge_own_reporting(self, upto_seq)

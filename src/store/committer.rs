@@ -61,7 +61,16 @@ pub use recovery::{LogHealth, LogHealthReport};
 /// not see the effects of earlier builders of its group in the `on_commit` view (they are
 /// not durable yet), so a caller that derives an event from current state must account for
 /// its own in-flight writes.
-pub type BuildEvents = Box<dyn FnOnce(Mark) -> Vec<ChangeEvent> + Send>;
+pub type BuildEvents = Box<dyn FnOnce(Mark) -> Built + Send>;
+
+/// What a builder returns: its events and, for registrations among them, the principal
+/// that owns the instance from then on (by the event's seq). The owners are written in the
+/// same durable batch as the events and stay in this DC (see [`CommitLog::append_local_owned`]).
+#[derive(Clone, Debug, Default)]
+pub struct Built {
+    pub events: Vec<ChangeEvent>,
+    pub owners: Vec<(u64, Arc<str>)>,
+}
 
 /// Runs on the committer thread once the outcome of a local append is known, before its
 /// caller is answered and whether or not the caller still waits (it may have gone away):
@@ -278,6 +287,7 @@ pub struct Committer<L = RocksLog> {
 #[derive(Default)]
 struct Group {
     events: Vec<ChangeEvent>,
+    owners: Vec<(u64, Arc<str>)>,
     members: Vec<(Range<usize>, LocalReply)>,
 }
 
@@ -586,8 +596,8 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
         let own = self.log.own_mark();
         let base = Mark { epoch: own.epoch, seq: own.seq + group.events.len() as u64 };
         reply.ran = true;
-        let events = match catch_unwind(AssertUnwindSafe(|| build(base))) {
-            Ok(events) => events,
+        let Built { events, owners } = match catch_unwind(AssertUnwindSafe(|| build(base))) {
+            Ok(built) => built,
             Err(_) => {
                 tracing::error!("a local append's event builder panicked; request refused");
                 self.answer_local(reply, Err(CommitError::BuilderPanicked));
@@ -607,6 +617,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
         }
         let start = group.events.len();
         group.events.extend(events);
+        group.owners.extend(owners);
         group.members.push((start..group.events.len(), reply));
     }
 
@@ -615,9 +626,10 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
             return;
         }
         let events = std::mem::take(&mut group.events);
+        let owners = std::mem::take(&mut group.owners);
         let members = std::mem::take(&mut group.members);
         let before = self.begin_write();
-        match self.log.append_local_with_changes(&events) {
+        match self.log.append_local_owned(&events, &owners) {
             Ok(changes) => {
                 self.after_write(before, || Committed::Local { events: events.clone(), changes });
                 {

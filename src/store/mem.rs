@@ -17,7 +17,7 @@ use tandem_schemas::{
     ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot, SnapshotChunk, StagedSnapshot, Tombstone,
 };
 
-use super::commit_log::local_changes;
+use super::commit_log::{local_changes, owner_changes};
 use super::{CommitLog, Retirement};
 
 /// A write fault injected into a [`MemStore`], as a disk would fail.
@@ -41,6 +41,8 @@ pub struct MemStore {
     sync_writes: u64,
     peer_acks: BTreeMap<String, Mark>,
     retired: BTreeMap<String, u64>,
+    /// Who owns each own live instance (see [`CommitLog::append_local_owned`]).
+    owners: BTreeMap<InstanceKey, Arc<str>>,
     /// Shared by clones, so a test can set it while a committer owns the store.
     fault: Arc<Mutex<MemFault>>,
     /// A write failed: writes are refused until `recover`.
@@ -56,6 +58,7 @@ impl MemStore {
             sync_writes: 0,
             peer_acks: BTreeMap::new(),
             retired: BTreeMap::new(),
+            owners: BTreeMap::new(),
             fault: Arc::default(),
             poisoned: false,
         }
@@ -227,14 +230,30 @@ impl CommitLog for MemStore {
         })
     }
     fn append_local_with_changes(&mut self, events: &[ChangeEvent]) -> Result<Vec<StateChange>, LogError> {
+        self.append_local_owned(events, &[])
+    }
+    fn append_local_owned(
+        &mut self,
+        events: &[ChangeEvent],
+        owners: &[(u64, Arc<str>)],
+    ) -> Result<Vec<StateChange>, LogError> {
         self.write(|s| {
             s.log.append_local(events)?;
             if events.is_empty() {
                 return Ok(Vec::new());
             }
+            for (key, owner) in owner_changes(events, owners) {
+                match owner {
+                    Some(o) => s.owners.insert(key, o),
+                    None => s.owners.remove(&key),
+                };
+            }
             s.wrote();
             Ok(local_changes(events))
         })
+    }
+    fn owners(&self) -> Result<Vec<(InstanceKey, Arc<str>)>, LogError> {
+        Ok(self.owners.iter().map(|(k, o)| (k.clone(), o.clone())).collect())
     }
     fn purge_own_reporting(&mut self, upto_seq: u64) -> Result<Vec<InstanceKey>, LogError> {
         if upto_seq.min(self.own_mark().seq) <= self.purge_floor() {

@@ -11,8 +11,8 @@ use tandem_schemas::{ChangeEvent, Mark, Snapshot, SnapshotChunk};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
-    BuildEvents, CommitError, CommitLog, CommitStats, Committer, LogHealth, LogHealthReport, Reply, Request,
-    Settle, WithLogFn,
+    BuildEvents, Built, CommitError, CommitLog, CommitStats, Committer, LogHealth, LogHealthReport, Reply,
+    Request, Settle, WithLogFn,
 };
 use crate::store::RocksLog;
 
@@ -42,7 +42,8 @@ impl<L: CommitLog + Send + 'static> CommitterHandle<L> {
     where
         F: FnOnce(Mark) -> Vec<ChangeEvent> + Send + 'static,
     {
-        self.call(|reply| Request::LocalAppend { build: Box::new(build), settle: None, reply }).await
+        let build: BuildEvents = Box::new(move |mark| Built { events: build(mark), owners: Vec::new() });
+        self.call(|reply| Request::LocalAppend { build, settle: None, reply }).await
     }
 
     /// Applies a remote batch received over the channel authenticated as `channel_dc`.

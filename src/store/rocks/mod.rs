@@ -21,6 +21,7 @@
 
 mod event_log;
 mod open;
+mod owners;
 mod retire;
 mod snapshot;
 #[cfg(test)]
@@ -40,7 +41,7 @@ use parking_lot::Mutex;
 use rocksdb::{
     ColumnFamily, DBWithThreadMode, IteratorMode, ReadOptions, SingleThreaded, WriteBatch, WriteOptions,
 };
-use tandem_replicator::log::{check_local_sequence, local_effect, EventLog, LogError, StateChange};
+use tandem_replicator::log::{EventLog, LogError, StateChange};
 use tandem_replicator::merge::{Effect, Held, Refusal};
 use tandem_schemas::{
     validate_dc, ChangeEvent, DeregisterReason, InstanceKey, InstanceRecord, Mark, Op, ValidationError,
@@ -58,7 +59,6 @@ const CF_LOG: &str = "log";
 const CF_INSTANCES: &str = "instances";
 const CF_TOMBSTONES: &str = "tombstones";
 const CF_META: &str = "meta";
-/// Chunks of remote snapshots not installed yet (see `snapshot.rs`).
 const COLUMN_FAMILIES: [&str; 4] = [CF_LOG, CF_INSTANCES, CF_TOMBSTONES, CF_META];
 
 const META_DC: &[u8] = b"dc";
@@ -486,23 +486,7 @@ impl RocksLog {
         &mut self,
         events: &[ChangeEvent],
     ) -> Result<Vec<StateChange>, LogError> {
-        self.check_writable()?;
-        check_local_sequence(self.own, &self.dc, events)?;
-        let Some(last) = events.last() else {
-            return Ok(Vec::new());
-        };
-        let log_cf = self.cf(CF_LOG)?;
-        let mut batch = WriteBatch::default();
-        let mut changes = Vec::with_capacity(events.len());
-        for ev in events {
-            changes.push(self.stage_effect(&mut batch, ev, local_effect(ev))?);
-            batch.put_cf(log_cf, seq_key(ev.seq), tandem_schemas::encode_event(ev));
-        }
-        batch.put_cf(self.cf(CF_META)?, META_OWN_SEQ, last.seq.to_be_bytes());
-        let last_seq = last.seq;
-        self.commit(batch)?;
-        self.own.seq = last_seq;
-        Ok(changes)
+        self.append_local_owned(events, &[])
     }
 
     /// [`EventLog::purge_own`], also returning the keys of the own tombstones it removed.

@@ -1,0 +1,76 @@
+//! Instance ownership in the RocksDB log: the principal that registered each own live
+//! instance, in the meta column family under `owner/` + the instance key (no column family
+//! of its own, so a build from before ownership still opens the data dir, ignoring these
+//! keys), written in the same synced batch as the events
+//! that register or remove it (so after a crash an instance and its owner record are both
+//! there or both not). Local to this DC: owners never replicate (only the owner DC takes
+//! writes for an instance). Never a secret: a token id or a principal name.
+
+use std::sync::Arc;
+
+use rocksdb::WriteBatch;
+use tandem_replicator::log::{check_local_sequence, local_effect, LogError, StateChange};
+use tandem_schemas::{ChangeEvent, InstanceKey};
+
+use super::{decode_key, encode_key, prefix_end, seq_key, RocksLog, CF_LOG, CF_META, META_OWN_SEQ};
+use crate::store::commit_log::owner_changes;
+
+/// Meta key prefix of the owner records.
+const OWNER_PREFIX: &[u8] = b"owner/";
+
+fn owner_key(key: &InstanceKey) -> Vec<u8> {
+    [OWNER_PREFIX, &encode_key(key)[..]].concat()
+}
+
+/// Longest owner name read back (a token id or principal name is far shorter).
+const OWNER_BYTES_MAX: usize = 256;
+
+impl RocksLog {
+    /// See [`CommitLog::append_local_owned`](crate::store::CommitLog::append_local_owned).
+    pub fn append_local_owned(
+        &mut self,
+        events: &[ChangeEvent],
+        owners: &[(u64, Arc<str>)],
+    ) -> Result<Vec<StateChange>, LogError> {
+        self.check_writable()?;
+        check_local_sequence(self.own, &self.dc, events)?;
+        let Some(last) = events.last() else {
+            return Ok(Vec::new());
+        };
+        let log_cf = self.cf(CF_LOG)?;
+        let mut batch = WriteBatch::default();
+        let mut changes = Vec::with_capacity(events.len());
+        for ev in events {
+            changes.push(self.stage_effect(&mut batch, ev, local_effect(ev))?);
+            batch.put_cf(log_cf, seq_key(ev.seq), tandem_schemas::encode_event(ev));
+        }
+        let meta_cf = self.cf(CF_META)?;
+        for (key, owner) in owner_changes(events, owners) {
+            match owner {
+                Some(o) => batch.put_cf(meta_cf, owner_key(&key), o.as_bytes()),
+                None => batch.delete_cf(meta_cf, owner_key(&key)),
+            }
+        }
+        batch.put_cf(self.cf(CF_META)?, META_OWN_SEQ, last.seq.to_be_bytes());
+        let last_seq = last.seq;
+        self.commit(batch)?;
+        self.own.seq = last_seq;
+        Ok(changes)
+    }
+
+    /// The owners of the own live instances, as durable.
+    pub fn owners(&self) -> Result<Vec<(InstanceKey, Arc<str>)>, LogError> {
+        let mut out = Vec::new();
+        for item in self.scan(CF_META, OWNER_PREFIX, prefix_end(OWNER_PREFIX))? {
+            let (k, v) = item?;
+            let k = &k[OWNER_PREFIX.len()..];
+            if v.len() > OWNER_BYTES_MAX {
+                return Err(LogError::Corrupt(format!("owner record of {} bytes", v.len())));
+            }
+            let owner =
+                std::str::from_utf8(&v).map_err(|_| LogError::Corrupt("owner record is not UTF-8".into()))?;
+            out.push((decode_key(k)?, Arc::from(owner)));
+        }
+        Ok(out)
+    }
+}
