@@ -122,3 +122,45 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn element_counts_are_bounded_while_decoding() {
+    // One event too many: refused by the decoder itself (malformed), before validation.
+    let events = (1..=BATCH_EVENTS_MAX as u64 + 1).map(|s| event(1, s)).collect();
+    let bytes = encode_frame(&Frame::Batch { batch_id: 1, events });
+    assert!(matches!(decode_frame(&bytes, FRAME_BYTES_MAX), Err(DecodeError::Malformed(_))));
+    let bytes = encode_frame_as(
+        &Frame::Batch { batch_id: 1, events: (1..=BATCH_EVENTS_MAX as u64 + 1).map(|s| event(1, s)).collect() },
+        1,
+    )
+    .unwrap();
+    assert!(matches!(decode_frame(&bytes, FRAME_BYTES_MAX), Err(DecodeError::Malformed(_))));
+    let mut r = record(1);
+    r.tags = (0..=LIMITS.tags_max).map(|i| format!("t{i}")).collect();
+    assert!(matches!(decode_record(&encode_record(&r)), Err(DecodeError::Malformed(_))));
+    let mut r = record(1);
+    r.metadata = (0..=LIMITS.metadata_entries_max).map(|i| (format!("k{i}"), String::new())).collect();
+    assert!(matches!(decode_record(&encode_record(&r)), Err(DecodeError::Malformed(_))));
+    // At the limits, everything still decodes.
+    let events = (1..=BATCH_EVENTS_MAX as u64).map(|s| event(1, s)).collect();
+    assert!(decode_frame(&encode_frame(&Frame::Batch { batch_id: 1, events }), FRAME_BYTES_MAX).is_ok());
+}
+
+#[test]
+fn only_a_whole_snapshot_from_a_schema_1_peer_may_exceed_the_frame_limit() {
+    let snap = Frame::Snapshot {
+        batch_id: 1,
+        snapshot: Snapshot { origin_dc: "dc-a".into(), mark: Mark { epoch: 1, seq: 1 }, instances: vec![], tombstones: vec![] },
+    };
+    let batch = Frame::Batch { batch_id: 1, events: vec![event(1, 1)] };
+    for v in [1, 2] {
+        let s = encode_frame_as(&snap, v).unwrap();
+        assert_eq!(frame_bytes_max_for(&s[..FRAME_HEAD_BYTES.min(s.len())], true), SNAPSHOT_FRAME_BYTES_MAX);
+        assert_eq!(frame_bytes_max_for(&s[..FRAME_HEAD_BYTES.min(s.len())], false), FRAME_BYTES_MAX);
+        let b = encode_frame_as(&batch, v).unwrap();
+        assert_eq!(frame_bytes_max_for(&b[..FRAME_HEAD_BYTES], true), FRAME_BYTES_MAX);
+    }
+    assert_eq!(frame_bytes_max_for(&[], true), FRAME_BYTES_MAX);
+    assert_eq!(frame_bytes_max_for(&[0xff, 0xff, 0xff, 0xff], true), FRAME_BYTES_MAX);
+    assert_eq!(frame_bytes_max_for(&[9, 3], true), FRAME_BYTES_MAX);
+}

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use tandem_schemas::{encode, Frame, SNAPSHOT_FRAME_BYTES_MAX};
+use tandem_schemas::{encode, Frame};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -136,12 +136,13 @@ async fn receive_session<S: ReplicaStore>(
     let mut last_snapshot_log: Option<tokio::time::Instant> = None;
     // Answers go out in the version of the Hello (until it came: the configured one).
     let mut v = cfg.schema_version_write;
+    let mut whole_snapshots = false;
     stats.with_peer(peer_dc, |p| p.in_connected = true);
     info!(peer = %peer_dc, "replication stream from peer open");
     let res = async {
         loop {
             let frame = tokio::select! {
-                f = read_frame(&mut recv, SNAPSHOT_FRAME_BYTES_MAX) => f,
+                f = read_frame(&mut recv, whole_snapshots, stats) => f,
                 _ = superseded.changed() => {
                     return Err("superseded by a newer connection of the same origin".into());
                 }
@@ -154,6 +155,8 @@ async fn receive_session<S: ReplicaStore>(
                     if matches!(f, Frame::Hello { .. }) {
                         v = version;
                         if v < CHUNKED_SNAPSHOTS_SINCE {
+                            // Only a schema-1 peer may send a whole snapshot in one frame.
+                            whole_snapshots = true;
                             receiver.whole_snapshots_only();
                         }
                     }
