@@ -195,3 +195,37 @@ async fn an_oversized_batch_from_a_certified_peer_is_refused_before_it_is_read()
     let b = server.check_a_good_peer_replicates("b-after-oversized").await;
     b.shutdown().await;
 }
+
+/// How the node closed a connection: its application close code.
+async fn close_code(conn: &quinn::Connection, within: Duration) -> Option<u64> {
+    match tokio::time::timeout(within, conn.closed()).await {
+        Ok(quinn::ConnectionError::ApplicationClosed(c)) => Some(c.error_code.into_inner()),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_gets_one_connection_one_stream_no_datagrams_and_no_idle_connections() {
+    use tandem_replicator::gateway::{CLOSE_NO_STREAM, CLOSE_REPLACED, STREAM_OPEN_TIMEOUT};
+    let mut server = Server::start().await;
+    let (_e1, c1) = server.connect_as("dc-b").await.unwrap();
+    assert_eq!(c1.max_datagram_size(), None, "the node offers datagrams");
+    // No unidirectional streams: opening one waits for credit that never comes.
+    assert!(tokio::time::timeout(Duration::from_millis(300), c1.open_uni()).await.is_err());
+    // One bidirectional stream; a second one waits.
+    let (_s, _r) = c1.open_bi().await.unwrap();
+    assert!(tokio::time::timeout(Duration::from_millis(300), c1.open_bi()).await.is_err());
+    // The stream was never used, so the node saw none: the connection is closed.
+    let code = close_code(&c1, STREAM_OPEN_TIMEOUT + Duration::from_secs(3)).await;
+    assert_eq!(code, Some(u64::from(CLOSE_NO_STREAM)));
+    // A newer connection of the same DC replaces the older one at handshake.
+    let (_e2, c2) = server.connect_as("dc-b").await.unwrap();
+    let (_e3, c3) = server.connect_as("dc-b").await.unwrap();
+    assert_eq!(close_code(&c2, Duration::from_secs(3)).await, Some(u64::from(CLOSE_REPLACED)));
+    c3.close(0u32.into(), b"done");
+    assert!(server.alive(), "the node died");
+    assert!(server.metric("tandem_replication_connections_idle_closed_total").await >= 1);
+    assert!(server.metric("tandem_replication_connections_replaced_total").await >= 1);
+    let b = server.check_a_good_peer_replicates("b-after-streams").await;
+    b.shutdown().await;
+}

@@ -33,7 +33,8 @@ use crate::protocol::{Sender, SenderEvent, StreamError, StreamTuning};
 use crate::tls::{self, ReloadableTls};
 
 pub use stats::{GatewayStats, LagRing, PeerLink};
-pub use transport::TransportTuning;
+pub use receive::{CLOSE_NO_STREAM, CLOSE_REPLACED};
+pub use transport::{TransportTuning, RECEIVE_WINDOW_BYTES, STREAMS_BIDI_MAX, STREAM_OPEN_TIMEOUT};
 
 /// ALPN: the protocol and its major version. A peer speaking another one fails the TLS
 /// handshake before any frame is exchanged.

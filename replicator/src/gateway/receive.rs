@@ -12,12 +12,18 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use super::transport::STREAM_OPEN_TIMEOUT;
 use super::{
     now_ms, read_frame, tls, wall_ms, write_frame, GatewayConfig, GatewayStats, ReplicaStore,
     CHUNKED_SNAPSHOTS_SINCE, SNAPSHOT_LOG_EVERY_MS,
 };
 use crate::log::{ApplyReport, ChunkOutcome, EventLog, LogError};
 use crate::protocol::{Receiver, ReceiverAction};
+
+/// Application close code: a newer connection of the same DC replaced this one.
+pub const CLOSE_REPLACED: u32 = 3;
+/// Application close code: the connection opened no stream within [`STREAM_OPEN_TIMEOUT`].
+pub const CLOSE_NO_STREAM: u32 = 4;
 
 pub(super) async fn accept_loop<S: ReplicaStore>(
     endpoint: quinn::Endpoint,
@@ -31,6 +37,8 @@ pub(super) async fn accept_loop<S: ReplicaStore>(
     // connection task is aborted with it, so no task outlives the gateway's socket.
     let mut conns = tokio::task::JoinSet::new();
     let sessions: Arc<Mutex<BTreeMap<String, Arc<OriginSessions>>>> = Default::default();
+    // One connection per peer DC: the newest, which closes the one before it.
+    let current: Arc<Mutex<BTreeMap<String, quinn::Connection>>> = Default::default();
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => i,
@@ -42,6 +50,7 @@ pub(super) async fn accept_loop<S: ReplicaStore>(
         let store = store.clone();
         let stats = stats.clone();
         let sessions = sessions.clone();
+        let current = current.clone();
         conns.spawn(async move {
             let conn = match incoming.await {
                 Ok(c) => c,
@@ -75,8 +84,18 @@ pub(super) async fn accept_loop<S: ReplicaStore>(
                     return;
                 }
             };
+            if let Some(older) = current.lock().insert(peer_dc.clone(), conn.clone()) {
+                stats.connections_replaced.fetch_add(1, Ordering::Relaxed);
+                older.close(CLOSE_REPLACED.into(), b"replaced by a newer connection of the same DC");
+            }
             let origin = sessions.lock().entry(peer_dc.clone()).or_default().clone();
             let res = receive_session(&conn, &cfg, &peer_dc, &store, &stats, started, origin).await;
+            {
+                let mut cur = current.lock();
+                if cur.get(&peer_dc).is_some_and(|c| c.stable_id() == conn.stable_id()) {
+                    cur.remove(&peer_dc);
+                }
+            }
             if let Err(e) = res {
                 debug!(peer = %peer_dc, error = %e, "replication stream from peer ended");
             }
@@ -108,7 +127,14 @@ async fn receive_session<S: ReplicaStore>(
     started: tokio::time::Instant,
     origin: Arc<OriginSessions>,
 ) -> Result<(), String> {
-    let (mut send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
+    let (mut send, mut recv) = match tokio::time::timeout(STREAM_OPEN_TIMEOUT, conn.accept_bi()).await {
+        Ok(s) => s.map_err(|e| e.to_string())?,
+        Err(_) => {
+            stats.connections_idle_closed.fetch_add(1, Ordering::Relaxed);
+            conn.close(CLOSE_NO_STREAM.into(), b"no stream opened in time");
+            return Err("no stream opened in time".into());
+        }
+    };
     // One receive session per origin at a time: a newer connection of the origin ends the
     // older one (it may be a half-open connection of a dead incarnation) and waits until
     // it has stopped, so the mark it reports in its HelloAck cannot be moved under it.
