@@ -229,3 +229,28 @@ async fn a_peer_gets_one_connection_one_stream_no_datagrams_and_no_idle_connecti
     let b = server.check_a_good_peer_replicates("b-after-streams").await;
     b.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_reaches_the_peer_as_the_close_reason() {
+    use tandem_replicator::gateway::CLOSE_REFUSED;
+    let mut server = Server::start().await;
+    let (_ep, conn) = server.connect_as("dc-b").await.unwrap();
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    // A Hello for an origin this certificate does not name: refused as the wrong origin.
+    let hello = tandem_schemas::encode_frame(&tandem_schemas::Frame::Hello {
+        dc: "dc-c".into(),
+        epoch: 1,
+        last_seq: 0,
+    });
+    send.write_all(&(hello.len() as u32).to_be_bytes()).await.unwrap();
+    send.write_all(&hello).await.unwrap();
+    let closed = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await.expect("closed in time");
+    let quinn::ConnectionError::ApplicationClosed(c) = closed else { panic!("not closed by the node: {closed}") };
+    assert_eq!(c.error_code.into_inner(), u64::from(CLOSE_REFUSED));
+    let reason = String::from_utf8_lossy(&c.reason).into_owned();
+    assert!(reason.starts_with("refused (WrongOrigin)"), "{reason}");
+    assert!(server.alive(), "the node died");
+    assert!(server.metric("tandem_replication_protocol_errors_total").await >= 1);
+    let b = server.check_a_good_peer_replicates("b-after-refusal").await;
+    b.shutdown().await;
+}

@@ -247,6 +247,35 @@ async fn write_frame(send: &mut quinn::SendStream, frame: &Frame, version: u16) 
     Ok(())
 }
 
+/// A read error as text, with the peer's close code and reason when it closed the
+/// connection (a refusing receiver says why it refused in its close reason).
+fn read_error_text(e: &quinn::ReadError) -> String {
+    match e {
+        quinn::ReadError::ConnectionLost(c) => format!("connection lost: {c}"),
+        other => other.to_string(),
+    }
+}
+
+/// Closes a peer's connection after a refusal, with [`CLOSE_REFUSED`] and the refusal as
+/// the reason (at most [`CLOSE_REASON_BYTES_MAX`] bytes), once the `Refuse` frame was
+/// read by the peer or after a short grace: the peer reports the reason either way.
+async fn close_refused(conn: &quinn::Connection, send: &mut quinn::SendStream, e: &StreamError) {
+    let _ = send.finish();
+    let _ = tokio::time::timeout(Duration::from_millis(500), send.stopped()).await;
+    let reason = format!("refused ({:?}): {}", e.code, e.message);
+    let mut end = reason.len().min(CLOSE_REASON_BYTES_MAX);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    conn.close(CLOSE_REFUSED.into(), &reason.as_bytes()[..end]);
+}
+
+/// Application close code: this side refused the stream (the reason says why).
+pub const CLOSE_REFUSED: u32 = 5;
+
+/// Longest close reason sent with a refusal.
+pub const CLOSE_REASON_BYTES_MAX: usize = 512;
+
 /// Bytes read from a stream at a time while a frame arrives: a reader's memory grows with
 /// what the peer has actually sent, never with the length it declared.
 pub const READ_CHUNK_BYTES: usize = 64 * 1024;
@@ -267,6 +296,7 @@ async fn read_frame(
     match recv.read_exact(&mut len).await {
         Ok(()) => {}
         Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(quinn::ReadExactError::ReadError(e)) => return Err(io(read_error_text(&e))),
         Err(e) => return Err(io(e.to_string())),
     }
     let len = u32::from_be_bytes(len) as usize;
@@ -286,7 +316,7 @@ async fn read_frame(
         match recv.read_chunk(want, true).await {
             Ok(Some(chunk)) => buf.extend_from_slice(&chunk.bytes),
             Ok(None) => return Err(io("stream ended inside a frame".into())),
-            Err(e) => return Err(io(e.to_string())),
+            Err(e) => return Err(io(read_error_text(&e))),
         }
         if !head_checked && (buf.len() >= FRAME_HEAD_BYTES || buf.len() == len) {
             head_checked = true;
@@ -585,6 +615,7 @@ async fn send_session<S: ReplicaStore>(
         }
         if let Some(e) = err {
             let _ = write_frame(&mut send, &e.to_frame(), v).await;
+            close_refused(&conn, &mut send, &e).await;
             return Err(e.message);
         }
         tokio::select! {

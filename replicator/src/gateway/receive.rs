@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 
 use super::transport::STREAM_OPEN_TIMEOUT;
 use super::{
-    now_ms, read_frame, tls, wall_ms, write_frame, GatewayConfig, GatewayStats, ReplicaStore,
+    close_refused, now_ms, read_frame, tls, wall_ms, write_frame, GatewayConfig, GatewayStats, ReplicaStore,
     CHUNKED_SNAPSHOTS_SINCE, SNAPSHOT_LOG_EVERY_MS,
 };
 use crate::log::{ApplyReport, ChunkOutcome, EventLog, LogError};
@@ -192,6 +192,7 @@ async fn receive_session<S: ReplicaStore>(
                 Err(e) => {
                     stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
                     let _ = write_frame(&mut send, &e.to_frame(), v).await;
+                    close_refused(conn, &mut send, &e).await;
                     return Err(e.message);
                 }
             };
@@ -207,7 +208,7 @@ async fn receive_session<S: ReplicaStore>(
                         warn!(peer = %peer_dc, error = %e, "refusing an older incarnation of the peer");
                     }
                     let _ = write_frame(&mut send, &e.to_frame(), v).await;
-                    let _ = send.finish();
+                    close_refused(conn, &mut send, &e).await;
                     return Err(e.message);
                 }
             };
@@ -329,7 +330,7 @@ async fn receive_session<S: ReplicaStore>(
                         stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
                         warn!(peer = %peer_dc, error = %e, "refusing replication stream");
                         let _ = write_frame(&mut send, &e.to_frame(), v).await;
-                        let _ = send.finish();
+                        close_refused(conn, &mut send, &e).await;
                         return Err(e.message);
                     }
                 }
