@@ -9,7 +9,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -32,8 +31,9 @@ struct Server {
 impl Server {
     async fn start() -> Server {
         let dir = tempfile::tempdir().unwrap();
-        let pki = tandem_replicator::tls::generate_dev_pki(&dir.path().join("certs"), &["dc-a", "dc-b"], false)
-            .unwrap();
+        let pki =
+            tandem_replicator::tls::generate_dev_pki(&dir.path().join("certs"), &["dc-a", "dc-b"], false)
+                .unwrap();
         let http_port = free_tcp_port();
         let repl: SocketAddr = format!("127.0.0.1:{}", free_udp_port()).parse().unwrap();
         let peer_b: SocketAddr = format!("127.0.0.1:{}", free_udp_port()).parse().unwrap();
@@ -245,7 +245,9 @@ async fn a_refusal_reaches_the_peer_as_the_close_reason() {
     send.write_all(&(hello.len() as u32).to_be_bytes()).await.unwrap();
     send.write_all(&hello).await.unwrap();
     let closed = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await.expect("closed in time");
-    let quinn::ConnectionError::ApplicationClosed(c) = closed else { panic!("not closed by the node: {closed}") };
+    let quinn::ConnectionError::ApplicationClosed(c) = closed else {
+        panic!("not closed by the node: {closed}")
+    };
     assert_eq!(c.error_code.into_inner(), u64::from(CLOSE_REFUSED));
     let reason = String::from_utf8_lossy(&c.reason).into_owned();
     assert!(reason.starts_with("refused (WrongOrigin)"), "{reason}");

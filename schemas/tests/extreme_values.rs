@@ -130,7 +130,10 @@ fn element_counts_are_bounded_while_decoding() {
     let bytes = encode_frame(&Frame::Batch { batch_id: 1, events });
     assert!(matches!(decode_frame(&bytes, FRAME_BYTES_MAX), Err(DecodeError::Malformed(_))));
     let bytes = encode_frame_as(
-        &Frame::Batch { batch_id: 1, events: (1..=BATCH_EVENTS_MAX as u64 + 1).map(|s| event(1, s)).collect() },
+        &Frame::Batch {
+            batch_id: 1,
+            events: (1..=BATCH_EVENTS_MAX as u64 + 1).map(|s| event(1, s)).collect(),
+        },
         1,
     )
     .unwrap();
@@ -150,7 +153,12 @@ fn element_counts_are_bounded_while_decoding() {
 fn only_a_whole_snapshot_from_a_schema_1_peer_may_exceed_the_frame_limit() {
     let snap = Frame::Snapshot {
         batch_id: 1,
-        snapshot: Snapshot { origin_dc: "dc-a".into(), mark: Mark { epoch: 1, seq: 1 }, instances: vec![], tombstones: vec![] },
+        snapshot: Snapshot {
+            origin_dc: "dc-a".into(),
+            mark: Mark { epoch: 1, seq: 1 },
+            instances: vec![],
+            tombstones: vec![],
+        },
     };
     let batch = Frame::Batch { batch_id: 1, events: vec![event(1, 1)] };
     for v in [1, 2] {

@@ -32,8 +32,8 @@ use crate::log::{ApplyReport, ChunkOutcome, EventLog, LogError, SharedReader};
 use crate::protocol::{Sender, SenderEvent, StreamError, StreamTuning};
 use crate::tls::{self, ReloadableTls};
 
-pub use stats::{GatewayStats, LagRing, PeerLink};
 pub use receive::{CLOSE_NO_STREAM, CLOSE_REPLACED};
+pub use stats::{GatewayStats, LagRing, PeerLink};
 pub use transport::{TransportTuning, RECEIVE_WINDOW_BYTES, STREAMS_BIDI_MAX, STREAM_OPEN_TIMEOUT};
 
 /// ALPN: the protocol and its major version. A peer speaking another one fails the TLS
@@ -619,7 +619,7 @@ async fn send_session<S: ReplicaStore>(
             return Err(e.message);
         }
         tokio::select! {
-            f = read_frame(&mut recv, false, &stats) => {
+            f = read_frame(&mut recv, false, stats) => {
                 let f = f.map_err(|e| e.message)?;
                 let Some((f, answered_in)) = f else { return Err("peer closed the stream".into()) };
                 wire.silent = false;
