@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+mod bounded;
 mod chunk;
 mod v1;
 mod validate;
@@ -46,6 +47,33 @@ pub const SNAPSHOT_FRAME_BYTES_MAX: usize = 256 * 1024 * 1024;
 
 /// Most events one batch frame may carry.
 pub const BATCH_EVENTS_MAX: usize = 4096;
+
+/// Bytes of a frame's start that [`frame_bytes_max_for`] needs to tell its type (the
+/// schema version and the frame variant, both varints; fewer when the frame is shorter).
+pub const FRAME_HEAD_BYTES: usize = 4;
+
+/// The largest frame that may start with `head` (its first [`FRAME_HEAD_BYTES`] bytes, or
+/// the whole frame when shorter): a whole [`Frame::Snapshot`] may take up to
+/// [`SNAPSHOT_FRAME_BYTES_MAX`] when `whole_snapshots` (the peer speaks schema 1, which
+/// has no chunks); every other frame, and anything unreadable, [`FRAME_BYTES_MAX`]. A
+/// reader checks a frame's declared length against this before reading the rest.
+pub fn frame_bytes_max_for(head: &[u8], whole_snapshots: bool) -> usize {
+    /// `Frame::Snapshot`'s variant index, the same in schema 1 and 2.
+    const SNAPSHOT_VARIANT: u32 = 3;
+    if !whole_snapshots {
+        return FRAME_BYTES_MAX;
+    }
+    let variant = postcard::take_from_bytes::<u16>(head)
+        .ok()
+        .filter(|(v, _)| (SCHEMA_VERSION_MIN..=SCHEMA_VERSION).contains(v))
+        .and_then(|(_, rest)| postcard::take_from_bytes::<u32>(rest).ok())
+        .map(|(variant, _)| variant);
+    if variant == Some(SNAPSHOT_VARIANT) {
+        SNAPSHOT_FRAME_BYTES_MAX
+    } else {
+        FRAME_BYTES_MAX
+    }
+}
 
 /// A shared, immutable name. Cloning one is a reference-count increment, so the many
 /// copies of a key (view, leases, in-flight writes) and the names every instance of a
@@ -89,7 +117,9 @@ pub struct InstanceRecord {
     /// Application version string of the instance (not the event version); shared by the
     /// instances that run it.
     pub app_version: Name,
+    #[serde(deserialize_with = "bounded::tags")]
     pub tags: Vec<String>,
+    #[serde(deserialize_with = "bounded::metadata")]
     pub metadata: BTreeMap<String, String>,
     pub persistent: bool,
     /// Lease length for ephemeral instances, in milliseconds (0 for persistent ones).
@@ -185,7 +215,11 @@ pub enum Frame {
     /// schema 1 build): the origin checks that its own log holds that event at that seq.
     HelloAck { dc: String, mark: Option<Mark>, mark_event_id: Option<Uuid> },
     /// Sender -> receiver: consecutive events of the sender's own origin.
-    Batch { batch_id: u64, events: Vec<ChangeEvent> },
+    Batch {
+        batch_id: u64,
+        #[serde(deserialize_with = "bounded::batch_events")]
+        events: Vec<ChangeEvent>,
+    },
     /// Sender -> receiver: the origin's whole state; the tail follows as batches.
     Snapshot { batch_id: u64, snapshot: Snapshot },
     /// Receiver -> sender: everything up to `mark` is durably applied.

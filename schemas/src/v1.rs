@@ -16,13 +16,37 @@ const VERSION: u16 = 1;
 /// The frames of schema 1, variant for variant in their version 1 order.
 #[derive(Serialize, Deserialize)]
 enum FrameV1 {
-    Hello { dc: String, epoch: u64, last_seq: u64 },
-    HelloAck { dc: String, mark: Option<Mark> },
-    Batch { batch_id: u64, events: Vec<ChangeEvent> },
-    Snapshot { batch_id: u64, snapshot: Snapshot },
-    Ack { batch_id: u64, mark: Mark },
-    Ping { last_seq: u64, floor_seq: u64, now_ms: u64 },
-    Refuse { code: RefuseCode, message: String },
+    Hello {
+        dc: String,
+        epoch: u64,
+        last_seq: u64,
+    },
+    HelloAck {
+        dc: String,
+        mark: Option<Mark>,
+    },
+    Batch {
+        batch_id: u64,
+        #[serde(deserialize_with = "crate::bounded::batch_events")]
+        events: Vec<ChangeEvent>,
+    },
+    Snapshot {
+        batch_id: u64,
+        snapshot: Snapshot,
+    },
+    Ack {
+        batch_id: u64,
+        mark: Mark,
+    },
+    Ping {
+        last_seq: u64,
+        floor_seq: u64,
+        now_ms: u64,
+    },
+    Refuse {
+        code: RefuseCode,
+        message: String,
+    },
 }
 
 #[derive(Serialize, Deserialize)]

@@ -164,7 +164,7 @@ pub fn validate_record(r: &InstanceRecord) -> Result<(), ValidationError> {
         }
         validate_short("metadata", k, LIMITS.metadata_key_bytes_max)?;
         validate_short("metadata", v, LIMITS.metadata_value_bytes_max)?;
-        total += k.len() + v.len();
+        total = total.saturating_add(k.len()).saturating_add(v.len());
     }
     if total > LIMITS.metadata_total_bytes_max {
         return Err(err(
@@ -241,7 +241,8 @@ pub(crate) fn validate_frame(f: &Frame) -> Result<(), ValidationError> {
                 return Err(err("events", format!("at most {BATCH_EVENTS_MAX} events per batch")));
             }
             for w in events.windows(2) {
-                if w[1].seq != w[0].seq + 1 || w[1].origin_dc != w[0].origin_dc {
+                // Checked: a crafted batch may start at u64::MAX (decoding never panics).
+                if w[0].seq.checked_add(1) != Some(w[1].seq) || w[1].origin_dc != w[0].origin_dc {
                     return Err(err("events", "a batch holds consecutive seqs of one origin"));
                 }
             }

@@ -352,6 +352,24 @@ impl NodeShared {
                 &[("dc", dc)],
                 stats.protocol_errors.load(Ordering::Relaxed),
             );
+            m.counter(
+                "tandem_replication_connections_replaced_total",
+                "Peer connections closed because a newer connection of the same DC arrived",
+                &[("dc", dc)],
+                stats.connections_replaced.load(Ordering::Relaxed),
+            );
+            m.counter(
+                "tandem_replication_connections_idle_closed_total",
+                "Peer connections closed because they opened no stream in time",
+                &[("dc", dc)],
+                stats.connections_idle_closed.load(Ordering::Relaxed),
+            );
+            m.counter(
+                "tandem_replication_frames_too_large_total",
+                "Replication frames refused because their declared length exceeded the limit of their type",
+                &[("dc", dc)],
+                stats.frames_too_large.load(Ordering::Relaxed),
+            );
             m.gauge(
                 "tandem_replication_fenced",
                 "1 when this process is an older incarnation of its DC and ships nothing",

@@ -21,8 +21,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rand::Rng;
 use tandem_schemas::{
-    decode_frame_versioned, encode_frame_as, ChangeEvent, Frame, Mark, Snapshot, SnapshotChunk,
-    FRAME_BYTES_MAX,
+    decode_frame_versioned, encode_frame_as, frame_bytes_max_for, ChangeEvent, Frame, Mark, Snapshot,
+    SnapshotChunk, FRAME_BYTES_MAX, FRAME_HEAD_BYTES, SNAPSHOT_FRAME_BYTES_MAX,
 };
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -32,8 +32,9 @@ use crate::log::{ApplyReport, ChunkOutcome, EventLog, LogError, SharedReader};
 use crate::protocol::{Sender, SenderEvent, StreamError, StreamTuning};
 use crate::tls::{self, ReloadableTls};
 
+pub use receive::{CLOSE_NO_STREAM, CLOSE_REPLACED};
 pub use stats::{GatewayStats, LagRing, PeerLink};
-pub use transport::TransportTuning;
+pub use transport::{TransportTuning, RECEIVE_WINDOW_BYTES, STREAMS_BIDI_MAX, STREAM_OPEN_TIMEOUT};
 
 /// ALPN: the protocol and its major version. A peer speaking another one fails the TLS
 /// handshake before any frame is exchanged.
@@ -246,21 +247,85 @@ async fn write_frame(send: &mut quinn::SendStream, frame: &Frame, version: u16) 
     Ok(())
 }
 
+/// A read error as text, with the peer's close code and reason when it closed the
+/// connection (a refusing receiver says why it refused in its close reason).
+fn read_error_text(e: &quinn::ReadError) -> String {
+    match e {
+        quinn::ReadError::ConnectionLost(c) => format!("connection lost: {c}"),
+        other => other.to_string(),
+    }
+}
+
+/// Closes a peer's connection after a refusal, with [`CLOSE_REFUSED`] and the refusal as
+/// the reason (at most [`CLOSE_REASON_BYTES_MAX`] bytes), once the `Refuse` frame was
+/// read by the peer or after a short grace: the peer reports the reason either way.
+async fn close_refused(conn: &quinn::Connection, send: &mut quinn::SendStream, e: &StreamError) {
+    let _ = send.finish();
+    let _ = tokio::time::timeout(Duration::from_millis(500), send.stopped()).await;
+    let reason = format!("refused ({:?}): {}", e.code, e.message);
+    let mut end = reason.len().min(CLOSE_REASON_BYTES_MAX);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    conn.close(CLOSE_REFUSED.into(), &reason.as_bytes()[..end]);
+}
+
+/// Application close code: this side refused the stream (the reason says why).
+pub const CLOSE_REFUSED: u32 = 5;
+
+/// Longest close reason sent with a refusal.
+pub const CLOSE_REASON_BYTES_MAX: usize = 512;
+
+/// Bytes read from a stream at a time while a frame arrives: a reader's memory grows with
+/// what the peer has actually sent, never with the length it declared.
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+
 /// Reads one frame and the schema version it came in; `Ok(None)` on a clean end of stream.
-async fn read_frame(recv: &mut quinn::RecvStream, max: usize) -> Result<Option<(Frame, u16)>, StreamError> {
+///
+/// The declared length is checked before anything else is read against the limit of the
+/// frame type that follows ([`frame_bytes_max_for`]: whole snapshots only when
+/// `whole_snapshots`, i.e. from a schema-1 peer), and the body is read incrementally.
+/// A frame over its limit is counted in `frames_too_large`.
+async fn read_frame(
+    recv: &mut quinn::RecvStream,
+    whole_snapshots: bool,
+    stats: &GatewayStats,
+) -> Result<Option<(Frame, u16)>, StreamError> {
     let io = |m: String| StreamError { code: tandem_schemas::RefuseCode::Invalid, message: m };
     let mut len = [0u8; 4];
     match recv.read_exact(&mut len).await {
         Ok(()) => {}
         Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(quinn::ReadExactError::ReadError(e)) => return Err(io(read_error_text(&e))),
         Err(e) => return Err(io(e.to_string())),
     }
     let len = u32::from_be_bytes(len) as usize;
-    if len > max {
-        return Err(io(format!("frame of {len} bytes exceeds {max}")));
+    let too_large = |max: usize| {
+        stats.frames_too_large.fetch_add(1, Ordering::Relaxed);
+        io(format!("frame of {len} bytes exceeds the limit of {max} bytes"))
+    };
+    // Even a whole snapshot cannot be longer than this; its type is read first.
+    if len > SNAPSHOT_FRAME_BYTES_MAX || (!whole_snapshots && len > FRAME_BYTES_MAX) {
+        return Err(too_large(if whole_snapshots { SNAPSHOT_FRAME_BYTES_MAX } else { FRAME_BYTES_MAX }));
     }
-    let mut buf = vec![0u8; len];
-    recv.read_exact(&mut buf).await.map_err(|e| io(e.to_string()))?;
+    let mut buf = Vec::with_capacity(len.min(READ_CHUNK_BYTES));
+    let mut max = FRAME_BYTES_MAX;
+    let mut head_checked = false;
+    while buf.len() < len {
+        let want = (len - buf.len()).min(if head_checked { READ_CHUNK_BYTES } else { FRAME_HEAD_BYTES });
+        match recv.read_chunk(want, true).await {
+            Ok(Some(chunk)) => buf.extend_from_slice(&chunk.bytes),
+            Ok(None) => return Err(io("stream ended inside a frame".into())),
+            Err(e) => return Err(io(read_error_text(&e))),
+        }
+        if !head_checked && (buf.len() >= FRAME_HEAD_BYTES || buf.len() == len) {
+            head_checked = true;
+            max = frame_bytes_max_for(&buf, whole_snapshots);
+            if len > max {
+                return Err(too_large(max));
+            }
+        }
+    }
     decode_frame_versioned(&buf, max).map(Some).map_err(|e| io(e.to_string()))
 }
 
@@ -550,10 +615,11 @@ async fn send_session<S: ReplicaStore>(
         }
         if let Some(e) = err {
             let _ = write_frame(&mut send, &e.to_frame(), v).await;
+            close_refused(&conn, &mut send, &e).await;
             return Err(e.message);
         }
         tokio::select! {
-            f = read_frame(&mut recv, FRAME_BYTES_MAX) => {
+            f = read_frame(&mut recv, false, stats) => {
                 let f = f.map_err(|e| e.message)?;
                 let Some((f, answered_in)) = f else { return Err("peer closed the stream".into()) };
                 wire.silent = false;

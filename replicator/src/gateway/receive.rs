@@ -7,17 +7,23 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use tandem_schemas::{encode, Frame, SNAPSHOT_FRAME_BYTES_MAX};
+use tandem_schemas::{encode, Frame};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use super::transport::STREAM_OPEN_TIMEOUT;
 use super::{
-    now_ms, read_frame, tls, wall_ms, write_frame, GatewayConfig, GatewayStats, ReplicaStore,
+    close_refused, now_ms, read_frame, tls, wall_ms, write_frame, GatewayConfig, GatewayStats, ReplicaStore,
     CHUNKED_SNAPSHOTS_SINCE, SNAPSHOT_LOG_EVERY_MS,
 };
 use crate::log::{ApplyReport, ChunkOutcome, EventLog, LogError};
 use crate::protocol::{Receiver, ReceiverAction};
+
+/// Application close code: a newer connection of the same DC replaced this one.
+pub const CLOSE_REPLACED: u32 = 3;
+/// Application close code: the connection opened no stream within [`STREAM_OPEN_TIMEOUT`].
+pub const CLOSE_NO_STREAM: u32 = 4;
 
 pub(super) async fn accept_loop<S: ReplicaStore>(
     endpoint: quinn::Endpoint,
@@ -31,6 +37,8 @@ pub(super) async fn accept_loop<S: ReplicaStore>(
     // connection task is aborted with it, so no task outlives the gateway's socket.
     let mut conns = tokio::task::JoinSet::new();
     let sessions: Arc<Mutex<BTreeMap<String, Arc<OriginSessions>>>> = Default::default();
+    // One connection per peer DC: the newest, which closes the one before it.
+    let current: Arc<Mutex<BTreeMap<String, quinn::Connection>>> = Default::default();
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => i,
@@ -42,6 +50,7 @@ pub(super) async fn accept_loop<S: ReplicaStore>(
         let store = store.clone();
         let stats = stats.clone();
         let sessions = sessions.clone();
+        let current = current.clone();
         conns.spawn(async move {
             let conn = match incoming.await {
                 Ok(c) => c,
@@ -75,8 +84,18 @@ pub(super) async fn accept_loop<S: ReplicaStore>(
                     return;
                 }
             };
+            if let Some(older) = current.lock().insert(peer_dc.clone(), conn.clone()) {
+                stats.connections_replaced.fetch_add(1, Ordering::Relaxed);
+                older.close(CLOSE_REPLACED.into(), b"replaced by a newer connection of the same DC");
+            }
             let origin = sessions.lock().entry(peer_dc.clone()).or_default().clone();
             let res = receive_session(&conn, &cfg, &peer_dc, &store, &stats, started, origin).await;
+            {
+                let mut cur = current.lock();
+                if cur.get(&peer_dc).is_some_and(|c| c.stable_id() == conn.stable_id()) {
+                    cur.remove(&peer_dc);
+                }
+            }
             if let Err(e) = res {
                 debug!(peer = %peer_dc, error = %e, "replication stream from peer ended");
             }
@@ -108,7 +127,14 @@ async fn receive_session<S: ReplicaStore>(
     started: tokio::time::Instant,
     origin: Arc<OriginSessions>,
 ) -> Result<(), String> {
-    let (mut send, mut recv) = conn.accept_bi().await.map_err(|e| e.to_string())?;
+    let (mut send, mut recv) = match tokio::time::timeout(STREAM_OPEN_TIMEOUT, conn.accept_bi()).await {
+        Ok(s) => s.map_err(|e| e.to_string())?,
+        Err(_) => {
+            stats.connections_idle_closed.fetch_add(1, Ordering::Relaxed);
+            conn.close(CLOSE_NO_STREAM.into(), b"no stream opened in time");
+            return Err("no stream opened in time".into());
+        }
+    };
     // One receive session per origin at a time: a newer connection of the origin ends the
     // older one (it may be a half-open connection of a dead incarnation) and waits until
     // it has stopped, so the mark it reports in its HelloAck cannot be moved under it.
@@ -136,12 +162,13 @@ async fn receive_session<S: ReplicaStore>(
     let mut last_snapshot_log: Option<tokio::time::Instant> = None;
     // Answers go out in the version of the Hello (until it came: the configured one).
     let mut v = cfg.schema_version_write;
+    let mut whole_snapshots = false;
     stats.with_peer(peer_dc, |p| p.in_connected = true);
     info!(peer = %peer_dc, "replication stream from peer open");
     let res = async {
         loop {
             let frame = tokio::select! {
-                f = read_frame(&mut recv, SNAPSHOT_FRAME_BYTES_MAX) => f,
+                f = read_frame(&mut recv, whole_snapshots, stats) => f,
                 _ = superseded.changed() => {
                     return Err("superseded by a newer connection of the same origin".into());
                 }
@@ -154,6 +181,8 @@ async fn receive_session<S: ReplicaStore>(
                     if matches!(f, Frame::Hello { .. }) {
                         v = version;
                         if v < CHUNKED_SNAPSHOTS_SINCE {
+                            // Only a schema-1 peer may send a whole snapshot in one frame.
+                            whole_snapshots = true;
                             receiver.whole_snapshots_only();
                         }
                     }
@@ -162,7 +191,8 @@ async fn receive_session<S: ReplicaStore>(
                 Ok(None) => return Ok(()),
                 Err(e) => {
                     stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                    refuse(&mut send, &e.to_frame(), v).await;
+                    let _ = write_frame(&mut send, &e.to_frame(), v).await;
+                    close_refused(conn, &mut send, &e).await;
                     return Err(e.message);
                 }
             };
@@ -177,7 +207,8 @@ async fn receive_session<S: ReplicaStore>(
                     if e.code == tandem_schemas::RefuseCode::Fenced {
                         warn!(peer = %peer_dc, error = %e, "refusing an older incarnation of the peer");
                     }
-                    refuse(&mut send, &e.to_frame(), v).await;
+                    let _ = write_frame(&mut send, &e.to_frame(), v).await;
+                    close_refused(conn, &mut send, &e).await;
                     return Err(e.message);
                 }
             };
@@ -298,7 +329,8 @@ async fn receive_session<S: ReplicaStore>(
                     Some(Err(e)) => {
                         stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
                         warn!(peer = %peer_dc, error = %e, "refusing replication stream");
-                        refuse(&mut send, &e.to_frame(), v).await;
+                        let _ = write_frame(&mut send, &e.to_frame(), v).await;
+                        close_refused(conn, &mut send, &e).await;
                         return Err(e.message);
                     }
                 }
@@ -310,16 +342,4 @@ async fn receive_session<S: ReplicaStore>(
     // Still holding the turn, so a newer session's "up" is never overwritten.
     stats.with_peer(peer_dc, |p| p.in_connected = false);
     res
-}
-
-/// How long a refusal waits for the peer to receive it before the connection goes.
-const REFUSE_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Writes a refusal, finishes the stream and waits (bounded) until the peer has received
-/// it: dropping the connection at once would discard it, and the peer (a fenced old
-/// incarnation, say) would never learn why.
-async fn refuse(send: &mut quinn::SendStream, frame: &Frame, version: u16) {
-    if write_frame(send, frame, version).await.is_ok() && send.finish().is_ok() {
-        let _ = tokio::time::timeout(REFUSE_LINGER, send.stopped()).await;
-    }
 }

@@ -144,6 +144,12 @@ pub struct GatewayStats {
     /// Connections refused because their DC is retired here.
     pub refused_retired: AtomicU64,
     pub protocol_errors: AtomicU64,
+    /// Peer connections closed because a newer one of the same DC arrived.
+    pub connections_replaced: AtomicU64,
+    /// Peer connections closed because they opened no stream in time.
+    pub connections_idle_closed: AtomicU64,
+    /// Frames refused because their declared length exceeded the limit of their type.
+    pub frames_too_large: AtomicU64,
     pub frames_sent: AtomicU64,
     pub frames_received: AtomicU64,
     /// New epochs this process took (history went back, or a new data dir learned of a

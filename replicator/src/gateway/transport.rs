@@ -1,9 +1,23 @@
 //! The QUIC transport settings of the replication link ([`TransportTuning`]): keep-alive
-//! interval and idle timeout, checked for consistency and turned into a quinn config.
+//! interval and idle timeout, checked for consistency and turned into a quinn config, with
+//! the per-connection limits of a replication link (one bidirectional stream, no
+//! unidirectional ones, no datagrams, receive windows of about two frames).
 
 use std::time::Duration;
 
 use crate::tls::TlsError;
+
+/// Bidirectional streams a peer may have open on one connection: a replication link is one
+/// stream (the dialer's).
+pub const STREAMS_BIDI_MAX: u32 = 1;
+
+/// Receive window of a stream and of a whole connection: about twice the largest frame
+/// (`FRAME_BYTES_MAX`), so a sender keeps a frame in flight while the last is applied,
+/// and a peer can make a node buffer at most this much per connection.
+pub const RECEIVE_WINDOW_BYTES: u32 = 2 * tandem_schemas::FRAME_BYTES_MAX as u32;
+
+/// How long an accepted connection may go without opening its stream before it is closed.
+pub const STREAM_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// QUIC transport settings for the replication link.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +53,13 @@ impl TransportTuning {
             .map_err(|_| TlsError::Tuning { reason: "idle_timeout is too large for QUIC" })?;
         let mut config = quinn::TransportConfig::default();
         config.keep_alive_interval(Some(self.keep_alive_interval)).max_idle_timeout(Some(idle_timeout));
+        config
+            .max_concurrent_bidi_streams(STREAMS_BIDI_MAX.into())
+            .max_concurrent_uni_streams(0u32.into())
+            .stream_receive_window(RECEIVE_WINDOW_BYTES.into())
+            .receive_window(RECEIVE_WINDOW_BYTES.into())
+            .send_window(u64::from(RECEIVE_WINDOW_BYTES))
+            .datagram_receive_buffer_size(None);
         Ok(config)
     }
 }
