@@ -3,7 +3,7 @@
 //!
 //! For every configured peer the gateway dials out and ships its own origin's events (one
 //! [`Sender`] per connection); it accepts the peers' connections and applies their events
-//! (one [`Receiver`] per connection). The peer's DC name is read from its certificate and
+//! (one [`Receiver`](crate::protocol::Receiver) per connection). The peer's DC name is read from its certificate and
 //! must be a configured peer, else the connection is refused and counted.
 //!
 //! Every frame on a stream is a big-endian u32 length followed by a postcard

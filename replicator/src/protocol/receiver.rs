@@ -17,7 +17,7 @@ pub enum ReceiverAction {
     Apply { batch_id: u64, events: Vec<ChangeEvent> },
     /// Install this snapshot durably, then call [`Receiver::applied`].
     Install { batch_id: u64, snapshot: tandem_schemas::Snapshot },
-    /// Stage this chunk durably ([`EventLog::stage_snapshot_chunk`]), then call
+    /// Stage this chunk durably ([`EventLog::stage_snapshot_chunk`](crate::log::EventLog::stage_snapshot_chunk)), then call
     /// [`Receiver::chunk_staged`] (staged) or [`Receiver::applied`] (the last chunk
     /// installed the snapshot, or the log refused it).
     StageChunk { batch_id: u64, chunk: SnapshotChunk },
@@ -68,7 +68,7 @@ impl Receiver {
     }
 
     /// A receiver that takes snapshots in chunks, and has `staged` of the origin (from
-    /// [`EventLog::staged_snapshot`] at the start of the stream).
+    /// [`EventLog::staged_snapshot`](crate::log::EventLog::staged_snapshot) at the start of the stream).
     pub fn chunked(local_dc: &str, channel_dc: &str, staged: Option<StagedSnapshot>) -> Self {
         Receiver { chunks: Some(staged), ..Receiver::new(local_dc, channel_dc) }
     }
