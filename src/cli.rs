@@ -240,7 +240,7 @@ fn init_tracing(format: Option<&str>, level: Option<&str>) {
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = match format {
         Some("json") => builder.json().try_init(),
-        _ => builder.try_init(),
+        _ => builder.fmt_fields(crate::log_fields::escaped()).try_init(),
     };
 }
 

@@ -38,6 +38,7 @@ pub mod failover;
 pub mod health;
 pub mod http;
 pub mod leases;
+pub mod log_fields;
 pub mod node;
 pub mod registry;
 pub mod shared;

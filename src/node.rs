@@ -217,6 +217,8 @@ impl Node {
                     backoff_initial_ms: r.backoff_initial_ms,
                     backoff_max_ms: r.backoff_max_ms,
                     schema_version_write: r.schema_version,
+                    reset_secret: data_dir::reset_secret(&cfg.data_dir)
+                        .context("cannot load the stateless-reset secret")?,
                 };
                 let store = NodeStore { committer: committer.clone(), live: live.clone() };
                 let gw = Gateway::start(gcfg, Arc::new(tls), store)

@@ -110,6 +110,9 @@ pub struct GatewayConfig {
     /// The schema version this node writes on the streams it dials (its Hello and
     /// everything after). A receiver answers in the version of the Hello it got.
     pub schema_version_write: u16,
+    /// The node's secret for QUIC stateless resets: random per node and stable across its
+    /// restarts (the node keeps it in its data dir), never derived from the DC's key.
+    pub reset_secret: [u8; 32],
 }
 
 /// A running gateway. Dropping it does not stop it; call [`Gateway::shutdown`].
@@ -144,8 +147,7 @@ impl Gateway {
         let server_cfg = tls.server_config(ALPN)?;
         let socket = std::net::UdpSocket::bind(cfg.listen)
             .map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
-        let secret = tls.current().stateless_reset_secret();
-        let reset_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret);
+        let reset_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &cfg.reset_secret);
         let endpoint_cfg = quinn::EndpointConfig::new(Arc::new(reset_key));
         let runtime = quinn::default_runtime().ok_or_else(|| GatewayError::Bind {
             addr: cfg.listen,

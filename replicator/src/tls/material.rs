@@ -103,18 +103,6 @@ impl TlsMaterial {
         &self.paths
     }
 
-    /// A secret for QUIC stateless resets, derived from this DC's private key: stable
-    /// across restarts, so a restarted node resets the connections its previous process
-    /// left open at peers at once instead of leaving them to the idle timeout.
-    pub fn stateless_reset_secret(&self) -> [u8; 32] {
-        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-        ctx.update(b"tandem stateless reset v1\0");
-        ctx.update(self.key.secret_der());
-        let mut out = [0u8; 32];
-        out.copy_from_slice(ctx.finish().as_ref());
-        out
-    }
-
     /// The DC this material identifies (the DNS SAN of the own certificate).
     pub fn dc(&self) -> &str {
         &self.dc
