@@ -74,7 +74,10 @@ mod tests {
         });
         let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         assert_eq!(text.lines().count(), 1, "one event, one line: {text:?}");
-        assert!(text.contains(r"refused\n2026") && text.contains(r"\u{1b}[31m") && text.contains(r"x\ny"), "{text}");
+        assert!(
+            text.contains(r"refused\n2026") && text.contains(r"\u{1b}[31m") && text.contains(r"x\ny"),
+            "{text}"
+        );
         assert!(text.contains(r"peer=dc-b\r\n"), "{text}");
         assert_eq!(escape_controls("plain é"), "plain é");
     }

@@ -60,11 +60,18 @@ pub fn reset_secret(dir: &Path) -> anyhow::Result<[u8; 32]> {
                 use std::os::unix::fs::PermissionsExt as _;
                 let mode = std::fs::metadata(&path)?.permissions().mode() & 0o777;
                 if mode & 0o077 != 0 {
-                    anyhow::bail!("{} is readable by group or others (mode {mode:o}); run chmod 600 on it", path.display());
+                    anyhow::bail!(
+                        "{} is readable by group or others (mode {mode:o}); run chmod 600 on it",
+                        path.display()
+                    );
                 }
             }
             <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
-                anyhow::anyhow!("{} holds {} bytes, expected 32; delete it to make a new one", path.display(), bytes.len())
+                anyhow::anyhow!(
+                    "{} holds {} bytes, expected 32; delete it to make a new one",
+                    path.display(),
+                    bytes.len()
+                )
             })
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
