@@ -272,6 +272,26 @@ async fn close_refused(conn: &quinn::Connection, send: &mut quinn::SendStream, e
     conn.close(CLOSE_REFUSED.into(), &reason.as_bytes()[..end]);
 }
 
+/// Frames and events a sender had ready, and the error that ended the polling, if any.
+type Drained = (Vec<Frame>, Vec<SenderEvent>, Option<StreamError>);
+
+/// Calls `poll` until it has nothing more (bounded: at most one window's worth plus a
+/// ping per round), collecting what it produced.
+fn drain(mut poll: impl FnMut() -> Result<Option<(Frame, Vec<SenderEvent>)>, StreamError>) -> Drained {
+    let (mut frames, mut events) = (Vec::new(), Vec::new());
+    for _ in 0..64 {
+        match poll() {
+            Ok(Some((f, ev))) => {
+                frames.push(f);
+                events.extend(ev);
+            }
+            Ok(None) => break,
+            Err(e) => return (frames, events, Some(e)),
+        }
+    }
+    (frames, events, None)
+}
+
 /// Application close code: this side refused the stream (the reason says why).
 pub const CLOSE_REFUSED: u32 = 5;
 
@@ -509,24 +529,8 @@ async fn send_session<S: ReplicaStore>(
         let now = now_ms(clock);
         let (s, out) = store
             .with_log(Box::new(move |log: &dyn EventLog| {
-                let mut frames = Vec::new();
-                let mut events = Vec::new();
-                let mut err = None;
-                // Bounded: at most one window's worth plus a ping per round.
-                for _ in 0..64 {
-                    match sender.poll_transmit(log, now) {
-                        Ok(Some((f, ev))) => {
-                            frames.push(f);
-                            events.extend(ev);
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            err = Some(e);
-                            break;
-                        }
-                    }
-                }
-                (sender, (frames, events, err))
+                let out = drain(|| sender.poll_transmit(log, now));
+                (sender, out)
             }))
             .await
             .map_err(|e| e.to_string())?;
@@ -535,23 +539,8 @@ async fn send_session<S: ReplicaStore>(
         // Snapshot chunks are read from their cut here, off the log's thread.
         if err.is_none() && sender.wants_snapshot_read() {
             let (s, (f, ev, e)) = tokio::task::spawn_blocking(move || {
-                let mut frames = Vec::new();
-                let mut events = Vec::new();
-                let mut err = None;
-                for _ in 0..64 {
-                    match sender.poll_snapshot() {
-                        Ok(Some((f, ev))) => {
-                            frames.push(f);
-                            events.extend(ev);
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            err = Some(e);
-                            break;
-                        }
-                    }
-                }
-                (sender, (frames, events, err))
+                let out = drain(|| sender.poll_snapshot());
+                (sender, out)
             })
             .await
             .map_err(|e| format!("snapshot reader: {e}"))?;
