@@ -253,6 +253,64 @@ async fn server_whose_certificate_names_another_dc_is_refused_by_the_client() ->
     Ok(())
 }
 
+/// A server certificate that names the dialled DC and another one identifies no single DC:
+/// the dialer applies the accepting side's rule (exactly one DC name) and refuses it, even
+/// though webpki alone would accept it for the dialled name.
+#[tokio::test]
+async fn server_whose_certificate_names_two_dcs_is_refused_by_the_client() -> Result<()> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let dir = tempfile::tempdir()?;
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(DnType::CommonName, "test CA");
+    let ca = ca_params.self_signed(&ca_key)?;
+    let leaf = |names: &[&str]| -> Result<(String, String)> {
+        let key = KeyPair::generate()?;
+        let params = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())?;
+        Ok((params.signed_by(&key, &ca, &ca_key)?.pem(), key.serialize_pem()))
+    };
+    // The dialer: dc-b, from this CA, loaded as a node loads its files.
+    let (b_cert, b_key) = leaf(&["dc-b"])?;
+    let paths = TlsPaths {
+        ca_cert: dir.path().join("ca.crt"),
+        cert: dir.path().join("dc-b.crt"),
+        key: dir.path().join("dc-b.key"),
+    };
+    std::fs::write(&paths.ca_cert, ca.pem())?;
+    std::fs::write(&paths.cert, b_cert)?;
+    std::fs::write(&paths.key, b_key)?;
+    std::fs::set_permissions(&paths.key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    let b = TlsMaterial::load(&paths)?;
+
+    // The server: a certificate from the same CA naming dc-a and dc-c (a node would refuse
+    // to load it; a misissued certificate on another host need not be a node).
+    let (two_cert, two_key) = leaf(&["dc-a", "dc-c"])?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert_der_from_pem(&two_cert)?],
+            rustls::pki_types::PrivateKeyDer::from_pem_slice(two_key.as_bytes())?,
+        )?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
+    let (server, addr) = server_endpoint(quinn::ServerConfig::with_crypto(Arc::new(quic)))?;
+
+    let client = client_endpoint()?;
+    let connecting = client.connect_with(client_config(&b, ALPN)?, addr, "dc-a")?;
+    let (server_side, client_side) = tokio::join!(accept_one(&server), timeout(WAIT, connecting));
+    let Err(client_error) = client_side.context("timed out in the client handshake")? else {
+        bail!("client accepted a server certificate that names two DCs");
+    };
+    let expected = crypto_code(AlertDescription::CertificateUnknown);
+    assert_eq!(error_code(&client_error), Some(expected), "{client_error}");
+    assert!(client_error.to_string().contains("PeerDcName"), "the error says why: {client_error}");
+    assert!(server_side?.is_err());
+    Ok(())
+}
+
 #[tokio::test]
 async fn expired_client_certificate_is_refused() -> Result<()> {
     let dir = tempfile::tempdir()?;

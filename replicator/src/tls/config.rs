@@ -1,12 +1,20 @@
 //! The quinn server and client configurations for the replication link: mutual TLS 1.3
 //! against the configured CA with one ALPN id, no session resumption, no 0-RTT, and the
-//! ring crypto provider passed explicitly (never a process default).
+//! ring crypto provider passed explicitly (never a process default). Both sides apply one
+//! identity rule: a certificate names exactly one DC (the accepting side reads it with
+//! [`peer_dc`](super::peer_dc); the dialing side checks it in the handshake with
+//! [`OneDcServerVerifier`]).
 
 use std::sync::Arc;
 
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
+use rustls::{CertificateError, DigitallySignedStruct, OtherError, SignatureScheme};
 
+use super::identity::{capped, cert_dns_names, single_dc_name};
 use super::{TlsError, TlsMaterial};
 use crate::gateway::TransportTuning;
 
@@ -64,10 +72,15 @@ pub fn client_config_tuned(
 ) -> Result<quinn::ClientConfig, TlsError> {
     check_alpn(alpn)?;
     let transport = tuning.transport_config()?;
-    let mut tls = rustls::ClientConfig::builder_with_provider(ring_provider())
+    let provider = ring_provider();
+    let webpki = WebPkiServerVerifier::builder_with_provider(m.roots.clone(), provider.clone())
+        .build()
+        .map_err(|source| TlsError::Verifier { source })?;
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|source| TlsError::Rustls { what: "client protocol versions", source })?
-        .with_root_certificates(m.roots.clone())
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(OneDcServerVerifier { webpki }))
         .with_client_auth_cert(m.chain.clone(), m.key.clone_key())
         .map_err(|source| TlsError::Rustls { what: "client certificate", source })?;
     tls.alpn_protocols = vec![alpn.to_vec()];
@@ -78,6 +91,61 @@ pub fn client_config_tuned(
     let mut config = quinn::ClientConfig::new(Arc::new(quic));
     config.transport_config(Arc::new(transport));
     Ok(config)
+}
+
+/// The dialer's check of the server: the chain, validity and name checks of webpki (the
+/// certificate must chain to the CA and name the DC dialled), and then the rule the
+/// accepting side applies to clients: the certificate names exactly one DC, the one
+/// dialled. A certificate that also names other DCs (or anything else) identifies no
+/// single DC and is refused with a `certificate_unknown` alert whose reason names the rule
+/// (`PeerDcName`) and the names found.
+#[derive(Debug)]
+struct OneDcServerVerifier {
+    webpki: Arc<WebPkiServerVerifier>,
+}
+
+impl ServerCertVerifier for OneDcServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let verified =
+            self.webpki.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)?;
+        let names = cert_dns_names(end_entity)
+            .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadEncoding))?;
+        match (single_dc_name(&names), server_name) {
+            (Some(dc), ServerName::DnsName(dialled)) if dc == dialled.as_ref() => Ok(verified),
+            _ => Err(rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(
+                TlsError::PeerDcName { names: capped(names.iter().copied()) },
+            ))))),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
 }
 
 pub(super) fn ring_provider() -> Arc<CryptoProvider> {

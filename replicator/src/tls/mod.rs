@@ -5,7 +5,8 @@
 //!   files, with errors that name the file and say what is wrong with it.
 //! - Builds quinn server and client configurations that require *mutual* authentication
 //!   against the configured CA: the server demands a client certificate, the client checks
-//!   that the server certificate carries the DC name it dialled (`server_name` = peer DC).
+//!   that the server certificate carries the DC name it dialled (`server_name` = peer DC)
+//!   and no other name: both sides apply the same identity rule, exactly one DC name.
 //! - Tells the caller which DC is on the other end of an established connection
 //!   ([`peer_dc`]): the single DNS subject alternative name of the peer's certificate.
 //! - Reloads material without a restart ([`ReloadableTls`]).
