@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use tandem_replicator::gateway::SourceRule;
 
 use crate::failover::PolicyConfig;
 
@@ -159,6 +160,19 @@ pub struct ReplicationSection {
     /// to write only version 1.
     #[serde(default = "d_schema_version")]
     pub schema_version: u16,
+    /// Sources that may start a replication handshake: `"peers"` (the configured peers'
+    /// IP addresses, the default), networks or addresses (`"10.20.0.0/16"`), or `"any"`
+    /// (the opt-out, for NAT and relays that hide a peer's address). Packets from other
+    /// sources are dropped unanswered.
+    #[serde(default = "SourceRule::defaults")]
+    pub accept_from: Vec<SourceRule>,
+    /// Replication handshakes run at once; more are refused (the dialer retries).
+    #[serde(default = "d_handshakes_max")]
+    pub handshakes_max: usize,
+}
+
+fn d_handshakes_max() -> usize {
+    tandem_replicator::gateway::HANDSHAKES_MAX_DEFAULT
 }
 
 fn d_batch() -> usize {
@@ -519,6 +533,15 @@ impl Config {
                 return Err(inv(
                     "[replication] ping_interval_ms",
                     "need 0 < ping_interval_ms < stale_after_ms",
+                ));
+            }
+            if r.handshakes_max == 0 || r.handshakes_max > 1024 {
+                return Err(inv("[replication] handshakes_max", "must be 1..=1024"));
+            }
+            if r.accept_from.is_empty() {
+                return Err(inv(
+                    "[replication] accept_from",
+                    "must name at least one source (\"peers\" is the default; \"any\" opts out)",
                 ));
             }
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use parking_lot::Mutex;
-use tandem_replicator::gateway::{self, Gateway, GatewayConfig, PeerConfig, ReplicaStore};
+use tandem_replicator::gateway::{self, Admission, Gateway, GatewayConfig, PeerConfig, ReplicaStore};
 use tandem_replicator::log::{ApplyReport, ChunkOutcome, EventLog, LogError};
 use tandem_replicator::protocol::StreamTuning;
 use tandem_replicator::purge;
@@ -219,6 +219,11 @@ impl Node {
                     schema_version_write: r.schema_version,
                     reset_secret: data_dir::reset_secret(&cfg.data_dir)
                         .context("cannot load the stateless-reset secret")?,
+                    admission: Admission::new(
+                        &r.accept_from,
+                        r.peers.iter().map(|p| p.addr),
+                        r.handshakes_max,
+                    ),
                 };
                 let store = NodeStore { committer: committer.clone(), live: live.clone() };
                 let gw = Gateway::start(gcfg, Arc::new(tls), store)

@@ -30,18 +30,25 @@ struct Server {
 
 impl Server {
     async fn start() -> Server {
+        Server::start_with("127.0.0.1", "").await
+    }
+
+    /// dc-a with its peer dc-b at `peer_ip` (a loopback address; 127.0.0.0/8 is all
+    /// loopback on Linux) and `extra` lines in its `[replication]` table. The node's
+    /// warnings go to `node.log` in its dir.
+    async fn start_with(peer_ip: &str, extra: &str) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let pki =
             tandem_replicator::tls::generate_dev_pki(&dir.path().join("certs"), &["dc-a", "dc-b"], false)
                 .unwrap();
         let http_port = free_tcp_port();
         let repl: SocketAddr = format!("127.0.0.1:{}", free_udp_port()).parse().unwrap();
-        let peer_b: SocketAddr = format!("127.0.0.1:{}", free_udp_port()).parse().unwrap();
+        let peer_b: SocketAddr = format!("{peer_ip}:{}", free_udp_port()).parse().unwrap();
         let p = pki.paths("dc-a").unwrap();
         let text = format!(
             "dc = \"dc-a\"\ndata_dir = \"{}\"\nhttp_addr = \"127.0.0.1:{http_port}\"\n\
              [replication]\nlisten = \"{repl}\"\npeers = [{{ dc = \"dc-b\", addr = \"{peer_b}\" }}]\n\
-             ca_cert = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\nbackoff_initial_ms = 50\nbackoff_max_ms = 500\n",
+             ca_cert = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\nbackoff_initial_ms = 50\nbackoff_max_ms = 500\n{extra}\n",
             dir.path().join("d").display(),
             p.ca_cert.display(),
             p.cert.display(),
@@ -49,13 +56,15 @@ impl Server {
         );
         let path = dir.path().join("node.toml");
         std::fs::write(&path, text).unwrap();
+        let log = std::fs::File::create(dir.path().join("node.log")).unwrap();
         let child = std::process::Command::new(tandem_bin())
             .arg("server")
             .arg("--config")
             .arg(&path)
             .env("RUST_LOG", "warn")
+            .env("NO_COLOR", "1")
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap();
         let s = Server { child, http_port, repl, dir, pki, peer_b };
@@ -93,12 +102,27 @@ impl Server {
             .sum::<f64>() as u64
     }
 
+    /// Lines of the node's log that contain `text`.
+    fn log_lines(&self, text: &str) -> usize {
+        let log = std::fs::read_to_string(self.dir.path().join("node.log")).unwrap_or_default();
+        log.lines().filter(|l| l.contains(text)).count()
+    }
+
     /// A QUIC connection to the node's replication listener as `dc` (a certificate of the
     /// test CA), with the gateway's own client configuration.
     async fn connect_as(&self, dc: &str) -> Result<(quinn::Endpoint, quinn::Connection), String> {
-        let tls = ReloadableTls::load(self.pki.paths(dc).unwrap().clone()).map_err(|e| e.to_string())?;
+        self.connect_from("127.0.0.1", self.pki.paths(dc).unwrap().clone()).await
+    }
+
+    /// A QUIC connection from source address `ip` with the TLS material at `paths`.
+    async fn connect_from(
+        &self,
+        ip: &str,
+        paths: tandem_replicator::tls::TlsPaths,
+    ) -> Result<(quinn::Endpoint, quinn::Connection), String> {
+        let tls = ReloadableTls::load(paths).map_err(|e| e.to_string())?;
         let cfg = tls.client_config(ALPN).map_err(|e| e.to_string())?;
-        let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).map_err(|e| e.to_string())?;
+        let ep = quinn::Endpoint::client(format!("{ip}:0").parse().unwrap()).map_err(|e| e.to_string())?;
         let conn = tokio::time::timeout(
             Duration::from_secs(5),
             ep.connect_with(cfg, self.repl, "dc-a").map_err(|e| e.to_string())?,
@@ -129,6 +153,8 @@ impl Server {
             purge_grace_ms: 3_600_000,
             ping_interval_ms: 200,
             schema_version: tandem_schemas::SCHEMA_VERSION,
+            accept_from: tandem_replicator::gateway::SourceRule::defaults(),
+            handshakes_max: tandem_replicator::gateway::HANDSHAKES_MAX_DEFAULT,
         });
         let b = Node::start(c, None).await.unwrap();
         client(&b).register(&reg_body("orders", id, true)).await.unwrap();
@@ -254,5 +280,173 @@ async fn a_refusal_reaches_the_peer_as_the_close_reason() {
     assert!(server.alive(), "the node died");
     assert!(server.metric("tandem_replication_protocol_errors_total").await >= 1);
     let b = server.check_a_good_peer_replicates("b-after-refusal").await;
+    b.shutdown().await;
+}
+
+/// Sums the series of `name` whose labels contain `label` (e.g. `reason="source"`).
+async fn metric_with(server: &Server, name: &str, label: &str) -> u64 {
+    let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", server.http_port))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{') && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_configured_peers_addresses_may_start_a_handshake() {
+    // dc-b is configured at 127.0.0.2; a stranger at 127.0.0.1 holds dc-b's own
+    // certificate, and still gets no answer at all.
+    let server = Server::start_with("127.0.0.2", "").await;
+    let b_paths = server.pki.paths("dc-b").unwrap().clone();
+    let stranger = server.connect_from("127.0.0.1", b_paths.clone()).await;
+    assert!(stranger.is_err(), "a source that is not a peer's address got a connection");
+    let refused = "tandem_replication_incoming_refused_total";
+    assert!(metric_with(&server, refused, "reason=\"source\"").await >= 1);
+    assert_eq!(server.metric("tandem_replication_refused_connections_total").await, 0, "no handshake ran");
+    // From the peer's address: validated by a Retry, then admitted.
+    let (_ep, conn) = server.connect_from("127.0.0.2", b_paths).await.unwrap();
+    conn.close(0u32.into(), b"done");
+    assert!(server.metric("tandem_replication_retries_sent_total").await >= 1);
+    assert!(server.log_lines("not in accept_from") <= 1, "the refusal is logged sampled");
+    let b = server.check_a_good_peer_replicates("b-from-its-address").await;
+    b.shutdown().await;
+
+    // The opt-out for NAT and relays: any source may start a handshake.
+    let open = Server::start_with("127.0.0.2", "accept_from = [\"any\"]").await;
+    let (_ep, conn) = open.connect_from("127.0.0.1", open.pki.paths("dc-b").unwrap().clone()).await.unwrap();
+    conn.close(0u32.into(), b"done");
+    assert_eq!(metric_with(&open, refused, "reason=\"source\"").await, 0);
+}
+
+/// How long the stalling client holds its handshake (below the node's 3 s idle timeout,
+/// which bounds every handshake).
+const STALL: Duration = Duration::from_millis(2_500);
+
+/// A TLS client verifier that holds the handshake: it blocks for [`STALL`], then fails.
+#[derive(Debug)]
+struct Stall;
+
+impl rustls::client::danger::ServerCertVerifier for Stall {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        std::thread::sleep(STALL);
+        Err(rustls::Error::General("stalled on purpose".into()))
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("stalled on purpose".into()))
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("stalled on purpose".into()))
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider().signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A client that runs a handshake as far as the server's flight and holds it there
+/// ([`Stall`]), on its own thread (the stall blocks its runtime).
+fn stalled_handshake(
+    paths: &tandem_replicator::tls::TlsPaths,
+    addr: SocketAddr,
+) -> std::thread::JoinHandle<()> {
+    use rustls::pki_types::pem::PemObject;
+    let chain: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(&paths.cert)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&paths.key).unwrap();
+    let mut tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .dangerous()
+    .with_custom_certificate_verifier(std::sync::Arc::new(Stall))
+    .with_client_auth_cert(chain, key)
+    .unwrap();
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let cfg = quinn::ClientConfig::new(std::sync::Arc::new(quic));
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+            let r =
+                tokio::time::timeout(Duration::from_secs(10), ep.connect_with(cfg, addr, "dc-a").unwrap())
+                    .await;
+            assert!(!matches!(r, Ok(Ok(_))), "a stalled handshake completed");
+        });
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshakes_are_capped_and_a_flood_of_foreign_certificates_is_counted_and_logged_sampled() {
+    let mut server = Server::start_with("127.0.0.1", "handshakes_max = 2").await;
+    let b_paths = server.pki.paths("dc-b").unwrap().clone();
+    // Two handshakes held open fill the cap...
+    let stalled = [stalled_handshake(&b_paths, server.repl), stalled_handshake(&b_paths, server.repl)];
+    let s = &server;
+    eventually(Duration::from_secs(5), "two handshakes running", || async move {
+        s.metric("tandem_replication_handshakes").await == 2
+    })
+    .await;
+    // ...so a third is refused at once, before any TLS work.
+    let third = server.connect_as("dc-b").await;
+    assert!(third.is_err(), "a handshake beyond handshakes_max was admitted");
+    let refused = "tandem_replication_incoming_refused_total";
+    assert!(metric_with(&server, refused, "reason=\"handshakes_max\"").await >= 1);
+    for t in stalled {
+        t.join().unwrap();
+    }
+
+    // A flood of handshakes with another CA's certificate: bounded in count and time.
+    let foreign =
+        tandem_replicator::tls::generate_dev_pki(&server.dir.path().join("foreign"), &["dc-b"], false)
+            .unwrap();
+    let foreign = foreign.paths("dc-b").unwrap().clone();
+    const FLOOD: usize = 200;
+    let flood = async {
+        for _ in 0..FLOOD / 8 {
+            let round = (0..8).map(|_| server.connect_from("127.0.0.1", foreign.clone()));
+            for r in futures::future::join_all(round).await {
+                assert!(r.is_err(), "a foreign certificate was accepted");
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), flood).await.expect("the flood ends in time");
+    assert!(server.alive(), "the node died");
+    let failed = server.metric("tandem_replication_refused_connections_total").await;
+    let busy = metric_with(&server, refused, "reason=\"handshakes_max\"").await;
+    assert!(failed + busy > FLOOD as u64, "every attempt counted: {failed} failed, {busy} refused as busy");
+    // Sampled: one line per kind per 10 s, not one per attempt (1,378 lines for 2,000 before).
+    let lines = server.log_lines("WARN");
+    assert!(lines <= 12, "{lines} warning lines for {FLOOD} refused handshakes");
+    let s = &server;
+    eventually(Duration::from_secs(5), "no handshake left running", || async move {
+        s.metric("tandem_replication_handshakes").await == 0
+    })
+    .await;
+    let b = server.check_a_good_peer_replicates("b-after-flood").await;
     b.shutdown().await;
 }

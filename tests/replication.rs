@@ -194,6 +194,8 @@ async fn a_peer_with_a_certificate_of_another_dc_name_is_refused() {
         purge_grace_ms: 3_600_000,
         ping_interval_ms: 200,
         schema_version: tandem_schemas::SCHEMA_VERSION,
+        accept_from: tandem_replicator::gateway::SourceRule::defaults(),
+        handshakes_max: tandem_replicator::gateway::HANDSHAKES_MAX_DEFAULT,
     });
     let intruder = tandem::node::Node::start(cfg, None).await.unwrap();
     client(&intruder).register(&reg_body("evil", "e1", true)).await.unwrap();

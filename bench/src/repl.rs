@@ -59,6 +59,8 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             purge_grace_ms: 3_600_000,
             ping_interval_ms: 500,
             schema_version: tandem_schemas::SCHEMA_VERSION,
+            accept_from: tandem_replicator::gateway::SourceRule::defaults(),
+            handshakes_max: tandem_replicator::gateway::HANDSHAKES_MAX_DEFAULT,
         });
         Ok(c)
     };

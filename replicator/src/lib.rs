@@ -5,6 +5,7 @@
 //! - [`log`]: the event-log contract, its in-memory model and the conformance suite.
 //! - [`purge`]: the purge rule (how far a DC may purge its own log), a pure function.
 //! - [`protocol`]: the sans-IO sender and receiver state machines of the replication stream.
+//! - [`sampled`]: sampled logging (one line per period) for floods of refusals.
 //! - [`tls`]: certificates, mutual TLS and peer identity for the QUIC gateway.
 //! - [`gateway`]: the thin QUIC driver that runs the protocol over quinn.
 //!
@@ -17,4 +18,5 @@ pub mod log;
 pub mod merge;
 pub mod protocol;
 pub mod purge;
+pub mod sampled;
 pub mod tls;

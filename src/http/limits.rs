@@ -226,30 +226,7 @@ pub fn take_slot(node: &NodeShared, ip: Option<IpAddr>, streams: bool) -> Result
     })
 }
 
-/// Lets one log line through per period and counts the ones held back, which the next
-/// line reports: a flood of refused clients costs a line per period, not a line each.
-#[derive(Debug, Default)]
-pub struct LogSampler {
-    last: Mutex<Option<Instant>>,
-    held_back: AtomicU64,
-}
-
-impl LogSampler {
-    /// The period between two lines.
-    pub const PERIOD: Duration = Duration::from_secs(10);
-
-    /// `Some(lines held back since the last one)` when a line may be written now.
-    pub fn admit(&self) -> Option<u64> {
-        let now = Instant::now();
-        let mut last = self.last.lock();
-        if last.is_some_and(|t| now.duration_since(t) < Self::PERIOD) {
-            self.held_back.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        *last = Some(now);
-        Some(self.held_back.swap(0, Ordering::Relaxed))
-    }
-}
+pub use tandem_replicator::sampled::LogSampler;
 
 /// An error answer with `Retry-After`.
 pub fn retry_after(e: ApiError, secs: u64) -> Response {
@@ -441,14 +418,5 @@ mod tests {
         }
         let wait = st.take_admin_call(3).unwrap_err();
         assert!((1..=20).contains(&wait), "{wait}");
-    }
-
-    #[test]
-    fn the_sampler_lets_one_line_through_per_period() {
-        let s = LogSampler::default();
-        assert_eq!(s.admit(), Some(0));
-        assert_eq!(s.admit(), None);
-        assert_eq!(s.admit(), None);
-        assert_eq!(s.held_back.load(Ordering::Relaxed), 2);
     }
 }

@@ -340,6 +340,32 @@ impl NodeShared {
                 &[("dc", dc)],
                 stats.refused_connections.load(Ordering::Relaxed),
             );
+            let incoming = "tandem_replication_incoming_refused_total";
+            let help = "Incoming replication connections refused before their handshake, by reason";
+            m.counter(
+                incoming,
+                help,
+                &[("dc", dc), ("reason", "source")],
+                stats.refused_source.load(Ordering::Relaxed),
+            );
+            m.counter(
+                incoming,
+                help,
+                &[("dc", dc), ("reason", "handshakes_max")],
+                stats.refused_handshakes_busy.load(Ordering::Relaxed),
+            );
+            m.counter(
+                "tandem_replication_retries_sent_total",
+                "QUIC Retry packets sent to sources that had not validated their address",
+                &[("dc", dc)],
+                stats.retries_sent.load(Ordering::Relaxed),
+            );
+            m.gauge(
+                "tandem_replication_handshakes",
+                "Replication handshakes running now",
+                &[("dc", dc)],
+                stats.handshakes_in_flight.load(Ordering::Relaxed) as f64,
+            );
             m.counter(
                 "tandem_replication_refused_retired_total",
                 "Replication connections refused because their DC is retired here",

@@ -66,6 +66,8 @@ pub async fn pair_with(tune: impl Fn(&mut Config)) -> Pair {
             purge_grace_ms: 3_600_000,
             ping_interval_ms: 200,
             schema_version: tandem_schemas::SCHEMA_VERSION,
+            accept_from: tandem_replicator::gateway::SourceRule::defaults(),
+            handshakes_max: tandem_replicator::gateway::HANDSHAKES_MAX_DEFAULT,
         });
         tune(&mut c);
         c

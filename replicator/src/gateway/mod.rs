@@ -9,6 +9,7 @@
 //! Every frame on a stream is a big-endian u32 length followed by a postcard
 //! [`Envelope`](tandem_schemas::Envelope). Lengths are bounded before anything is read.
 
+mod admission;
 mod receive;
 mod stats;
 mod transport;
@@ -32,6 +33,7 @@ use crate::log::{ApplyReport, ChunkOutcome, EventLog, LogError, SharedReader};
 use crate::protocol::{Sender, SenderEvent, StreamError, StreamTuning};
 use crate::tls::{self, ReloadableTls};
 
+pub use admission::{Admission, SourceRule, HANDSHAKES_MAX_DEFAULT};
 pub use receive::{CLOSE_NO_STREAM, CLOSE_REPLACED};
 pub use stats::{GatewayStats, LagRing, PeerLink};
 pub use transport::{TransportTuning, RECEIVE_WINDOW_BYTES, STREAMS_BIDI_MAX, STREAM_OPEN_TIMEOUT};
@@ -113,6 +115,8 @@ pub struct GatewayConfig {
     /// The node's secret for QUIC stateless resets: random per node and stable across its
     /// restarts (the node keeps it in its data dir), never derived from the DC's key.
     pub reset_secret: [u8; 32],
+    /// Which sources may start a handshake, and how many handshakes run at once.
+    pub admission: Admission,
 }
 
 /// A running gateway. Dropping it does not stop it; call [`Gateway::shutdown`].

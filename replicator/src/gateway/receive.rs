@@ -1,5 +1,5 @@
-//! The accepting side of the gateway: the accept loop (peer identity from the certificate,
-//! one receive session per origin at a time) and the receive session, which runs a
+//! The accepting side of the gateway: the accept loop (admission of a source before any
+//! TLS work, peer identity from the certificate, one receive session per origin at a time) and the receive session, which runs a
 //! [`Receiver`] and applies the origin's batches, snapshots and snapshot chunks durably.
 
 use std::collections::BTreeMap;
@@ -12,6 +12,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use super::admission::Admission;
 use super::transport::STREAM_OPEN_TIMEOUT;
 use super::{
     close_refused, now_ms, read_frame, tls, wall_ms, write_frame, GatewayConfig, GatewayStats, ReplicaStore,
@@ -19,6 +20,7 @@ use super::{
 };
 use crate::log::{ApplyReport, ChunkOutcome, EventLog, LogError};
 use crate::protocol::{Receiver, ReceiverAction};
+use crate::sampled::LogSampler;
 
 /// Application close code: a newer connection of the same DC replaced this one.
 pub const CLOSE_REPLACED: u32 = 3;
@@ -39,6 +41,7 @@ pub(super) async fn accept_loop<S: ReplicaStore>(
     let sessions: Arc<Mutex<BTreeMap<String, Arc<OriginSessions>>>> = Default::default();
     // One connection per peer DC: the newest, which closes the one before it.
     let current: Arc<Mutex<BTreeMap<String, quinn::Connection>>> = Default::default();
+    let samplers: Arc<Samplers> = Default::default();
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => i,
@@ -46,17 +49,24 @@ pub(super) async fn accept_loop<S: ReplicaStore>(
             Some(_) = conns.join_next(), if !conns.is_empty() => continue,
         };
         let Some(incoming) = incoming else { return };
+        let Some(handshake) = admit(incoming, &cfg.admission, &stats, &samplers) else { continue };
         let cfg = cfg.clone();
         let store = store.clone();
         let stats = stats.clone();
+        let samplers = samplers.clone();
         let sessions = sessions.clone();
         let current = current.clone();
         conns.spawn(async move {
-            let conn = match incoming.await {
+            let (incoming, running) = handshake;
+            let handshake = incoming.await;
+            drop(running);
+            let conn = match handshake {
                 Ok(c) => c,
                 Err(e) => {
                     stats.refused_connections.fetch_add(1, Ordering::Relaxed);
-                    warn!(error = %e, "refused replication connection (TLS handshake failed)");
+                    if let Some(held_back) = samplers.handshake.admit() {
+                        warn!(error = %e, held_back, "refused replication connection: TLS handshake failed (sampled: one line per 10 s)");
+                    }
                     return;
                 }
             };
@@ -73,13 +83,17 @@ pub(super) async fn accept_loop<S: ReplicaStore>(
                 Ok(dc) if cfg.peers.iter().any(|p| p.dc == dc) && dc != cfg.local_dc => dc,
                 Ok(dc) => {
                     stats.refused_connections.fetch_add(1, Ordering::Relaxed);
-                    warn!(peer = %dc, "refused replication connection from a DC that is not a configured peer");
+                    if let Some(held_back) = samplers.identity.admit() {
+                        warn!(peer = %dc, held_back, "refused replication connection from a DC that is not a configured peer (sampled: one line per 10 s)");
+                    }
                     conn.close(1u32.into(), b"not a configured peer");
                     return;
                 }
                 Err(e) => {
                     stats.refused_connections.fetch_add(1, Ordering::Relaxed);
-                    warn!(error = %e, "refused replication connection without a usable identity");
+                    if let Some(held_back) = samplers.identity.admit() {
+                        warn!(error = %e, held_back, "refused replication connection without a usable identity (sampled: one line per 10 s)");
+                    }
                     conn.close(1u32.into(), b"no identity");
                     return;
                 }
@@ -101,6 +115,63 @@ pub(super) async fn accept_loop<S: ReplicaStore>(
             }
         });
     }
+}
+
+/// One log sampler per kind of refusal, so each kind shows up in the log.
+#[derive(Debug, Default)]
+struct Samplers {
+    source: LogSampler,
+    busy: LogSampler,
+    handshake: LogSampler,
+    identity: LogSampler,
+}
+
+/// A running handshake, counted in `handshakes_in_flight` until dropped.
+struct Running(Arc<GatewayStats>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.handshakes_in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The admission rules of [`Admission`] applied to one incoming connection, before any
+/// TLS work: a source not admitted is dropped unanswered; an unvalidated source gets a
+/// Retry; beyond `handshakes_max` running handshakes the connection is refused. `None`
+/// when the connection goes no further.
+fn admit(
+    incoming: quinn::Incoming,
+    admission: &Admission,
+    stats: &Arc<GatewayStats>,
+    samplers: &Samplers,
+) -> Option<(quinn::Incoming, Running)> {
+    let source = incoming.remote_address();
+    if !admission.admits(source.ip()) {
+        stats.refused_source.fetch_add(1, Ordering::Relaxed);
+        if let Some(held_back) = samplers.source.admit() {
+            warn!(%source, held_back, "dropped a replication handshake from a source not in accept_from (sampled: one line per 10 s)");
+        }
+        incoming.ignore();
+        return None;
+    }
+    if !incoming.remote_address_validated() && incoming.may_retry() {
+        stats.retries_sent.fetch_add(1, Ordering::Relaxed);
+        // Fails only if a retry was already sent for this connection attempt.
+        let _ = incoming.retry();
+        return None;
+    }
+    let running = stats.handshakes_in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+    let guard = Running(stats.clone());
+    if running > admission.handshakes_max as u64 {
+        drop(guard);
+        stats.refused_handshakes_busy.fetch_add(1, Ordering::Relaxed);
+        if let Some(held_back) = samplers.busy.admit() {
+            warn!(%source, limit = admission.handshakes_max, held_back, "refused a replication handshake: handshakes_max are running (sampled: one line per 10 s)");
+        }
+        incoming.refuse();
+        return None;
+    }
+    Some((incoming, guard))
 }
 
 /// Serializes the receive sessions of one origin.

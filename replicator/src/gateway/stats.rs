@@ -140,7 +140,18 @@ impl LagRing {
 #[derive(Debug, Default)]
 pub struct GatewayStats {
     pub peers: Mutex<BTreeMap<String, PeerLink>>,
+    /// Connections refused after their handshake began: the TLS handshake failed, or the
+    /// certificate named no configured peer.
     pub refused_connections: AtomicU64,
+    /// Incoming connections dropped unanswered: their source address is not admitted
+    /// (`[replication] accept_from`).
+    pub refused_source: AtomicU64,
+    /// Incoming connections refused because `handshakes_max` handshakes were running.
+    pub refused_handshakes_busy: AtomicU64,
+    /// Retry packets sent to sources that had not yet validated their address.
+    pub retries_sent: AtomicU64,
+    /// Handshakes running now.
+    pub handshakes_in_flight: AtomicU64,
     /// Connections refused because their DC is retired here.
     pub refused_retired: AtomicU64,
     pub protocol_errors: AtomicU64,
