@@ -119,6 +119,22 @@ impl Default for ProtectionSection {
 pub struct PeerSection {
     pub dc: String,
     pub addr: SocketAddr,
+    /// The replication scope of this peer: the namespaces it may replicate into this DC
+    /// (absent: all). Its events of other namespaces are applied as no-ops, and its
+    /// snapshots are installed in part (docs/replication.md, "Replication scope"). Taken at
+    /// start; a reload that changes it is refused.
+    #[serde(default)]
+    pub namespaces: Option<Vec<String>>,
+}
+
+/// Most namespaces one peer's replication scope may name.
+pub const PEER_SCOPE_NAMESPACES_MAX: usize = 1024;
+
+impl PeerSection {
+    /// The peer's replication scope.
+    pub fn scope(&self) -> tandem_replicator::scope::Scope {
+        tandem_replicator::scope::Scope::from_config(self.namespaces.as_deref())
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -474,6 +490,17 @@ impl Config {
                     .map_err(|e| inv("[replication] peers.dc", e.to_string()))?;
                 if peer.dc == self.dc {
                     return Err(inv("[replication] peers.dc", format!("{} is this node's own DC", peer.dc)));
+                }
+                let namespaces = peer.namespaces.as_deref().unwrap_or_default();
+                if namespaces.len() > PEER_SCOPE_NAMESPACES_MAX {
+                    return Err(inv(
+                        "[replication] peers.namespaces",
+                        format!("{} names {} namespaces; at most {PEER_SCOPE_NAMESPACES_MAX}", peer.dc, namespaces.len()),
+                    ));
+                }
+                for ns in namespaces {
+                    tandem_schemas::validate_name("replication.peers.namespaces", ns)
+                        .map_err(|e| inv("[replication] peers.namespaces", format!("{}: {e}", peer.dc)))?;
                 }
             }
             let mut names: Vec<&str> = r.peers.iter().map(|p| p.dc.as_str()).collect();

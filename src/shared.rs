@@ -69,6 +69,13 @@ pub enum ReloadError {
     Acl(#[from] crate::acl::AclError),
 }
 
+/// Whether a peer present in both configurations has another replication scope in `new`
+/// (scopes are taken at start: see `RocksLog::rescope`).
+fn scope_changed(old: &Config, new: &Config) -> bool {
+    let (Some(o), Some(n)) = (&old.replication, &new.replication) else { return false };
+    n.peers.iter().any(|np| o.peers.iter().any(|op| op.dc == np.dc && op.scope() != np.scope()))
+}
+
 impl NodeShared {
     /// Re-reads the config file: failover policy and protection settings take effect at
     /// once; replication certificates are reloaded. An invalid file changes nothing.
@@ -84,6 +91,9 @@ impl NodeShared {
         }
         if new.acl.enabled != old.acl.enabled {
             return Err(ReloadError::Immutable { key: "[acl] enabled" });
+        }
+        if scope_changed(&old, &new) {
+            return Err(ReloadError::Immutable { key: "[replication] peers.namespaces" });
         }
         let acl = crate::acl::Acl::new(
             &new.acl,

@@ -181,6 +181,7 @@ async fn a_peer_with_a_certificate_of_another_dc_name_is_refused() {
         peers: vec![tandem::config::PeerSection {
             dc: "dc-a".into(),
             addr: p.cfg_a.replication.as_ref().unwrap().listen,
+            namespaces: None,
         }],
         ca_cert: certs.join("ca.pem"),
         cert: dir.path().join("dc-c.pem"),

@@ -3,6 +3,7 @@
 //! - [`epoch`]: ordered origin epochs (generation and tiebreak), pure functions.
 //! - [`merge`]: the merge rules as pure functions (no I/O, no clock).
 //! - [`log`]: the event-log contract, its in-memory model and the conformance suite.
+//! - [`scope`]: the replication scope of a peer DC (the namespaces it may replicate here).
 //! - [`purge`]: the purge rule (how far a DC may purge its own log), a pure function.
 //! - [`protocol`]: the sans-IO sender and receiver state machines of the replication stream.
 //! - [`tls`]: certificates, mutual TLS and peer identity for the QUIC gateway.
@@ -17,4 +18,5 @@ pub mod log;
 pub mod merge;
 pub mod protocol;
 pub mod purge;
+pub mod scope;
 pub mod tls;
