@@ -636,6 +636,20 @@ mod tests {
         let mut c = base();
         c.dc = "not a dc!".into();
         assert_eq!(key_of(&c), "dc");
+        // A peer's replication scope: valid names, at most PEER_SCOPE_NAMESPACES_MAX.
+        let with_scope = |namespaces: Vec<String>| {
+            let toml = "dc = \"dc-a\"\ndata_dir = \"/tmp/x\"\nhttp_addr = \"127.0.0.1:0\"\n[replication]\n\
+                        listen = \"127.0.0.1:0\"\npeers = [{ dc = \"dc-b\", addr = \"127.0.0.1:1\" }]\n\
+                        ca_cert = \"c\"\ncert = \"c\"\nkey = \"k\"\n";
+            let mut c: Config = toml::from_str(toml).unwrap();
+            c.replication.as_mut().unwrap().peers[0].namespaces = Some(namespaces);
+            c
+        };
+        assert!(with_scope(vec!["a".into(), "b.c".into()]).validate().is_ok());
+        assert!(with_scope(vec![]).validate().is_ok());
+        assert_eq!(key_of(&with_scope(vec!["not a name".into()])), "[replication] peers.namespaces");
+        let many = (0..=PEER_SCOPE_NAMESPACES_MAX).map(|i| format!("n{i}")).collect();
+        assert_eq!(key_of(&with_scope(many)), "[replication] peers.namespaces");
         // The message says the key and the rule.
         let mut c = base();
         c.store.write_buffer_mib = 0;

@@ -108,3 +108,26 @@ impl NodeShared {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changed_peer_scope_is_a_restart_change() {
+        let toml = |peers: &str| {
+            let text = format!(
+                "dc = \"dc-a\"\ndata_dir = \"/tmp/x\"\nhttp_addr = \"127.0.0.1:0\"\n[replication]\n\
+                 listen = \"127.0.0.1:0\"\npeers = [{peers}]\nca_cert = \"c\"\ncert = \"c\"\nkey = \"k\"\n"
+            );
+            toml::from_str::<Config>(&text).unwrap()
+        };
+        let all = toml(r#"{ dc = "dc-b", addr = "127.0.0.1:1" }"#);
+        let only_a = toml(r#"{ dc = "dc-b", addr = "127.0.0.1:1", namespaces = ["a"] }"#);
+        let only_a_moved = toml(r#"{ dc = "dc-b", addr = "127.0.0.1:2", namespaces = ["a"] }"#);
+        let other_peer = toml(r#"{ dc = "dc-c", addr = "127.0.0.1:1", namespaces = ["a"] }"#);
+        assert!(scope_changed(&all, &only_a) && scope_changed(&only_a, &all));
+        assert!(!scope_changed(&only_a, &only_a_moved));
+        assert!(!scope_changed(&all, &other_peer));
+    }
+}
