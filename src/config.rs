@@ -495,7 +495,11 @@ impl Config {
                 if namespaces.len() > PEER_SCOPE_NAMESPACES_MAX {
                     return Err(inv(
                         "[replication] peers.namespaces",
-                        format!("{} names {} namespaces; at most {PEER_SCOPE_NAMESPACES_MAX}", peer.dc, namespaces.len()),
+                        format!(
+                            "{} names {} namespaces; at most {PEER_SCOPE_NAMESPACES_MAX}",
+                            peer.dc,
+                            namespaces.len()
+                        ),
                     ));
                 }
                 for ns in namespaces {

@@ -132,8 +132,10 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     let services = ctx.opts.services.clamp(1, DISCOVER_SERVICES_MAX);
     let per = ctx.opts.per_service.max(1);
     for side in &sides {
-        seed(ctx, &side.node, services * per, true, move |i| (format!("d-{}", i / per), format!("inst-{}", i % per)))
-            .await?;
+        seed(ctx, &side.node, services * per, true, move |i| {
+            (format!("d-{}", i / per), format!("inst-{}", i % per))
+        })
+        .await?;
     }
     let mut disc: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
     for &s in &order {

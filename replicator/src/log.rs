@@ -238,7 +238,6 @@ impl MemLog {
         }
     }
 
-
     /// Forgets everything of `origin`: its live copies (returned as removals, in key
     /// order), its tombstones (counted) and its mark. What retiring a DC does to state.
     pub fn forget_origin(&mut self, origin: &str) -> (Vec<StateChange>, usize) {
@@ -385,8 +384,12 @@ impl EventLog for MemLog {
         let tombs: Vec<InstanceKey> =
             self.tombs.keys().filter(|k| *k.owner_dc == *channel_dc).cloned().collect();
         let plan = merge::plan_snapshot(channel_dc, self.mark_of(channel_dc), &live, &tombs, snap)?;
-        let mut report =
-            ApplyReport { mark: Some(plan.new_mark), out_of_scope, out_of_scope_namespace, ..Default::default() };
+        let mut report = ApplyReport {
+            mark: Some(plan.new_mark),
+            out_of_scope,
+            out_of_scope_namespace,
+            ..Default::default()
+        };
         for k in plan.remove {
             self.live.remove(&k);
             report.changes.push(StateChange::Remove { key: k });

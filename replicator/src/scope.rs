@@ -70,7 +70,12 @@ impl Scope {
         let kept = Snapshot {
             origin_dc: snap.origin_dc.clone(),
             mark: snap.mark,
-            instances: snap.instances.iter().filter(|i| self.allows(&i.record.key.namespace)).cloned().collect(),
+            instances: snap
+                .instances
+                .iter()
+                .filter(|i| self.allows(&i.record.key.namespace))
+                .cloned()
+                .collect(),
             tombstones: snap.tombstones.iter().filter(|t| self.allows(&t.key.namespace)).cloned().collect(),
         };
         (Cow::Owned(kept), left_out, sample)
@@ -130,7 +135,9 @@ mod tests {
 
     #[test]
     fn stored_form_round_trips() {
-        for s in [Scope::All, Scope::only(Vec::<String>::new()), Scope::only(["a"]), Scope::only(["b", "a.x"])] {
+        for s in
+            [Scope::All, Scope::only(Vec::<String>::new()), Scope::only(["a"]), Scope::only(["b", "a.x"])]
+        {
             assert_eq!(Scope::from_stored(s.to_stored().as_deref()), s);
         }
     }

@@ -12,8 +12,8 @@ use parking_lot::Mutex;
 use tandem_replicator::log::{
     ApplyReport, ChunkOutcome, EventLog, LogError, MemLog, Rescope, SnapshotReader, StateChange,
 };
-use tandem_replicator::scope::Scope;
 use tandem_replicator::merge::Held;
+use tandem_replicator::scope::Scope;
 use tandem_schemas::{
     ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot, SnapshotChunk, StagedSnapshot, Tombstone,
 };

@@ -253,7 +253,10 @@ pub fn replication_scope<H: Harness>(h: &mut H) {
     let tail = [in_ns(reg("dc-a", 7, 5, "j3"), "b")];
     assert_eq!(log.apply_remote("dc-a", &tail).unwrap().out_of_scope, 1);
     assert_eq!(log.held(&key_in("j3", "b")), Held::Absent);
-    assert_eq!(log.rescope("dc-a", &only_default).unwrap(), Rescope { was: only_default.clone(), ..Default::default() });
+    assert_eq!(
+        log.rescope("dc-a", &only_default).unwrap(),
+        Rescope { was: only_default.clone(), ..Default::default() }
+    );
     // Widening: the mark goes back to seq 0 of its epoch, the in-scope copy stays, and the
     // origin's resent history fills in what was skipped.
     let r = log.rescope("dc-a", &Scope::All).unwrap();

@@ -8,8 +8,8 @@ use rocksdb::{IteratorMode, ReadOptions, WriteBatch};
 use tandem_replicator::log::{
     mark_event_id, ApplyReport, ChunkOutcome, EventLog, LogError, Rescope, SnapshotReader, StateChange,
 };
-use tandem_replicator::scope::Scope;
 use tandem_replicator::merge::{self, Held};
+use tandem_replicator::scope::Scope;
 use tandem_schemas::{
     validate_event, validate_key, validate_record, ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot,
     SnapshotChunk, SnapshotInstance, StagedSnapshot, Tombstone,
@@ -314,8 +314,12 @@ impl RocksLog {
         let tombs = self.owner_keys(CF_TOMBSTONES, channel_dc)?;
         let plan = merge::plan_snapshot(channel_dc, self.mark_of(channel_dc), &live, &tombs, snap)?;
         let (inst_cf, tombs_cf) = (self.cf(CF_INSTANCES)?, self.cf(CF_TOMBSTONES)?);
-        let mut report =
-            ApplyReport { mark: Some(plan.new_mark), out_of_scope, out_of_scope_namespace, ..Default::default() };
+        let mut report = ApplyReport {
+            mark: Some(plan.new_mark),
+            out_of_scope,
+            out_of_scope_namespace,
+            ..Default::default()
+        };
         // Which keys are live as the steps below go, so that the reported changes match the
         // model step for step. Keys of other owners (only in a snapshot that failed
         // validation) are looked up on demand.

@@ -91,7 +91,8 @@ impl RocksLog {
             let (k, v) = item?;
             let name = std::str::from_utf8(&k[prefix.len()..])
                 .map_err(|_| LogError::Corrupt("meta scope name is not UTF-8".into()))?;
-            let list = std::str::from_utf8(&v).map_err(|_| LogError::Corrupt("meta scope is not UTF-8".into()))?;
+            let list =
+                std::str::from_utf8(&v).map_err(|_| LogError::Corrupt("meta scope is not UTF-8".into()))?;
             out.insert(name.to_owned(), Scope::from_stored(Some(list)));
         }
         Ok(out)
