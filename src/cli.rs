@@ -393,6 +393,7 @@ pub fn dev_configs(
             peers: vec![PeerSection {
                 dc: peer.into(),
                 addr: SocketAddr::from(([127, 0, 0, 1], repl_port + j)),
+                namespaces: None,
             }],
             ca_cert: paths.ca_cert.clone(),
             cert: paths.cert.clone(),

@@ -120,6 +120,22 @@ impl Default for ProtectionSection {
 pub struct PeerSection {
     pub dc: String,
     pub addr: SocketAddr,
+    /// The replication scope of this peer: the namespaces it may replicate into this DC
+    /// (absent: all). Its events of other namespaces are applied as no-ops, and its
+    /// snapshots are installed in part (docs/replication.md, "Replication scope"). Taken at
+    /// start; a reload that changes it is refused.
+    #[serde(default)]
+    pub namespaces: Option<Vec<String>>,
+}
+
+/// Most namespaces one peer's replication scope may name.
+pub const PEER_SCOPE_NAMESPACES_MAX: usize = 1024;
+
+impl PeerSection {
+    /// The peer's replication scope.
+    pub fn scope(&self) -> tandem_replicator::scope::Scope {
+        tandem_replicator::scope::Scope::from_config(self.namespaces.as_deref())
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -489,6 +505,21 @@ impl Config {
                 if peer.dc == self.dc {
                     return Err(inv("[replication] peers.dc", format!("{} is this node's own DC", peer.dc)));
                 }
+                let namespaces = peer.namespaces.as_deref().unwrap_or_default();
+                if namespaces.len() > PEER_SCOPE_NAMESPACES_MAX {
+                    return Err(inv(
+                        "[replication] peers.namespaces",
+                        format!(
+                            "{} names {} namespaces; at most {PEER_SCOPE_NAMESPACES_MAX}",
+                            peer.dc,
+                            namespaces.len()
+                        ),
+                    ));
+                }
+                for ns in namespaces {
+                    tandem_schemas::validate_name("replication.peers.namespaces", ns)
+                        .map_err(|e| inv("[replication] peers.namespaces", format!("{}: {e}", peer.dc)))?;
+                }
             }
             let mut names: Vec<&str> = r.peers.iter().map(|p| p.dc.as_str()).collect();
             names.sort_unstable();
@@ -632,6 +663,20 @@ mod tests {
         let mut c = base();
         c.dc = "not a dc!".into();
         assert_eq!(key_of(&c), "dc");
+        // A peer's replication scope: valid names, at most PEER_SCOPE_NAMESPACES_MAX.
+        let with_scope = |namespaces: Vec<String>| {
+            let toml = "dc = \"dc-a\"\ndata_dir = \"/tmp/x\"\nhttp_addr = \"127.0.0.1:0\"\n[replication]\n\
+                        listen = \"127.0.0.1:0\"\npeers = [{ dc = \"dc-b\", addr = \"127.0.0.1:1\" }]\n\
+                        ca_cert = \"c\"\ncert = \"c\"\nkey = \"k\"\n";
+            let mut c: Config = toml::from_str(toml).unwrap();
+            c.replication.as_mut().unwrap().peers[0].namespaces = Some(namespaces);
+            c
+        };
+        assert!(with_scope(vec!["a".into(), "b.c".into()]).validate().is_ok());
+        assert!(with_scope(vec![]).validate().is_ok());
+        assert_eq!(key_of(&with_scope(vec!["not a name".into()])), "[replication] peers.namespaces");
+        let many = (0..=PEER_SCOPE_NAMESPACES_MAX).map(|i| format!("n{i}")).collect();
+        assert_eq!(key_of(&with_scope(many)), "[replication] peers.namespaces");
         // The message says the key and the rule.
         let mut c = base();
         c.store.write_buffer_mib = 0;

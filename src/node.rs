@@ -138,6 +138,12 @@ impl Node {
         // A restart is a durable write of the watch index, so the index moves past anything
         // an earlier run showed (see registry::ViewIndex).
         log.bump_index().context("cannot write to the event log")?;
+        // Before anything reads the state: each peer's replication scope as configured
+        // (copies outside it go; a wider one resyncs the peer).
+        for peer in cfg.replication.iter().flat_map(|r| &r.peers) {
+            log.rescope(&peer.dc, &peer.scope())
+                .with_context(|| format!("cannot record the replication scope of {}", peer.dc))?;
+        }
         let own = log.own_mark();
         let invalid_records = log.invalid_records();
         tracing::info!(dc = %cfg.dc, epoch = own.epoch, seq = own.seq, dir = %cfg.data_dir.display(), "event log open");

@@ -69,6 +69,13 @@ pub enum ReloadError {
     Acl(#[from] crate::acl::AclError),
 }
 
+/// Whether a peer present in both configurations has another replication scope in `new`
+/// (scopes are taken at start: see `RocksLog::rescope`).
+fn scope_changed(old: &Config, new: &Config) -> bool {
+    let (Some(o), Some(n)) = (&old.replication, &new.replication) else { return false };
+    n.peers.iter().any(|np| o.peers.iter().any(|op| op.dc == np.dc && op.scope() != np.scope()))
+}
+
 impl NodeShared {
     /// Re-reads the config file: failover policy and protection settings take effect at
     /// once; replication certificates are reloaded. An invalid file changes nothing.
@@ -85,6 +92,9 @@ impl NodeShared {
         if new.acl.enabled != old.acl.enabled {
             return Err(ReloadError::Immutable { key: "[acl] enabled" });
         }
+        if scope_changed(&old, &new) {
+            return Err(ReloadError::Immutable { key: "[replication] peers.namespaces" });
+        }
         let acl = crate::acl::Acl::new(
             &new.acl,
             &crate::acl::tokens::TokenFile::load(&new.acl.tokens_path(&new.data_dir))?,
@@ -96,5 +106,28 @@ impl NodeShared {
         self.registry.set_config(Arc::new(new));
         tracing::info!(path = %path.display(), "configuration reloaded");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changed_peer_scope_is_a_restart_change() {
+        let toml = |peers: &str| {
+            let text = format!(
+                "dc = \"dc-a\"\ndata_dir = \"/tmp/x\"\nhttp_addr = \"127.0.0.1:0\"\n[replication]\n\
+                 listen = \"127.0.0.1:0\"\npeers = [{peers}]\nca_cert = \"c\"\ncert = \"c\"\nkey = \"k\"\n"
+            );
+            toml::from_str::<Config>(&text).unwrap()
+        };
+        let all = toml(r#"{ dc = "dc-b", addr = "127.0.0.1:1" }"#);
+        let only_a = toml(r#"{ dc = "dc-b", addr = "127.0.0.1:1", namespaces = ["a"] }"#);
+        let only_a_moved = toml(r#"{ dc = "dc-b", addr = "127.0.0.1:2", namespaces = ["a"] }"#);
+        let other_peer = toml(r#"{ dc = "dc-c", addr = "127.0.0.1:1", namespaces = ["a"] }"#);
+        assert!(scope_changed(&all, &only_a) && scope_changed(&only_a, &all));
+        assert!(!scope_changed(&only_a, &only_a_moved));
+        assert!(!scope_changed(&all, &other_peer));
     }
 }

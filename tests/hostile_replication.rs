@@ -140,7 +140,7 @@ impl Server {
         let mut c = single_config(self.dir.path(), "dc-b");
         c.replication = Some(tandem::config::ReplicationSection {
             listen: self.peer_b,
-            peers: vec![tandem::config::PeerSection { dc: "dc-a".into(), addr: self.repl }],
+            peers: vec![tandem::config::PeerSection { dc: "dc-a".into(), addr: self.repl, namespaces: None }],
             ca_cert: p.ca_cert.clone(),
             cert: p.cert.clone(),
             key: p.key.clone(),

@@ -181,6 +181,7 @@ async fn a_peer_with_a_certificate_of_another_dc_name_is_refused() {
         peers: vec![tandem::config::PeerSection {
             dc: "dc-a".into(),
             addr: p.cfg_a.replication.as_ref().unwrap().listen,
+            namespaces: None,
         }],
         ca_cert: certs.join("ca.pem"),
         cert: dir.path().join("dc-c.pem"),
@@ -444,5 +445,100 @@ async fn a_wiped_peer_converges_through_a_snapshot_of_many_chunks() {
         !all_ids(&b, "big").await.contains("i015")
     })
     .await;
+    p.stop().await;
+}
+
+async fn ids_in(c: &Client, ns: &str) -> BTreeSet<String> {
+    ids(&c.discover(ns, "s", "dc=all").await.unwrap()).into_iter().collect()
+}
+
+/// dc-b takes only namespace `a` from dc-a: dc-a's events of `b` are no-ops there (the mark
+/// advances past them, counted), then a restart with a wider scope resyncs dc-b by snapshot
+/// (dc-a purged its log), and a narrower one drops the copies outside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_scope_keeps_other_namespaces_out_and_widening_resyncs_by_snapshot() {
+    let scope_of_a = |c: &mut tandem::config::Config, namespaces: Option<&[&str]>| {
+        let r = c.replication.as_mut().unwrap();
+        r.purge_grace_ms = 100;
+        if c.dc == "dc-b" {
+            r.peers[0].namespaces = namespaces.map(|n| n.iter().map(|s| s.to_string()).collect());
+        }
+    };
+    let mut p = pair_with(|c| scope_of_a(c, Some(&["a"]))).await;
+    let (a, b) = (p.client_a(), p.client_b());
+    // First the handshake (a new data dir takes its first epoch by a snapshot), so that the
+    // events below travel as batches.
+    eventually(Duration::from_secs(10), "dc-a took its first epoch at dc-b", || async {
+        let epoch = a.status().await.unwrap()["log"]["epoch"].clone();
+        let st = b.status().await.unwrap();
+        a.status().await.unwrap()["replication"]["new_epochs"] == 1
+            && st["peers"]["dc-a"]["inbound"]["origin_epoch"] == epoch
+            && st["peers"]["dc-a"]["inbound"]["state"] == "up"
+    })
+    .await;
+    let in_ns = |ns: &str, id: &str| {
+        let mut body = reg_body("s", id, true);
+        body["namespace"] = json!(ns);
+        body
+    };
+    a.register(&in_ns("a", "a1")).await.unwrap();
+    for id in ["b1", "b2"] {
+        a.register(&in_ns("b", id)).await.unwrap();
+    }
+    a.deregister("b", "s", "b2").await.unwrap();
+    a.register(&in_ns("a", "a2")).await.unwrap();
+    let last_seq = a.status().await.unwrap()["log"]["last_seq"].as_u64().unwrap();
+    eventually(Duration::from_secs(10), "dc-b's mark of dc-a passes the out-of-scope events", || async {
+        b.status().await.unwrap()["applied"]["dc-a"]["seq"].as_u64() == Some(last_seq)
+    })
+    .await;
+    assert_eq!(ids_in(&b, "a").await, ["a1", "a2"].map(String::from).into());
+    assert!(ids_in(&b, "b").await.is_empty(), "namespace b is outside dc-a's scope at dc-b");
+    let st = b.status().await.unwrap();
+    let inbound = &st["peers"]["dc-a"]["inbound"];
+    assert_eq!(inbound["events_out_of_scope"], 3, "{st}");
+    assert_eq!(inbound["namespaces"], json!(["a"]), "{st}");
+    let metrics = reqwest::get(format!("http://{}/metrics", p.b.as_ref().unwrap().http_addr()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("tandem_replication_out_of_scope_total{")
+            && l.contains("peer=\"dc-a\"")
+            && l.ends_with(" 3")),
+        "{metrics}"
+    );
+    // dc-a purges what dc-b acknowledged, so a resync has to be a snapshot.
+    eventually(Duration::from_secs(10), "dc-a purged its log", || async {
+        a.status().await.unwrap()["log"]["purge_floor"].as_u64() == Some(last_seq)
+    })
+    .await;
+    // Widening at a restart: the next stream resyncs dc-b, and b1 (not b2) appears.
+    p.b.take().unwrap().shutdown().await;
+    scope_of_a(&mut p.cfg_b, Some(&["a", "b"]));
+    p.b = Some(tandem::node::Node::start(p.cfg_b.clone(), None).await.unwrap());
+    let b = p.client_b();
+    eventually(Duration::from_secs(15), "dc-b holds namespace b after widening", || async {
+        ids_in(&b, "b").await == ["b1".to_string()].into()
+    })
+    .await;
+    assert_eq!(ids_in(&b, "a").await, ["a1", "a2"].map(String::from).into());
+    let st = a.status().await.unwrap();
+    assert!(st["peers"]["dc-b"]["outbound"]["snapshots_sent"].as_u64().unwrap() >= 1, "{st}");
+    // The tail flows in both namespaces.
+    a.register(&in_ns("b", "b3")).await.unwrap();
+    eventually(Duration::from_secs(10), "the tail of namespace b", || async {
+        ids_in(&b, "b").await.len() == 2
+    })
+    .await;
+    // Narrowing at a restart: the copies of namespace a go at once, no resync needed.
+    p.b.take().unwrap().shutdown().await;
+    scope_of_a(&mut p.cfg_b, Some(&["b"]));
+    p.b = Some(tandem::node::Node::start(p.cfg_b.clone(), None).await.unwrap());
+    let b = p.client_b();
+    assert!(ids_in(&b, "a").await.is_empty(), "copies outside the narrowed scope are dropped");
+    assert_eq!(ids_in(&b, "b").await, ["b1", "b3"].map(String::from).into());
     p.stop().await;
 }

@@ -12,6 +12,7 @@
 //! in-flight cap); every server listens on loopback only; nothing here changes tandem's
 //! behaviour (nodes are started through the public `Node::start` with a `Config`).
 
+mod acl;
 mod floors;
 mod load;
 mod nodes;
@@ -35,7 +36,7 @@ use crate::sys::{CpuSplit, LOAD_THREAD, PROFILE, SERVER_THREAD};
 #[derive(Parser)]
 #[command(
     name = "tandem-bench",
-    about = "tandem benchmarks: register, heartbeat, discover, watch, detect, replicate, floors, peers"
+    about = "tandem benchmarks: register, heartbeat, discover, acl, watch, detect, replicate, floors, peers"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -54,6 +55,8 @@ enum Cmd {
     Heartbeat,
     /// Discovery requests over HTTP on many services.
     Discover,
+    /// The cost of token checks: register and discover with ACLs off and on, same run.
+    Acl,
     /// Two DCs over QUIC + mutual TLS on loopback: throughput and lag, beside one raw quinn stream.
     Replicate,
     /// The machine's floors: fsync of the data disk, RocksDB synced batched writes, one quinn stream.
@@ -315,6 +318,9 @@ fn main() -> anyhow::Result<()> {
         }
         if matches!(cmd, Cmd::All | Cmd::Discover) {
             nodes::discover(&mut ctx).await?;
+        }
+        if matches!(cmd, Cmd::All | Cmd::Acl) {
+            acl::run(&mut ctx).await?;
         }
         if matches!(cmd, Cmd::All | Cmd::Memory) {
             nodes::memory(&mut ctx).await?;

@@ -25,12 +25,27 @@ impl Default for Api {
 
 impl Api {
     pub fn new() -> Api {
+        Api::with_token(None).expect("a plain HTTP client always builds")
+    }
+
+    /// A client that presents `token` (`Authorization: Bearer`) with every request, for
+    /// registries with ACLs on (docs/security.md). Refused when the token cannot be a
+    /// header value.
+    pub fn with_token(token: Option<&str>) -> Result<Api, String> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(t) = token {
+            let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", t.trim()))
+                .map_err(|_| "the token holds characters a header cannot carry".to_owned())?;
+            v.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, v);
+        }
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(1))
             .pool_idle_timeout(Duration::from_secs(10))
+            .default_headers(headers)
             .build()
-            .expect("a plain HTTP client always builds");
-        Api { http }
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(Api { http })
     }
 
     async fn send(
@@ -164,7 +179,13 @@ impl Api {
             .send()
             .await
             .map_err(|e| short_error(&e))?;
-        resp.text().await.map_err(|e| e.to_string())
+        let status = resp.status().as_u16();
+        let text = resp.text().await.map_err(|e| e.to_string())?;
+        if status != 200 {
+            let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+            return Err(format!("{status} {}", error_code(&body)));
+        }
+        Ok(text)
     }
 }
 

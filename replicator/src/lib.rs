@@ -3,6 +3,7 @@
 //! - [`epoch`]: ordered origin epochs (generation and tiebreak), pure functions.
 //! - [`merge`]: the merge rules as pure functions (no I/O, no clock).
 //! - [`log`]: the event-log contract, its in-memory model and the conformance suite.
+//! - [`scope`]: the replication scope of a peer DC (the namespaces it may replicate here).
 //! - [`purge`]: the purge rule (how far a DC may purge its own log), a pure function.
 //! - [`protocol`]: the sans-IO sender and receiver state machines of the replication stream.
 //! - [`sampled`]: sampled logging (one line per period) for floods of refusals.
@@ -19,4 +20,5 @@ pub mod merge;
 pub mod protocol;
 pub mod purge;
 pub mod sampled;
+pub mod scope;
 pub mod tls;

@@ -17,6 +17,7 @@ use tandem_schemas::{
 use uuid::Uuid;
 
 use crate::merge::{self, Effect, Held, Refusal};
+use crate::scope::Scope;
 
 pub mod snapshot;
 
@@ -57,6 +58,11 @@ pub struct ApplyReport {
     pub applied: usize,
     pub superseded: usize,
     pub duplicates: usize,
+    /// Events (or snapshot entries) outside the origin's replication scope here: nothing
+    /// was written for them (a batch's still consumed their seqs).
+    pub out_of_scope: usize,
+    /// The namespace of one of them, for a sampled log line.
+    pub out_of_scope_namespace: Option<String>,
     /// The origin's mark after the batch.
     pub mark: Option<Mark>,
     /// A refusal stopped the batch here; what came before it was applied.
@@ -129,6 +135,16 @@ pub trait EventLog {
     fn purge_own(&mut self, upto_seq: u64) -> Result<(), LogError>;
     /// Drops tombstones of a remote origin at or below `upto_seq` (the origin purged them).
     fn purge_remote_tombstones(&mut self, origin: &str, upto_seq: u64) -> Result<(), LogError>;
+    /// The replication scope of a remote origin here, as recorded (its mark was acquired
+    /// under it): [`apply_remote`](EventLog::apply_remote) applies the origin's events
+    /// outside it as no-ops and snapshots are installed only in part (merge rule 6).
+    fn scope_of(&self, origin: &str) -> Scope;
+    /// Records `scope` as the origin's replication scope, atomically and durably: its
+    /// live copies and tombstones outside it are removed, and a scope wider than the
+    /// recorded one moves the mark to seq 0 of its epoch ([`widened_mark`]) so that the
+    /// origin resends from its beginning or sends a snapshot. The same scope changes
+    /// nothing.
+    fn rescope(&mut self, origin: &str, scope: &Scope) -> Result<Rescope, LogError>;
 
     /// What the state holds for a key.
     fn held(&self, key: &InstanceKey) -> Held;
@@ -180,6 +196,29 @@ pub struct MemLog {
     tombs: BTreeMap<InstanceKey, (u64, DeregisterReason)>,
     /// Per remote origin: the staged snapshot and its entries so far.
     staging: BTreeMap<String, (StagedSnapshot, Vec<SnapshotInstance>, Vec<Tombstone>)>,
+    /// Per remote origin: the replication scope its mark was acquired under (absent: all).
+    scopes: BTreeMap<String, Scope>,
+}
+
+/// What changing an origin's replication scope did ([`MemLog::rescope`], and the RocksDB
+/// log's).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rescope {
+    /// The removals of its live copies outside the new scope, in key order.
+    pub changes: Vec<StateChange>,
+    pub tombstones_removed: usize,
+    /// The new scope is wider than the recorded one: the mark's seq went back to 0 (same
+    /// epoch), so the origin resyncs (its whole log or a snapshot) on the next stream.
+    pub mark_reset: bool,
+    /// The scope recorded before.
+    pub was: Scope,
+}
+
+/// The mark an origin's mark becomes when its scope widens: the same epoch (so an older
+/// incarnation is still fenced) at seq 0, so the origin resends from its beginning or
+/// sends a snapshot. `None` stays `None`.
+pub fn widened_mark(mark: Option<Mark>) -> Option<Mark> {
+    mark.map(|m| Mark { epoch: m.epoch, seq: 0 })
 }
 
 impl MemLog {
@@ -195,6 +234,7 @@ impl MemLog {
             live: BTreeMap::new(),
             tombs: BTreeMap::new(),
             staging: BTreeMap::new(),
+            scopes: BTreeMap::new(),
         }
     }
 
@@ -301,11 +341,14 @@ impl EventLog for MemLog {
             }));
         }
         let mark = self.marks.get(channel_dc).copied();
-        let plan = merge::plan_batch(channel_dc, mark, |k| self.held(k), events);
+        let scope = self.scope_of(channel_dc);
+        let plan = merge::plan_batch(channel_dc, mark, &scope, |k| self.held(k), events);
         let mut report = ApplyReport {
             applied: plan.changes.len(),
             superseded: plan.superseded,
             duplicates: plan.duplicates,
+            out_of_scope: plan.out_of_scope,
+            out_of_scope_namespace: plan.out_of_scope_namespace.map(str::to_owned),
             mark: plan.new_mark.or(mark),
             refusal: plan.refusal.clone(),
             changes: Vec::new(),
@@ -333,12 +376,20 @@ impl EventLog for MemLog {
                 origin: self.dc.clone(),
             }));
         }
+        let scope = self.scope_of(channel_dc);
+        let (snap, out_of_scope, out_of_scope_namespace) = scope.filter_snapshot(snap);
+        let snap = &*snap;
         let live: Vec<InstanceKey> =
             self.live.keys().filter(|k| *k.owner_dc == *channel_dc).cloned().collect();
         let tombs: Vec<InstanceKey> =
             self.tombs.keys().filter(|k| *k.owner_dc == *channel_dc).cloned().collect();
         let plan = merge::plan_snapshot(channel_dc, self.mark_of(channel_dc), &live, &tombs, snap)?;
-        let mut report = ApplyReport { mark: Some(plan.new_mark), ..Default::default() };
+        let mut report = ApplyReport {
+            mark: Some(plan.new_mark),
+            out_of_scope,
+            out_of_scope_namespace,
+            ..Default::default()
+        };
         for k in plan.remove {
             self.live.remove(&k);
             report.changes.push(StateChange::Remove { key: k });
@@ -449,6 +500,41 @@ impl EventLog for MemLog {
         let upto = upto_seq.min(self.mark_of(origin).map_or(0, |m| m.seq));
         self.tombs.retain(|k, (s, _)| *k.owner_dc != *origin || *s > upto);
         Ok(())
+    }
+
+    fn scope_of(&self, origin: &str) -> Scope {
+        self.scopes.get(origin).cloned().unwrap_or_default()
+    }
+
+    fn rescope(&mut self, origin: &str, scope: &Scope) -> Result<Rescope, LogError> {
+        let was = self.scope_of(origin);
+        if was == *scope {
+            return Ok(Rescope { was, ..Default::default() });
+        }
+        let out = |k: &InstanceKey| *k.owner_dc == *origin && !scope.allows(&k.namespace);
+        let gone: Vec<InstanceKey> = self.live.keys().filter(|k| out(k)).cloned().collect();
+        let before = self.tombs.len();
+        self.tombs.retain(|k, _| !out(k));
+        let tombstones_removed = before - self.tombs.len();
+        let changes = gone
+            .into_iter()
+            .map(|key| {
+                self.live.remove(&key);
+                StateChange::Remove { key }
+            })
+            .collect();
+        let mark_reset = !was.covers(scope) && self.marks.contains_key(origin);
+        if mark_reset {
+            if let Some(m) = widened_mark(self.marks.get(origin).copied()) {
+                self.marks.insert(origin.to_owned(), m);
+            }
+            self.mark_ids.remove(origin);
+        }
+        match scope {
+            Scope::All => self.scopes.remove(origin),
+            Scope::Only(_) => self.scopes.insert(origin.to_owned(), scope.clone()),
+        };
+        Ok(Rescope { changes, tombstones_removed, mark_reset, was })
     }
 
     fn held(&self, key: &InstanceKey) -> Held {

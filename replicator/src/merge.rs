@@ -18,10 +18,15 @@
 //! 5. A snapshot replaces the origin's state at or below its seq; one that would move the
 //!    origin's cursor backwards inside the same epoch is refused, and so is one of an
 //!    older epoch (epochs are ordered, see [`crate::epoch`]: a receiver never goes back).
+//! 6. Scope: an event of a namespace outside the origin's replication scope here
+//!    ([`Scope`]) that would otherwise apply (or be superseded) is a no-op that consumes its
+//!    seq: the mark advances, nothing is written. A snapshot installs only its in-scope part.
 
 use std::collections::{BTreeMap, HashMap};
 
 use tandem_schemas::{ChangeEvent, InstanceKey, Mark, Op, Snapshot};
+
+use crate::scope::Scope;
 
 /// What the receiver currently holds for one key (of the event's origin).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,25 +149,47 @@ pub struct BatchPlan<'a> {
     pub new_mark: Option<Mark>,
     pub duplicates: usize,
     pub superseded: usize,
+    /// Events outside the origin's scope (rule 6): their seqs were consumed, nothing
+    /// written.
+    pub out_of_scope: usize,
+    /// The namespace of the first of them (for a sampled log line).
+    pub out_of_scope_namespace: Option<&'a str>,
     /// A refusal stops the batch at that event; changes before it still apply.
     pub refusal: Option<Refusal>,
 }
 
 /// Plans a whole batch against the receiver's state; `held` looks up the stored state of a
-/// key. Events are judged in order, each against the state the previous ones left.
+/// key, `scope` is the origin's replication scope here. Events are judged in order, each
+/// against the state the previous ones left.
 pub fn plan_batch<'a>(
     channel_dc: &str,
     mut mark: Option<Mark>,
+    scope: &Scope,
     held: impl Fn(&InstanceKey) -> Held,
     events: &'a [ChangeEvent],
 ) -> BatchPlan<'a> {
     let mut overlay: HashMap<&InstanceKey, Held> = HashMap::new();
-    let mut plan =
-        BatchPlan { changes: Vec::new(), new_mark: None, duplicates: 0, superseded: 0, refusal: None };
+    let mut plan = BatchPlan {
+        changes: Vec::new(),
+        new_mark: None,
+        duplicates: 0,
+        superseded: 0,
+        out_of_scope: 0,
+        out_of_scope_namespace: None,
+        refusal: None,
+    };
     for ev in events {
         let key = ev.op.key();
         let h = overlay.get(key).copied().unwrap_or_else(|| held(key));
         match decide(channel_dc, mark, h, ev) {
+            // Rule 6: judged after rules 1-3 (so ownership, dedupe and order hold for every
+            // event), before anything is written.
+            Verdict::Apply(_) | Verdict::Superseded if !scope.allows(&key.namespace) => {
+                plan.out_of_scope += 1;
+                plan.out_of_scope_namespace.get_or_insert(&*key.namespace);
+                mark = Some(Mark { epoch: ev.origin_epoch, seq: ev.seq });
+                plan.new_mark = mark;
+            }
             Verdict::Apply(effect) => {
                 let after = match effect {
                     Effect::Put => Held::Live { seq: ev.seq },
@@ -199,7 +226,9 @@ pub struct SnapshotPlan {
 }
 
 /// Plans installing `snap`, received over `channel_dc`, given the receiver's mark and the
-/// keys it holds (live and tombstoned) of that origin.
+/// keys it holds (live and tombstoned) of that origin. `snap` is the in-scope part of the
+/// snapshot ([`Scope::filter_snapshot`], rule 6): held keys of the origin outside the scope
+/// are not in it, so they are removed.
 ///
 /// The snapshot is the origin's complete truth at `snap.mark`: anything of the origin not
 /// in it is gone, which is what keeps "no resurrection" true after the origin purged its
@@ -334,7 +363,7 @@ mod tests {
     #[test]
     fn batch_plan_sees_its_own_earlier_events() {
         let evs = vec![reg(1, "i"), dereg(2, "i"), reg(3, "j")];
-        let plan = plan_batch("dc-a", None, |_| Held::Absent, &evs);
+        let plan = plan_batch("dc-a", None, &Scope::All, |_| Held::Absent, &evs);
         assert_eq!(plan.changes.len(), 3);
         assert_eq!(plan.changes[1].effect, Effect::Tombstone);
         assert_eq!(plan.new_mark, M(3));
@@ -344,10 +373,42 @@ mod tests {
     #[test]
     fn batch_stops_at_a_gap_but_keeps_what_came_before() {
         let evs = vec![reg(1, "i"), reg(3, "j")];
-        let plan = plan_batch("dc-a", None, |_| Held::Absent, &evs);
+        let plan = plan_batch("dc-a", None, &Scope::All, |_| Held::Absent, &evs);
         assert_eq!(plan.changes.len(), 1);
         assert_eq!(plan.new_mark, M(1));
         assert_eq!(plan.refusal, Some(Refusal::Gap { expected: 2, got: 3 }));
+    }
+
+    #[test]
+    fn out_of_scope_events_consume_their_seq_and_change_nothing() {
+        let other = |seq: u64, id: &str| {
+            let mut ev = reg(seq, id);
+            if let Op::Register(r) = &mut ev.op {
+                r.key.namespace = "b".into();
+            }
+            ev
+        };
+        let mut b_dereg = dereg(4, "k");
+        if let Op::Deregister { key, .. } = &mut b_dereg.op {
+            key.namespace = "b".into();
+        }
+        let evs = vec![other(1, "i"), reg(2, "j"), other(3, "i"), b_dereg];
+        let scope = Scope::only(["default"]);
+        let plan = plan_batch("dc-a", None, &scope, |_| Held::Absent, &evs);
+        assert_eq!(plan.changes.len(), 1);
+        assert_eq!(plan.changes[0].event.seq, 2);
+        assert_eq!(plan.out_of_scope, 3);
+        assert_eq!(plan.out_of_scope_namespace, Some("b"));
+        assert_eq!(plan.new_mark, M(4));
+        // Dedupe and order still hold for out-of-scope events.
+        let plan = plan_batch("dc-a", M(3), &scope, |_| Held::Absent, &evs[..2]);
+        assert_eq!((plan.duplicates, plan.out_of_scope, plan.new_mark), (2, 0, None));
+        let gap = [other(6, "i")];
+        let plan = plan_batch("dc-a", M(4), &scope, |_| Held::Absent, &gap);
+        assert_eq!(plan.refusal, Some(Refusal::Gap { expected: 5, got: 6 }));
+        // Every namespace: all four apply.
+        let plan = plan_batch("dc-a", None, &Scope::All, |_| Held::Absent, &evs);
+        assert_eq!((plan.changes.len(), plan.out_of_scope), (4, 0));
     }
 
     #[test]

@@ -280,6 +280,12 @@ impl NodeShared {
                     m.gauge("tandem_peer_lag_ms_p99", "Commit-to-apply lag, recent p99", &l, v as f64);
                 }
                 m.counter(
+                    "tandem_replication_out_of_scope_total",
+                    "Events and snapshot entries of the peer outside its replication scope here, applied as no-ops",
+                    &l,
+                    p.events_out_of_scope,
+                );
+                m.counter(
                     "tandem_peer_snapshots_sent_total",
                     "Snapshots sent to the peer",
                     &l,

@@ -196,6 +196,11 @@ pub struct InboundStatus {
     pub lag_ms_p50: Option<u64>,
     pub lag_ms_p99: Option<u64>,
     pub events_applied: u64,
+    /// Events and snapshot entries outside the peer's replication scope here, applied as
+    /// no-ops.
+    pub events_out_of_scope: u64,
+    /// The peer's replication scope: the namespaces it may replicate here (`None`: all).
+    pub namespaces: Option<Vec<String>>,
     pub snapshots_installed: u64,
     pub snapshot: InboundSnapshotStatus,
     pub stale: bool,
@@ -252,6 +257,12 @@ impl NodeShared {
                 lag_ms_p50: p.lag_ms_recent.quantile(0.5),
                 lag_ms_p99: p.lag_ms_recent.quantile(0.99),
                 events_applied: p.events_applied,
+                events_out_of_scope: p.events_out_of_scope,
+                namespaces: cfg
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.peers.iter().find(|x| x.dc == *dc))
+                    .and_then(|x| x.namespaces.clone()),
                 snapshots_installed: p.snapshots_installed,
                 snapshot: InboundSnapshotStatus {
                     chunks_staged: p.snapshot_chunks_staged,

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use tandem_replicator::log::{
-    ApplyReport, ChunkOutcome, EventLog, LogError, MemLog, SnapshotReader, StateChange,
+    ApplyReport, ChunkOutcome, EventLog, LogError, MemLog, Rescope, SnapshotReader, StateChange,
 };
 use tandem_replicator::merge::Held;
+use tandem_replicator::scope::Scope;
 use tandem_schemas::{
     ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot, SnapshotChunk, StagedSnapshot, Tombstone,
 };
@@ -193,6 +194,16 @@ impl EventLog for MemStore {
     }
     fn purge_own(&mut self, upto_seq: u64) -> Result<(), LogError> {
         self.purge_own_reporting(upto_seq).map(|_| ())
+    }
+    fn scope_of(&self, origin: &str) -> Scope {
+        self.log.scope_of(origin)
+    }
+    fn rescope(&mut self, origin: &str, scope: &Scope) -> Result<Rescope, LogError> {
+        self.write(|s| {
+            let r = s.log.rescope(origin, scope)?;
+            s.wrote();
+            Ok(r)
+        })
     }
     fn purge_remote_tombstones(&mut self, origin: &str, upto_seq: u64) -> Result<(), LogError> {
         self.purge_remote_tombstones_reporting(origin, upto_seq).map(|_| ())

@@ -53,7 +53,7 @@ pub async fn pair_with(tune: impl Fn(&mut Config)) -> Pair {
         let mut c = single_config(dir.path(), dc);
         c.replication = Some(ReplicationSection {
             listen,
-            peers: vec![PeerSection { dc: peer.into(), addr: peer_addr }],
+            peers: vec![PeerSection { dc: peer.into(), addr: peer_addr, namespaces: None }],
             ca_cert: p.ca_cert.clone(),
             cert: p.cert.clone(),
             key: p.key.clone(),

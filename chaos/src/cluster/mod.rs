@@ -222,19 +222,26 @@ async fn make_certs(bin: &Path, dir: &Path) -> anyhow::Result<()> {
 }
 
 impl Cluster {
-    /// Sets up the environment and starts the DCs (waiting until both answer).
+    /// Sets up the environment and starts the DCs (waiting until both answer). `api` is
+    /// the client every request of the drill goes through (with the token, if any).
     pub async fn start(
         env: Environment,
         bin: &Path,
         dir: &Path,
         tuning: &NodeTuning,
         relay_seed: u64,
+        api: Api,
     ) -> Result<Cluster, SetupError> {
         match env.clone() {
-            Environment::Sandbox => Ok(Self::start_sandbox(bin, dir, tuning, relay_seed).await?),
-            Environment::Netns => Self::start_netns(bin, dir, tuning).await,
-            Environment::Targets { a, b, hook } => Ok(Self::start_targets(bin, a, b, hook).await?),
+            Environment::Sandbox => Ok(Self::start_sandbox(bin, dir, tuning, relay_seed, api).await?),
+            Environment::Netns => Self::start_netns(bin, dir, tuning, api).await,
+            Environment::Targets { a, b, hook } => Ok(Self::start_targets(bin, a, b, hook, api).await?),
         }
+    }
+
+    /// The client the drill's requests go through.
+    pub fn api(&self) -> &Api {
+        &self.api
     }
 
     pub fn capabilities(&self) -> Capabilities {
@@ -260,6 +267,7 @@ impl Cluster {
         dir: &Path,
         tuning: &NodeTuning,
         relay_seed: u64,
+        api: Api,
     ) -> anyhow::Result<Cluster> {
         let certs = dir.join("certs");
         make_certs(bin, &certs).await?;
@@ -312,7 +320,7 @@ impl Cluster {
             relays: Some([relay_ab, relay_ba]),
             netns: None,
             bin: bin.to_owned(),
-            api: Api::new(),
+            api,
             dir: Some(dir.to_owned()),
             tuning: tuning.clone(),
             old: [None, None],
@@ -331,8 +339,8 @@ impl Cluster {
         a: String,
         b: String,
         hook: Option<String>,
+        api: Api,
     ) -> anyhow::Result<Cluster> {
-        let api = Api::new();
         let mut dcs = Vec::new();
         for base in [a, b] {
             let base = base.trim_end_matches('/').to_owned();

@@ -19,6 +19,7 @@ impl Cluster {
         bin: &Path,
         dir: &Path,
         tuning: &NodeTuning,
+        api: Api,
     ) -> Result<Cluster, SetupError> {
         if !is_root() {
             return Err(SetupError::Skipped(
@@ -61,7 +62,7 @@ impl Cluster {
             relays: None,
             netns: Some(ns),
             bin: bin.to_owned(),
-            api: Api::new(),
+            api,
             dir: Some(dir.to_owned()),
             tuning: tuning.clone(),
             old: [None, None],

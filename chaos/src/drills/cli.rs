@@ -47,6 +47,11 @@ struct ChaosCli {
     /// kill DC, kill-wipe DC, restart DC, pause DC, resume DC). Without it faults are only marked.
     #[arg(long, requires = "target_a")]
     fault_hook: Option<String>,
+    /// With targets that have ACLs on: the token every request presents, valid at both DCs.
+    /// Its policy needs `read` and `write` on `namespace = "*"` (the drill's namespace is a
+    /// fresh `chaos-<random>`), `status` and `metrics`; or `admin`.
+    #[arg(long, env = "TANDEM_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// Every recovery (and the final convergence) must complete within this.
     #[arg(long, default_value = "20s")]
     recovery_budget: String,
@@ -161,6 +166,7 @@ pub async fn main(args: Vec<String>, bin: PathBuf) -> ExitCode {
             env: env.clone(),
             recovery_budget_ms: budget,
             quiet: cli.quiet,
+            token: cli.token.clone(),
         };
         let run = run_drill(&opts, &bin);
         let res = tokio::select! {

@@ -73,6 +73,9 @@ pub struct DrillOptions {
     pub recovery_budget_ms: u64,
     /// No progress lines.
     pub quiet: bool,
+    /// The ACL token every request presents (`--token`, `TANDEM_TOKEN`): for targets with
+    /// ACLs on. It must be valid at both DCs (docs/chaos.md).
+    pub token: Option<String>,
 }
 
 impl DrillOptions {
@@ -86,6 +89,7 @@ impl DrillOptions {
             env: Environment::Sandbox,
             recovery_budget_ms: 20_000,
             quiet: false,
+            token: None,
         }
     }
 }
@@ -250,7 +254,8 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     if let Environment::Targets { .. } = opts.env {
         tuning = NodeTuning::default();
     }
-    let mut cluster = match Cluster::start(opts.env.clone(), bin, &dir, &tuning, opts.seed).await {
+    let api = Api::with_token(opts.token.as_deref()).map_err(|e| anyhow::anyhow!("--token: {e}"))?;
+    let mut cluster = match Cluster::start(opts.env.clone(), bin, &dir, &tuning, opts.seed, api).await {
         Ok(c) => c,
         Err(SetupError::Skipped(reason)) => {
             let r = skipped(opts, reason, started);
@@ -312,7 +317,7 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     let ctx = Arc::new(Ctx {
         start: Instant::now(),
         checker: Mutex::new(Checker::new(ccfg)),
-        api: Api::new(),
+        api: cluster.api().clone(),
         bases: bases.clone().map(parking_lot::RwLock::new),
         names: names.clone(),
         ns: ns.clone(),

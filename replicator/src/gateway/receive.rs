@@ -174,6 +174,36 @@ fn admit(
     Some((incoming, guard))
 }
 
+/// The sampled log line of events outside a peer's replication scope: at most one per
+/// [`SNAPSHOT_LOG_EVERY_MS`] per session, with the count since the previous line.
+#[derive(Debug, Default)]
+struct ScopeLog {
+    last: Option<tokio::time::Instant>,
+    unlogged: u64,
+}
+
+impl ScopeLog {
+    fn note(&mut self, peer_dc: &str, report: &ApplyReport) {
+        if report.out_of_scope == 0 {
+            return;
+        }
+        self.unlogged += report.out_of_scope as u64;
+        if self.last.is_some_and(|t| (t.elapsed().as_millis() as u64) < SNAPSHOT_LOG_EVERY_MS) {
+            return;
+        }
+        self.last = Some(tokio::time::Instant::now());
+        // The namespace is the peer's string: the log formatter escapes it.
+        let namespace = report.out_of_scope_namespace.as_deref().unwrap_or("");
+        info!(
+            peer = %peer_dc,
+            namespace,
+            skipped = self.unlogged,
+            "applied events of a peer outside its replication scope as no-ops (sampled)"
+        );
+        self.unlogged = 0;
+    }
+}
+
 /// Serializes the receive sessions of one origin.
 #[derive(Debug)]
 struct OriginSessions {
@@ -231,6 +261,7 @@ async fn receive_session<S: ReplicaStore>(
     // Chunked snapshots are schema 2: a schema 1 Hello turns them off (below).
     let mut receiver = Receiver::chunked(&cfg.local_dc, peer_dc, staged);
     let mut last_snapshot_log: Option<tokio::time::Instant> = None;
+    let mut scope_log = ScopeLog::default();
     // Answers go out in the version of the Hello (until it came: the configured one).
     let mut v = cfg.schema_version_write;
     let mut whole_snapshots = false;
@@ -293,10 +324,13 @@ async fn receive_session<S: ReplicaStore>(
                             .await
                             .map_err(|e| e.to_string())?;
                         let now = wall_ms();
+                        scope_log.note(peer_dc, &report);
                         stats.with_peer(peer_dc, |p| {
                             p.events_applied += report.applied as u64;
-                            for t in times.iter().take(report.applied + report.superseded + report.duplicates)
-                            {
+                            p.events_out_of_scope += report.out_of_scope as u64;
+                            let consumed =
+                                report.applied + report.superseded + report.duplicates + report.out_of_scope;
+                            for t in times.iter().take(consumed) {
                                 p.lag_ms_recent.push(now.saturating_sub(*t));
                             }
                             if let Some(m) = report.mark {
@@ -315,8 +349,10 @@ async fn receive_session<S: ReplicaStore>(
                             }
                             Err(e) => return Err(e.to_string()),
                         };
+                        scope_log.note(peer_dc, &report);
                         stats.with_peer(peer_dc, |p| {
                             p.snapshots_installed += 1;
+                            p.events_out_of_scope += report.out_of_scope as u64;
                             if report.refusal.is_none() {
                                 p.on_progress(now_ms(started));
                             } else {
@@ -360,8 +396,10 @@ async fn receive_session<S: ReplicaStore>(
                             ChunkOutcome::Installed(report) => {
                                 if report.refusal.is_none() {
                                     info!(peer = %peer_dc, snapshot_id, chunks = index + 1, epoch = mark.epoch, seq = mark.seq, "installed a snapshot from peer");
+                                    scope_log.note(peer_dc, &report);
                                     stats.with_peer(peer_dc, |p| {
                                         p.snapshots_installed += 1;
+                                        p.events_out_of_scope += report.out_of_scope as u64;
                                         p.snapshot_chunks_staged += 1;
                                         p.snapshot_bytes_staged += bytes;
                                         p.in_snapshot_id = 0;

@@ -9,8 +9,9 @@ use tandem_schemas::{
     StagedSnapshot, Status,
 };
 
-use super::{ChunkOutcome, EventLog, LogError};
+use super::{ChunkOutcome, EventLog, LogError, Rescope};
 use crate::merge::{Held, Refusal};
+use crate::scope::Scope;
 
 /// Opens logs for the checks.
 pub trait Harness {
@@ -215,6 +216,84 @@ pub fn snapshot_install<H: Harness>(h: &mut H) {
     assert_eq!(dst.mark_of("dc-a"), Some(Mark { epoch: 4, seq: 4 }));
 }
 
+/// Merge rule 6: an origin's events outside its replication scope consume their seqs and
+/// write nothing; a snapshot installs only its in-scope part; the scope survives a reopen;
+/// narrowing it removes the copies outside it, widening it moves the mark to seq 0 of its
+/// epoch so the origin resends, and the resent events fill in what was skipped.
+pub fn replication_scope<H: Harness>(h: &mut H) {
+    let in_ns = |mut e: ChangeEvent, ns: &str| {
+        match &mut e.op {
+            Op::Register(r) | Op::Update(r) => r.key.namespace = ns.into(),
+            Op::Deregister { key, .. } => key.namespace = ns.into(),
+        }
+        e
+    };
+    let key_in = |id: &str, ns: &str| InstanceKey { namespace: ns.into(), ..key("dc-a", id) };
+    let mut log = h.fresh("dc-b", 8);
+    assert_eq!(log.scope_of("dc-a"), Scope::All);
+    let only_default = Scope::only(["default"]);
+    let r = log.rescope("dc-a", &only_default).unwrap();
+    assert!(!r.mark_reset && r.changes.is_empty());
+    let events = vec![
+        reg("dc-a", 7, 1, "i1"),
+        in_ns(reg("dc-a", 7, 2, "j1"), "b"),
+        in_ns(reg("dc-a", 7, 3, "j2"), "b"),
+        in_ns(dereg("dc-a", 7, 4, "j2"), "b"),
+    ];
+    let rep = log.apply_remote("dc-a", &events).unwrap();
+    assert_eq!((rep.applied, rep.out_of_scope, rep.refusal.clone()), (1, 3, None));
+    assert_eq!(rep.out_of_scope_namespace.as_deref(), Some("b"));
+    assert_eq!(rep.mark, Some(Mark { epoch: 7, seq: 4 }));
+    assert_eq!(log.held(&key_in("j1", "b")), Held::Absent);
+    assert_eq!(log.held(&key_in("j2", "b")), Held::Absent);
+    let mut log = h.reopen(log);
+    assert_eq!(log.scope_of("dc-a"), only_default);
+    assert_eq!(log.mark_of("dc-a"), Some(Mark { epoch: 7, seq: 4 }));
+    // After a reopen the scope still holds; the same scope again changes nothing.
+    let tail = [in_ns(reg("dc-a", 7, 5, "j3"), "b")];
+    assert_eq!(log.apply_remote("dc-a", &tail).unwrap().out_of_scope, 1);
+    assert_eq!(log.held(&key_in("j3", "b")), Held::Absent);
+    assert_eq!(
+        log.rescope("dc-a", &only_default).unwrap(),
+        Rescope { was: only_default.clone(), ..Default::default() }
+    );
+    // Widening: the mark goes back to seq 0 of its epoch, the in-scope copy stays, and the
+    // origin's resent history fills in what was skipped.
+    let r = log.rescope("dc-a", &Scope::All).unwrap();
+    assert!(r.mark_reset && r.changes.is_empty());
+    assert_eq!(log.mark_of("dc-a"), Some(Mark { epoch: 7, seq: 0 }));
+    assert_eq!(log.held(&key("dc-a", "i1")), Held::Live { seq: 1 });
+    let mut log = h.reopen(log);
+    assert_eq!(log.mark_of("dc-a"), Some(Mark { epoch: 7, seq: 0 }));
+    let mut all = events.clone();
+    all.extend(tail.iter().cloned());
+    let rep = log.apply_remote("dc-a", &all).unwrap();
+    assert_eq!((rep.applied, rep.superseded, rep.out_of_scope), (4, 1, 0));
+    assert_eq!(log.held(&key_in("j1", "b")), Held::Live { seq: 2 });
+    assert_eq!(log.held(&key_in("j2", "b")), Held::Tombstone { seq: 4 });
+    assert_eq!(log.held(&key_in("j3", "b")), Held::Live { seq: 5 });
+    // Narrowing: copies and tombstones outside the scope go, the mark stays.
+    let r = log.rescope("dc-a", &only_default).unwrap();
+    assert!(!r.mark_reset);
+    assert_eq!(r.changes.len(), 2);
+    assert_eq!(r.tombstones_removed, 1);
+    assert_eq!(log.held(&key_in("j1", "b")), Held::Absent);
+    assert_eq!(log.held(&key_in("j2", "b")), Held::Absent);
+    assert_eq!(log.mark_of("dc-a"), Some(Mark { epoch: 7, seq: 5 }));
+    assert_eq!(log.held(&key("dc-a", "i1")), Held::Live { seq: 1 });
+    // A snapshot installs only its in-scope part.
+    let mut src = h.fresh("dc-a", 9);
+    src.append_local(&[reg("dc-a", 9, 1, "s1"), in_ns(reg("dc-a", 9, 2, "s2"), "b")]).unwrap();
+    let rep = log.install_snapshot("dc-a", &src.snapshot_own().unwrap()).unwrap();
+    assert_eq!((rep.applied, rep.out_of_scope), (1, 1));
+    assert_eq!(log.held(&key("dc-a", "s1")), Held::Live { seq: 1 });
+    assert_eq!(log.held(&key_in("s2", "b")), Held::Absent);
+    assert_eq!(log.held(&key("dc-a", "i1")), Held::Absent);
+    let log = h.reopen(log);
+    assert_eq!(log.scope_of("dc-a"), only_default);
+    assert_eq!(log.mark_of("dc-a"), Some(Mark { epoch: 9, seq: 2 }));
+}
+
 /// Event ids at marks and at the floor, and a new epoch, survive a reopen; a new epoch
 /// keeps the state, continues the seqs, purges the log and only moves up.
 pub fn epochs_and_event_ids<H: Harness>(h: &mut H) {
@@ -405,6 +484,10 @@ macro_rules! conformance_tests {
         #[test]
         fn conformance_epochs_and_event_ids() {
             $crate::log::conformance::epochs_and_event_ids(&mut ($make)());
+        }
+        #[test]
+        fn conformance_replication_scope() {
+            $crate::log::conformance::replication_scope(&mut ($make)());
         }
         #[test]
         fn conformance_snapshot_chunks() {

@@ -6,9 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch};
 use tandem_replicator::log::{
-    mark_event_id, ApplyReport, ChunkOutcome, EventLog, LogError, SnapshotReader, StateChange,
+    mark_event_id, ApplyReport, ChunkOutcome, EventLog, LogError, Rescope, SnapshotReader, StateChange,
 };
 use tandem_replicator::merge::{self, Held};
+use tandem_replicator::scope::Scope;
 use tandem_schemas::{
     validate_event, validate_key, validate_record, ChangeEvent, InstanceKey, InstanceRecord, Mark, Snapshot,
     SnapshotChunk, SnapshotInstance, StagedSnapshot, Tombstone,
@@ -117,11 +118,13 @@ impl EventLog for RocksLog {
             return Err(self.wrong_own_channel(channel_dc));
         }
         let mark = self.mark_of(channel_dc);
+        let scope = self.scope_of(channel_dc);
         // plan_batch cannot see errors; the first one is kept and the plan discarded.
         let failure: RefCell<Option<LogError>> = RefCell::new(None);
         let plan = merge::plan_batch(
             channel_dc,
             mark,
+            &scope,
             |k| {
                 self.try_held(k).unwrap_or_else(|e| {
                     failure.borrow_mut().get_or_insert(e);
@@ -137,6 +140,8 @@ impl EventLog for RocksLog {
             applied: plan.changes.len(),
             superseded: plan.superseded,
             duplicates: plan.duplicates,
+            out_of_scope: plan.out_of_scope,
+            out_of_scope_namespace: plan.out_of_scope_namespace.map(str::to_owned),
             mark: plan.new_mark.or(mark),
             refusal: plan.refusal.clone(),
             changes: Vec::with_capacity(plan.changes.len()),
@@ -225,6 +230,14 @@ impl EventLog for RocksLog {
         self.purge_remote_tombstones_reporting(origin, upto_seq).map(drop)
     }
 
+    fn scope_of(&self, origin: &str) -> Scope {
+        self.recorded_scope(origin)
+    }
+
+    fn rescope(&mut self, origin: &str, scope: &Scope) -> Result<Rescope, LogError> {
+        self.record_scope(origin, scope)
+    }
+
     /// A storage or decode error cannot be reported here: it is logged and the key reads
     /// as absent. The merge paths of this log use [`RocksLog::try_held`] and fail instead.
     fn held(&self, key: &InstanceKey) -> Held {
@@ -293,11 +306,20 @@ impl RocksLog {
         channel_dc: &str,
         snap: &Snapshot,
     ) -> Result<ApplyReport, LogError> {
+        // Rule 6: only the part in the origin's scope is installed; held copies outside it
+        // are not in that part, so they go like anything else the snapshot does not hold.
+        let (snap, out_of_scope, out_of_scope_namespace) = self.scope_of(channel_dc).filter_snapshot(snap);
+        let snap = &*snap;
         let live = self.owner_keys(CF_INSTANCES, channel_dc)?;
         let tombs = self.owner_keys(CF_TOMBSTONES, channel_dc)?;
         let plan = merge::plan_snapshot(channel_dc, self.mark_of(channel_dc), &live, &tombs, snap)?;
         let (inst_cf, tombs_cf) = (self.cf(CF_INSTANCES)?, self.cf(CF_TOMBSTONES)?);
-        let mut report = ApplyReport { mark: Some(plan.new_mark), ..Default::default() };
+        let mut report = ApplyReport {
+            mark: Some(plan.new_mark),
+            out_of_scope,
+            out_of_scope_namespace,
+            ..Default::default()
+        };
         // Which keys are live as the steps below go, so that the reported changes match the
         // model step for step. Keys of other owners (only in a snapshot that failed
         // validation) are looked up on demand.

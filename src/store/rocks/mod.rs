@@ -23,6 +23,7 @@ mod event_log;
 mod open;
 mod owners;
 mod retire;
+mod scope;
 mod snapshot;
 #[cfg(test)]
 mod tests;
@@ -160,6 +161,8 @@ pub struct RocksLog {
     peer_acks: BTreeMap<String, Mark>,
     /// DCs retired here -> when (wall-clock ms); see `retire`.
     retired: BTreeMap<String, u64>,
+    /// Replication scopes recorded per peer DC (absent: all); see `scope`.
+    scopes: BTreeMap<String, tandem_replicator::scope::Scope>,
     /// The watch index persisted by the last durable write (or found at open).
     index: u64,
     /// Written with the next synced batch, then becomes `index`.
@@ -251,6 +254,7 @@ impl RocksLog {
             floor_id: None,
             peer_acks: BTreeMap::new(),
             retired: BTreeMap::new(),
+            scopes: BTreeMap::new(),
             index: 0,
             pending_index: None,
             sync_writes: 0,
@@ -380,6 +384,7 @@ impl RocksLog {
         self.marks = self.meta_marks(META_MARK_PREFIX)?;
         self.peer_acks = self.meta_marks(META_ACK_PREFIX)?;
         self.retired = self.load_retired()?;
+        self.scopes = self.load_scopes()?;
         self.floor_id = match self.meta_get(META_FLOOR_ID)? {
             Some(bytes) => Some(decode_uuid("meta floor_id", &bytes)?),
             None => None,
