@@ -11,8 +11,10 @@ use serde::Deserialize;
 
 use crate::failover::PolicyConfig;
 
+mod https;
 mod limits;
 use crate::health::HealthConfig;
+pub use https::{ClientCerts, HttpTlsSection, HANDSHAKE_TIMEOUT_MS_DEFAULT};
 pub use limits::{LimitsSection, NamespaceQuota, Quota};
 
 #[derive(Clone, Debug, Deserialize)]
@@ -248,6 +250,9 @@ pub struct HttpSection {
     pub allowed_hosts: Vec<String>,
     /// Admin calls (`/v1/admin/*`) allowed per minute, node-wide; more get 429.
     pub admin_calls_per_minute: u32,
+    /// `[http.tls]`: HTTPS instead of plain HTTP (turning it on or off takes a restart;
+    /// its files are re-read on reload).
+    pub tls: Option<HttpTlsSection>,
 }
 
 impl Default for HttpSection {
@@ -268,6 +273,7 @@ impl Default for HttpSection {
             h2_keepalive_timeout_ms: 10_000,
             allowed_hosts: Vec::new(),
             admin_calls_per_minute: 30,
+            tls: None,
         }
     }
 }
@@ -301,6 +307,9 @@ impl HttpSection {
         }
         if !(1..=10_000).contains(&self.admin_calls_per_minute) {
             return Err(inv("[http] admin_calls_per_minute", "must be 1..=10000"));
+        }
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
         }
         for h in &self.allowed_hosts {
             let ok = h == "*"
