@@ -131,7 +131,8 @@ impl Node {
         // Before RocksDB opens too: HTTPS material that does not load refuses the start.
         let https = match &cfg.http.tls {
             Some(section) => Some(Arc::new(
-                crate::http::tls::HttpsTls::load(section).context("cannot load the [http.tls] certificates")?,
+                crate::http::tls::HttpsTls::load(section)
+                    .context("cannot load the [http.tls] certificates")?,
             )),
             None => None,
         };
@@ -325,7 +326,14 @@ impl Node {
             rocksdb_max_open_files = cfg.store.max_open_files,
             "HTTP connection caps"
         );
-        tasks.push(tokio::spawn(listener::serve(tcp, app, shared.http.clone(), limits, https, shut_rx.clone())));
+        tasks.push(tokio::spawn(listener::serve(
+            tcp,
+            app,
+            shared.http.clone(),
+            limits,
+            https,
+            shut_rx.clone(),
+        )));
         let scheme = if cfg.http.tls.is_some() { "https" } else { "http" };
         tracing::info!(dc = %cfg.dc, http = %http_addr, scheme, replication = ?repl_addr, "tandem node started");
         Ok(Node { shared, http_addr, repl_addr, shutdown, tasks })

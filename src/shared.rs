@@ -101,9 +101,9 @@ impl NodeShared {
             &crate::acl::tokens::TokenFile::load(&new.acl.tokens_path(&new.data_dir))?,
         )?;
         let https = match (&self.https, &new.http.tls) {
-            (Some(_), Some(section)) => Some(
-                crate::http::tls::HttpsTls::prepare(section).map_err(ReloadError::HttpsCertificates)?,
-            ),
+            (Some(_), Some(section)) => {
+                Some(crate::http::tls::HttpsTls::prepare(section).map_err(ReloadError::HttpsCertificates)?)
+            }
             _ => None,
         };
         if let Some(gw) = self.gateway.lock().as_ref() {

@@ -104,7 +104,9 @@ impl Client {
     /// A client of `https://` addresses when `tls` is given (then plain `http://` ones are
     /// refused): the registry's certificate must chain to `tls`'s CA.
     pub fn with_tls(addrs: &[String], opts: ClientOptions, tls: Option<&crate::ClientTls>) -> Client {
-        let mut b = reqwest::Client::builder().connect_timeout(opts.connect_timeout).timeout(Duration::from_secs(330));
+        let mut b = reqwest::Client::builder()
+            .connect_timeout(opts.connect_timeout)
+            .timeout(Duration::from_secs(330));
         if let Some(tls) = tls {
             b = tls.apply(b);
         }

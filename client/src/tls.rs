@@ -51,10 +51,10 @@ impl ClientTls {
 
     /// Trusts the CA certificates of the PEM file `path`.
     pub fn from_ca_file(path: &Path) -> Result<ClientTls, ClientError> {
-        let pem = std::fs::read(path)
-            .map_err(|e| ClientError::Config(format!("cannot read CA certificate {}: {e}", path.display())))?;
-        ClientTls::from_ca_pem(&pem)
-            .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))
+        let pem = std::fs::read(path).map_err(|e| {
+            ClientError::Config(format!("cannot read CA certificate {}: {e}", path.display()))
+        })?;
+        ClientTls::from_ca_pem(&pem).map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))
     }
 
     /// Also presents a client certificate (`cert_pem`: end-entity first, then any

@@ -77,7 +77,9 @@ fn only_a_known_unexpired_token_in_the_token_headers_authenticates() {
         Unauthenticated::NoToken
     );
     assert!(acl.authenticate(&headers(&[("x-tandem-token", &secret)]), None, 999).is_ok());
-    assert!(acl.authenticate(&headers(&[("authorization", &format!("bearer  {secret} "))]), None, 999).is_ok());
+    assert!(acl
+        .authenticate(&headers(&[("authorization", &format!("bearer  {secret} "))]), None, 999)
+        .is_ok());
     assert_eq!(
         acl.authenticate(&headers(&[("x-tandem-token", &secret)]), None, 1_000).unwrap_err(),
         Unauthenticated::Expired
@@ -143,7 +145,10 @@ fn a_bound_client_certificate_is_a_principal_and_a_token_wins_over_it() {
     assert!(p.grants.allows(&write("orders-api")) && !p.grants.allows(&write("billing")));
     assert!(!p.grants.admin);
     // Bound to nothing: nobody. A token presented decides, whatever the certificate.
-    assert_eq!(acl.authenticate(&headers(&[]), Some("stranger"), 1).unwrap_err(), Unauthenticated::UnboundCert);
+    assert_eq!(
+        acl.authenticate(&headers(&[]), Some("stranger"), 1).unwrap_err(),
+        Unauthenticated::UnboundCert
+    );
     let t = acl.authenticate(&headers(&[("x-tandem-token", &secret)]), Some("orders-bot"), 1).unwrap();
     assert!(t.grants.admin);
     assert_eq!(

@@ -23,17 +23,19 @@ use crate::shared::NodeShared;
 pub async fn authorize(State(node): State<Arc<NodeShared>>, mut req: Request, next: Next) -> Response {
     let acl = node.acl.current();
     let cert = req.extensions().get::<super::tls::ClientCert>().map(|c| c.0.clone());
-    let principal = match acl.authenticate(req.headers(), cert.as_deref(), tandem_replicator::gateway::wall_ms()) {
-        Ok(p) => p,
-        Err(why) => {
-            node.acl.refused(false, req.uri().path(), why.message());
-            let mut r =
-                ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", why.message()).into_response();
-            r.headers_mut().insert(axum::http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            audit_refusal(&node, &req, "-", &r);
-            return r;
-        }
-    };
+    let principal =
+        match acl.authenticate(req.headers(), cert.as_deref(), tandem_replicator::gateway::wall_ms()) {
+            Ok(p) => p,
+            Err(why) => {
+                node.acl.refused(false, req.uri().path(), why.message());
+                let mut r =
+                    ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", why.message()).into_response();
+                r.headers_mut()
+                    .insert(axum::http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                audit_refusal(&node, &req, "-", &r);
+                return r;
+            }
+        };
     if acl.enabled() {
         let need = match need(req.method(), req.uri().path(), req.uri().query()) {
             Ok(n) => n,

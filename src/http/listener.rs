@@ -196,7 +196,9 @@ pub async fn serve(
                 tokio::spawn(async move {
                     match tls {
                         None => run_connection(builder, stream, app, state, idle, shut, slot).await,
-                        Some(tls) => run_tls_connection(builder, stream, app, state, idle, shut, slot, &tls).await,
+                        Some(tls) => {
+                            run_tls_connection(builder, stream, app, state, idle, shut, slot, &tls).await
+                        }
                     }
                 });
             }

@@ -107,7 +107,8 @@ pub fn server_config(section: &HttpTlsSection) -> Result<Arc<ServerConfig>, TlsE
                 ClientCerts::Optional => verifier.allow_unauthenticated(),
                 ClientCerts::Required => verifier,
             };
-            builder.with_client_cert_verifier(verifier.build().map_err(|source| TlsError::Verifier { source })?)
+            builder
+                .with_client_cert_verifier(verifier.build().map_err(|source| TlsError::Verifier { source })?)
         }
     };
     let mut config = builder
@@ -247,8 +248,11 @@ mod tests {
     fn leaf(common_name: &str, sans: &[&str]) -> CertificateDer<'static> {
         use rustls::pki_types::pem::PemObject;
         let now = SystemTime::now();
-        let ca = tandem_replicator::tls::generate_dev_ca(UNIX_EPOCH + Duration::from_secs(1), now + Duration::from_secs(3600))
-            .unwrap();
+        let ca = tandem_replicator::tls::generate_dev_ca(
+            UNIX_EPOCH + Duration::from_secs(1),
+            now + Duration::from_secs(3600),
+        )
+        .unwrap();
         let sans: Vec<String> = sans.iter().map(|s| (*s).to_owned()).collect();
         let c = tandem_replicator::tls::generate_leaf_cert(
             &ca.cert_pem,

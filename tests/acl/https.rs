@@ -216,15 +216,24 @@ async fn a_client_certificate_is_a_principal_with_its_policies_and_nothing_witho
     let bot = Client::with_tls(&[base.clone()], opts, Some(&pki.client_tls(Some("orders-bot"))));
     let r = bot.register(&register_body("orders-api")).await.unwrap();
     let id = r["instance_id"].as_str().unwrap().to_owned();
-    assert!(matches!(bot.register(&register_body("billing")).await, Err(ClientError::Api { status: 403, .. })));
+    assert!(matches!(
+        bot.register(&register_body("billing")).await,
+        Err(ClientError::Api { status: 403, .. })
+    ));
     assert!(matches!(bot.status().await, Err(ClientError::Api { status: 403, .. })));
 
     // Without a certificate (and no token), or with one bound to nothing: 401.
     let none = Client::with_tls(&[base.clone()], opts, Some(&pki.client_tls(None)));
-    assert!(matches!(none.discover("default", "orders-api", "").await, Err(ClientError::Api { status: 401, .. })));
+    assert!(matches!(
+        none.discover("default", "orders-api", "").await,
+        Err(ClientError::Api { status: 401, .. })
+    ));
     let stranger = Client::with_tls(&[base.clone()], opts, Some(&pki.client_tls(Some("stranger"))));
     let e = stranger.discover("default", "orders-api", "").await.unwrap_err();
-    assert!(matches!(&e, ClientError::Api { status: 401, message, .. } if message.contains("acl.certs")), "{e}");
+    assert!(
+        matches!(&e, ClientError::Api { status: 401, message, .. } if message.contains("acl.certs")),
+        "{e}"
+    );
     // The certificate's principal owns what it registered: another principal may not renew it.
     let ops = Client::with_tls(&[base.clone()], opts, Some(&pki.client_tls(Some("ops"))));
     let d = ops.discover("default", "orders-api", "").await.unwrap();
@@ -233,7 +242,8 @@ async fn a_client_certificate_is_a_principal_with_its_policies_and_nothing_witho
 
     // Required client certificates (a reload): a client without one fails its handshake.
     let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&config, text.replace(&tls_keys, &format!("{tls_keys}\nclient_certs = \"required\""))).unwrap();
+    std::fs::write(&config, text.replace(&tls_keys, &format!("{tls_keys}\nclient_certs = \"required\"")))
+        .unwrap();
     let answer: Value = ops.call(reqwest::Method::POST, "/v1/admin/reload", Some(&json!({}))).await.unwrap();
     assert_eq!(answer["reloaded"], true);
     let none = Client::with_tls(&[base.clone()], opts, Some(&pki.client_tls(None)));

@@ -156,7 +156,8 @@ pub fn load_key_for(
     key_path: &Path,
 ) -> Result<PrivateKeyDer<'static>, TlsError> {
     let key_pem = read_file(FileRole::Key, key_path)?;
-    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|error| pem_error(FileRole::Key, key_path, error))?;
+    let key =
+        PrivateKeyDer::from_pem_slice(&key_pem).map_err(|error| pem_error(FileRole::Key, key_path, error))?;
     check_key_file(key_path)?;
     match CertifiedKey::from_der(chain.to_vec(), key.clone_key(), &ring_provider()) {
         Ok(_) => Ok(key),

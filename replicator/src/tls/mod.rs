@@ -64,8 +64,8 @@ mod reload;
 
 pub use config::{client_config, client_config_tuned, server_config, server_config_tuned};
 pub use dev_pki::{
-    generate_dc_cert, generate_dev_ca, generate_dev_pki, generate_leaf_cert, DevPki, GeneratedCert, DEV_CA_CERT_FILE,
-    DEV_CA_KEY_FILE, DEV_CA_VALIDITY, DEV_CLOCK_SKEW_ALLOWANCE, DEV_DC_CERT_VALIDITY,
+    generate_dc_cert, generate_dev_ca, generate_dev_pki, generate_leaf_cert, DevPki, GeneratedCert,
+    DEV_CA_CERT_FILE, DEV_CA_KEY_FILE, DEV_CA_VALIDITY, DEV_CLOCK_SKEW_ALLOWANCE, DEV_DC_CERT_VALIDITY,
 };
 pub use error::{CaInputError, FileRole, TlsError};
 pub use identity::{peer_dc, validate_dc_name, DC_NAME_BYTES_MAX};
