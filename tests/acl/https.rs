@@ -143,7 +143,7 @@ async fn the_client_crate_registers_and_discovers_over_https_and_plain_http_is_r
     let (node, _) = start(&pki, "", "").await;
     let base = base(&node);
     let tls = pki.client_tls(None);
-    let c = Client::with_tls(&[base.clone()], ClientOptions::default(), Some(&tls));
+    let c = Client::with_tls(std::slice::from_ref(&base), ClientOptions::default(), Some(&tls));
     let r = c.register(&register_body("orders")).await.unwrap();
     assert!(r["instance_id"].is_string(), "{r}");
     let d = c.discover("default", "orders", "").await.unwrap();
@@ -175,7 +175,7 @@ async fn the_client_crate_registers_and_discovers_over_https_and_plain_http_is_r
     // A client that does not trust the node's CA gets no answer; the client crate refuses
     // plain http:// addresses once TLS is set.
     let stranger = Pki::new().client_tls(None);
-    let c2 = Client::with_tls(&[base.clone()], ClientOptions::default(), Some(&stranger));
+    let c2 = Client::with_tls(std::slice::from_ref(&base), ClientOptions::default(), Some(&stranger));
     assert!(matches!(c2.status().await, Err(ClientError::Unreachable(_))));
     let c3 = Client::with_tls(&[plain], ClientOptions::default(), Some(&tls));
     assert!(matches!(c3.status().await, Err(ClientError::Unreachable(_))));
@@ -213,7 +213,7 @@ async fn a_client_certificate_is_a_principal_with_its_policies_and_nothing_witho
     let (node, config) = start(&pki, &tls_keys, CERT_POLICIES).await;
     let base = base(&node);
     let opts = ClientOptions::default();
-    let bot = Client::with_tls(&[base.clone()], opts, Some(&pki.client_tls(Some("orders-bot"))));
+    let bot = Client::with_tls(std::slice::from_ref(&base), opts, Some(&pki.client_tls(Some("orders-bot"))));
     let r = bot.register(&register_body("orders-api")).await.unwrap();
     let id = r["instance_id"].as_str().unwrap().to_owned();
     assert!(matches!(
@@ -223,19 +223,20 @@ async fn a_client_certificate_is_a_principal_with_its_policies_and_nothing_witho
     assert!(matches!(bot.status().await, Err(ClientError::Api { status: 403, .. })));
 
     // Without a certificate (and no token), or with one bound to nothing: 401.
-    let none = Client::with_tls(&[base.clone()], opts, Some(&pki.client_tls(None)));
+    let none = Client::with_tls(std::slice::from_ref(&base), opts, Some(&pki.client_tls(None)));
     assert!(matches!(
         none.discover("default", "orders-api", "").await,
         Err(ClientError::Api { status: 401, .. })
     ));
-    let stranger = Client::with_tls(&[base.clone()], opts, Some(&pki.client_tls(Some("stranger"))));
+    let stranger =
+        Client::with_tls(std::slice::from_ref(&base), opts, Some(&pki.client_tls(Some("stranger"))));
     let e = stranger.discover("default", "orders-api", "").await.unwrap_err();
     assert!(
         matches!(&e, ClientError::Api { status: 401, message, .. } if message.contains("acl.certs")),
         "{e}"
     );
     // The certificate's principal owns what it registered: another principal may not renew it.
-    let ops = Client::with_tls(&[base.clone()], opts, Some(&pki.client_tls(Some("ops"))));
+    let ops = Client::with_tls(std::slice::from_ref(&base), opts, Some(&pki.client_tls(Some("ops"))));
     let d = ops.discover("default", "orders-api", "").await.unwrap();
     assert_eq!(d["instances"].as_array().unwrap().len(), 1);
     assert!(bot.heartbeat("default", "orders-api", &id).await.is_ok());
@@ -246,7 +247,7 @@ async fn a_client_certificate_is_a_principal_with_its_policies_and_nothing_witho
         .unwrap();
     let answer: Value = ops.call(reqwest::Method::POST, "/v1/admin/reload", Some(&json!({}))).await.unwrap();
     assert_eq!(answer["reloaded"], true);
-    let none = Client::with_tls(&[base.clone()], opts, Some(&pki.client_tls(None)));
+    let none = Client::with_tls(std::slice::from_ref(&base), opts, Some(&pki.client_tls(None)));
     assert!(matches!(none.status().await, Err(ClientError::Unreachable(_))));
     assert!(bot.discover("default", "orders-api", "").await.is_ok());
     node.shutdown().await;
