@@ -610,6 +610,20 @@ mod tests {
         c.http.allowed_hosts = vec!["evil example".into()];
         assert_eq!(key_of(&c), "[http] allowed_hosts");
         let mut c = base();
+        let mut tls = HttpTlsSection {
+            cert: "c.pem".into(),
+            key: "c.key".into(),
+            client_ca: None,
+            client_certs: ClientCerts::Required,
+            handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
+        };
+        c.http.tls = Some(tls.clone());
+        assert_eq!(key_of(&c), "[http.tls] client_certs");
+        tls.client_certs = ClientCerts::Optional;
+        tls.handshake_timeout_ms = 0;
+        c.http.tls = Some(tls);
+        assert_eq!(key_of(&c), "[http.tls] handshake_timeout_ms");
+        let mut c = base();
         c.store.max_open_files = 1;
         assert_eq!(key_of(&c), "[store] max_open_files");
         let mut c = base();

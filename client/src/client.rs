@@ -178,7 +178,7 @@ impl Client {
                     }
                     return Ok((v, headers));
                 }
-                Err(e) => last = format!("{url}: {e}"),
+                Err(e) => last = format!("{url}: {}", with_causes(&e)),
             }
         }
         Err(ClientError::Unreachable(last))
@@ -263,6 +263,24 @@ impl Client {
         let body = RetireRequest { dc: dc.to_owned() };
         self.call(reqwest::Method::POST, "/v1/admin/unretire-dc", Some(&body)).await
     }
+}
+
+/// An error and its causes, so that "error sending request" says why (a refused
+/// connection, a certificate the CA does not vouch for).
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    // Bounded: a cause chain is short; a cycle must not spin.
+    for _ in 0..8 {
+        let Some(c) = cause else { break };
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
 }
 
 /// The body of a request without one.

@@ -54,7 +54,10 @@ impl ClientTls {
         let pem = std::fs::read(path).map_err(|e| {
             ClientError::Config(format!("cannot read CA certificate {}: {e}", path.display()))
         })?;
-        ClientTls::from_ca_pem(&pem).map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))
+        ClientTls::from_ca_pem(&pem).map_err(|e| match e {
+            ClientError::Config(m) => ClientError::Config(format!("{}: {m}", path.display())),
+            other => other,
+        })
     }
 
     /// Also presents a client certificate (`cert_pem`: end-entity first, then any
