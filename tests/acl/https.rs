@@ -1,6 +1,6 @@
 //! HTTPS on the client API against a real node (`[http.tls]`, certificates from a
 //! development CA made with rcgen, loopback only): the client crate registers and
-//! discovers over HTTPS (HTTP/2 by ALPN too); plain HTTP to the TLS port gets a clean 400
+//! discovers over HTTPS, the SDK watches (HTTP/2 by ALPN too); plain HTTP to the TLS port gets a clean 400
 //! and the node stays up; a client certificate bound under `[[acl.certs]]` is a principal
 //! with its policies and nothing without one; a stalled handshake is closed within
 //! `handshake_timeout_ms` and counted while a good client is served; a reload swaps the
@@ -148,6 +148,16 @@ async fn the_client_crate_registers_and_discovers_over_https_and_plain_http_is_r
     assert!(r["instance_id"].is_string(), "{r}");
     let d = c.discover("default", "orders", "").await.unwrap();
     assert_eq!(d["instances"].as_array().unwrap().len(), 1, "{d}");
+
+    // The SDK too: a consumer watches over HTTPS; tls with an http:// address is refused.
+    let mut sdk = tandem_client::sdk::ClientConfig::new([base.clone()]);
+    sdk.tls = Some(tls.clone());
+    let consumer = tandem_client::sdk::Consumer::watch(sdk.clone(), "default", "orders").await.unwrap();
+    assert_eq!(consumer.view().source, tandem_client::sdk::ViewSource::Registry);
+    assert_eq!(consumer.instances().len(), 1);
+    drop(consumer);
+    sdk.addrs = vec![format!("http://127.0.0.1:{}", node.http_addr().port())];
+    assert!(sdk.validate().is_err());
 
     // HTTP/2 by ALPN, and HTTP/1.1.
     let http = pki.reqwest();
