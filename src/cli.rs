@@ -219,18 +219,59 @@ struct Conn {
     /// ACL token (when the registry has ACLs on).
     #[arg(long, env = "TANDEM_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// HTTPS: the CA certificate (PEM) the registry's certificate must chain to; then the
+    /// addresses must be https:// URLs.
+    #[arg(long, env = "TANDEM_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+    /// HTTPS: a client certificate (PEM) to present, with --client-key.
+    #[arg(long, env = "TANDEM_CLIENT_CERT", requires = "client_key", requires = "ca_cert")]
+    client_cert: Option<PathBuf>,
+    /// HTTPS: the client certificate's private key (PEM).
+    #[arg(long, env = "TANDEM_CLIENT_KEY", requires = "client_cert")]
+    client_key: Option<PathBuf>,
     #[arg(long, short, default_value = "default")]
     namespace: String,
 }
 
 impl Conn {
+    /// The HTTPS settings of --ca-cert and --client-cert/--client-key, if given.
+    fn tls(&self) -> Result<Option<tandem_client::ClientTls>, ClientError> {
+        let Some(ca) = &self.ca_cert else { return Ok(None) };
+        let tls = tandem_client::ClientTls::from_ca_file(ca)?;
+        match (&self.client_cert, &self.client_key) {
+            (Some(cert), Some(key)) => Ok(Some(tls.with_identity_files(cert, key)?)),
+            _ => Ok(Some(tls)),
+        }
+    }
+
+    /// The client (its TLS settings were checked by [`check_tls`] before).
     fn client(&self) -> Client {
-        let c = Client::new(&self.addr);
+        let tls = self.tls().ok().flatten();
+        let c = Client::with_tls(&self.addr, tandem_client::ClientOptions::default(), tls.as_ref());
         match &self.token {
             Some(t) => c.with_token(t),
             None => c,
         }
     }
+}
+
+/// Refuses a client command whose TLS files do not load (before any request).
+fn check_tls(cmd: &Cmd) -> Result<(), ClientError> {
+    let conn = match cmd {
+        Cmd::Register { conn, .. }
+        | Cmd::Heartbeat { conn, .. }
+        | Cmd::Deregister { conn, .. }
+        | Cmd::RetireDc { conn, .. }
+        | Cmd::UnretireDc { conn, .. }
+        | Cmd::StatusSet { conn, .. }
+        | Cmd::Discover { conn, .. }
+        | Cmd::Watch { conn, .. }
+        | Cmd::Status { conn } => conn,
+        Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } | Cmd::Chaos { .. } | Cmd::Acl { .. } => {
+            return Ok(())
+        }
+    };
+    conn.tls().map(drop)
 }
 
 fn init_tracing(format: Option<&str>, level: Option<&str>) {
@@ -456,11 +497,14 @@ fn client_exit(e: ClientError) -> ExitCode {
     eprintln!("error: {e}");
     match e {
         ClientError::Unreachable(_) => ExitCode::from(2),
-        ClientError::Api { .. } | ClientError::Decode(_) => ExitCode::from(1),
+        ClientError::Api { .. } | ClientError::Decode(_) | ClientError::Config(_) => ExitCode::from(1),
     }
 }
 
 async fn client_cmd(cmd: Cmd) -> ExitCode {
+    if let Err(e) = check_tls(&cmd) {
+        return client_exit(e);
+    }
     let res: Result<(), ClientError> = match cmd {
         Cmd::Register {
             conn,

@@ -12,8 +12,10 @@ use tandem_replicator::gateway::SourceRule;
 
 use crate::failover::PolicyConfig;
 
+mod https;
 mod limits;
 use crate::health::HealthConfig;
+pub use https::{ClientCerts, HttpTlsSection, HANDSHAKE_TIMEOUT_MS_DEFAULT};
 pub use limits::{LimitsSection, NamespaceQuota, Quota};
 
 #[derive(Clone, Debug, Deserialize)]
@@ -278,6 +280,9 @@ pub struct HttpSection {
     pub allowed_hosts: Vec<String>,
     /// Admin calls (`/v1/admin/*`) allowed per minute, node-wide; more get 429.
     pub admin_calls_per_minute: u32,
+    /// `[http.tls]`: HTTPS instead of plain HTTP (turning it on or off takes a restart;
+    /// its files are re-read on reload).
+    pub tls: Option<HttpTlsSection>,
 }
 
 impl Default for HttpSection {
@@ -298,6 +303,7 @@ impl Default for HttpSection {
             h2_keepalive_timeout_ms: 10_000,
             allowed_hosts: Vec::new(),
             admin_calls_per_minute: 30,
+            tls: None,
         }
     }
 }
@@ -331,6 +337,9 @@ impl HttpSection {
         }
         if !(1..=10_000).contains(&self.admin_calls_per_minute) {
             return Err(inv("[http] admin_calls_per_minute", "must be 1..=10000"));
+        }
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
         }
         for h in &self.allowed_hosts {
             let ok = h == "*"
@@ -654,6 +663,20 @@ mod tests {
         let mut c = base();
         c.http.allowed_hosts = vec!["evil example".into()];
         assert_eq!(key_of(&c), "[http] allowed_hosts");
+        let mut c = base();
+        let mut tls = HttpTlsSection {
+            cert: "c.pem".into(),
+            key: "c.key".into(),
+            client_ca: None,
+            client_certs: ClientCerts::Required,
+            handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
+        };
+        c.http.tls = Some(tls.clone());
+        assert_eq!(key_of(&c), "[http.tls] client_certs");
+        tls.client_certs = ClientCerts::Optional;
+        tls.handshake_timeout_ms = 0;
+        c.http.tls = Some(tls);
+        assert_eq!(key_of(&c), "[http.tls] handshake_timeout_ms");
         let mut c = base();
         c.store.max_open_files = 1;
         assert_eq!(key_of(&c), "[store] max_open_files");

@@ -3,8 +3,9 @@
 //! Every handler validates its input and answers errors as
 //! `{"error":{"code":"...","message":"..."}}`; bodies are size-limited before parsing.
 //! This module holds no state of its own: it translates HTTP to [`Registry`](crate::registry::Registry) calls.
-//! `listener` accepts connections within the node's limits; `limits` refuses what a
-//! request may not do (wrong Host, unmarked or too frequent admin calls, too slow).
+//! `listener` accepts connections within the node's limits (and, with `[http.tls]`, runs
+//! the TLS handshake of `tls`); `limits` refuses what a request may not do (wrong Host,
+//! unmarked or too frequent admin calls, too slow).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +34,7 @@ pub mod auth;
 pub mod limits;
 pub mod listener;
 pub mod rate;
+pub mod tls;
 
 /// Largest accepted request body.
 pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;
@@ -460,6 +462,9 @@ async fn reload(
             ReloadError::Acl(_) => "the ACL tokens file did not load; the node's log says why".to_owned(),
             ReloadError::Certificates(_) => {
                 "the replication certificates did not load; the node's log says why".to_owned()
+            }
+            ReloadError::HttpsCertificates(_) => {
+                "the [http.tls] certificates did not load; the node's log says why".to_owned()
             }
             other => other.to_string(),
         };

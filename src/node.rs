@@ -128,6 +128,14 @@ impl Node {
         let audit = Arc::new(crate::audit::Audit::start(&cfg)?);
         // Before RocksDB opens: a descriptor budget too small for clients refuses the start.
         let limits = ListenerLimits::new(&cfg, listener::open_files_limit())?;
+        // Before RocksDB opens too: HTTPS material that does not load refuses the start.
+        let https = match &cfg.http.tls {
+            Some(section) => Some(Arc::new(
+                crate::http::tls::HttpsTls::load(section)
+                    .context("cannot load the [http.tls] certificates")?,
+            )),
+            None => None,
+        };
         let mut log = RocksLog::open_tuned(
             &cfg.data_dir,
             &cfg.dc,
@@ -269,6 +277,8 @@ impl Node {
             acl: Arc::new(crate::acl::AclState::new(acl)),
             audit,
             invalid_records,
+            https: https.clone(),
+            reloading: Mutex::new(()),
         });
 
         // Lease checker.
@@ -327,8 +337,16 @@ impl Node {
             rocksdb_max_open_files = cfg.store.max_open_files,
             "HTTP connection caps"
         );
-        tasks.push(tokio::spawn(listener::serve(tcp, app, shared.http.clone(), limits, shut_rx.clone())));
-        tracing::info!(dc = %cfg.dc, http = %http_addr, replication = ?repl_addr, "tandem node started");
+        tasks.push(tokio::spawn(listener::serve(
+            tcp,
+            app,
+            shared.http.clone(),
+            limits,
+            https,
+            shut_rx.clone(),
+        )));
+        let scheme = if cfg.http.tls.is_some() { "https" } else { "http" };
+        tracing::info!(dc = %cfg.dc, http = %http_addr, scheme, replication = ?repl_addr, "tandem node started");
         Ok(Node { shared, http_addr, repl_addr, shutdown, tasks })
     }
 

@@ -51,6 +51,10 @@ pub struct NodeShared {
     pub audit: Arc<crate::audit::Audit>,
     /// Stored records the log skipped on read because they break the schema's rules.
     pub invalid_records: Arc<crate::store::InvalidRecords>,
+    /// The HTTPS material of the client API (`[http.tls]`), when it speaks HTTPS.
+    pub https: Option<Arc<crate::http::tls::HttpsTls>>,
+    /// One reload at a time (SIGHUP and `POST /v1/admin/reload` may meet).
+    pub(crate) reloading: Mutex<()>,
 }
 
 /// Why a configuration reload was refused; the running configuration stays.
@@ -65,6 +69,8 @@ pub enum ReloadError {
     Immutable { key: &'static str },
     #[error("[replication] certificates: {0}")]
     Certificates(#[from] TlsError),
+    #[error("[http.tls] certificates: {0}")]
+    HttpsCertificates(TlsError),
     #[error("[acl] {0}")]
     Acl(#[from] crate::acl::AclError),
 }
@@ -78,8 +84,10 @@ fn scope_changed(old: &Config, new: &Config) -> bool {
 
 impl NodeShared {
     /// Re-reads the config file: failover policy and protection settings take effect at
-    /// once; replication certificates are reloaded. An invalid file changes nothing.
+    /// once; replication and HTTPS certificates are reloaded (new connections use them).
+    /// An invalid file changes nothing.
     pub fn reload(&self) -> Result<(), ReloadError> {
+        let _one_at_a_time = self.reloading.lock();
         let path = self.config_path.as_ref().ok_or(ReloadError::NoConfigFile)?;
         let new = Config::load(path)?;
         let old = self.registry.config();
@@ -95,12 +103,24 @@ impl NodeShared {
         if scope_changed(&old, &new) {
             return Err(ReloadError::Immutable { key: "[replication] peers.namespaces" });
         }
+        if new.http.tls.is_some() != old.http.tls.is_some() {
+            return Err(ReloadError::Immutable { key: "[http.tls] (on or off)" });
+        }
         let acl = crate::acl::Acl::new(
             &new.acl,
             &crate::acl::tokens::TokenFile::load(&new.acl.tokens_path(&new.data_dir))?,
         )?;
+        let https = match (&self.https, &new.http.tls) {
+            (Some(_), Some(section)) => {
+                Some(crate::http::tls::HttpsTls::prepare(section).map_err(ReloadError::HttpsCertificates)?)
+            }
+            _ => None,
+        };
         if let Some(gw) = self.gateway.lock().as_ref() {
             gw.reload_tls()?;
+        }
+        if let (Some(tls), Some(prepared)) = (&self.https, https) {
+            tls.swap(prepared);
         }
         self.acl.replace(acl);
         self.registry.set_config(Arc::new(new));

@@ -3,11 +3,14 @@
 //! admin} gives the expected status, and a refused request changes nothing; other headers
 //! grant nothing; expiry, revocation by reload, the bootstrap token, and the refusal to
 //! start exposed without an ACL decision. `acl/owners.rs`: instance ownership by principal;
-//! `acl/limits.rs`: namespace quotas and request rates; `acl/audit.rs`: the audit log.
+//! `acl/limits.rs`: namespace quotas and request rates; `acl/audit.rs`: the audit log;
+//! `acl/https.rs`: HTTPS on the client API and client certificates as principals.
 
 #[path = "acl/audit.rs"]
 mod audit;
 mod common;
+#[path = "acl/https.rs"]
+mod https;
 #[path = "acl/limits.rs"]
 mod limits;
 #[path = "acl/owners.rs"]

@@ -1,6 +1,6 @@
 //! The rules of docs/ARCHITECTURE.md that a program can check, checked: which crate may
-//! depend on what (from `cargo metadata`, following normal and build dependencies), which
-//! sources may name RocksDB, quinn and rustls, that every source file opens with a `//!`
+//! depend on what (from `cargo tree`, following normal and build dependencies; who may
+//! know rustls directly), which sources may name RocksDB, quinn and rustls, that every source file opens with a `//!`
 //! header, that the docs name only files that exist, that no source file outside a tests/
 //! folder grows past its size limit, and that nothing cites files outside the repository.
 
@@ -34,52 +34,50 @@ fn rust_sources() -> Vec<String> {
     files().into_iter().filter(|f| f.ends_with(".rs")).collect()
 }
 
-/// What `cargo metadata` says of each workspace crate: the packages it depends on directly
-/// and transitively, through normal and build dependencies (dev-dependencies are not part
-/// of what it ships).
+/// What each workspace crate depends on: the packages it depends on directly and
+/// transitively, through normal and build dependencies (dev-dependencies are not part of
+/// what it ships).
 struct Deps {
     direct: BTreeSet<String>,
     all: BTreeSet<String>,
 }
 
+/// From `cargo tree` (which resolves features per crate; `cargo metadata`'s resolve lists
+/// an optional dependency behind a weak feature such as reqwest's `quinn?/ring` as soon
+/// as any crate of the workspace builds it).
 fn workspace_deps() -> BTreeMap<String, Deps> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+    let out = Command::new(&cargo)
+        .args(["metadata", "--format-version", "1", "--locked", "--offline", "--no-deps"])
         .current_dir(root())
         .output()
         .expect("cargo metadata");
     assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
     let meta: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let name_of: BTreeMap<&str, &str> = meta["packages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| (p["id"].as_str().unwrap(), p["name"].as_str().unwrap()))
-        .collect();
-    let mut edges: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for node in meta["resolve"]["nodes"].as_array().unwrap() {
-        let shipped =
-            node["deps"].as_array().unwrap().iter().filter(|d| {
-                d["dep_kinds"].as_array().unwrap().iter().any(|k| k["kind"].as_str() != Some("dev"))
-            });
-        edges.insert(node["id"].as_str().unwrap(), shipped.map(|d| d["pkg"].as_str().unwrap()).collect());
-    }
     let mut result = BTreeMap::new();
-    for member in meta["workspace_members"].as_array().unwrap() {
-        let start = member.as_str().unwrap();
-        let direct = edges[start].iter().map(|id| name_of[id].to_owned()).collect();
-        let mut seen = BTreeSet::new();
-        let mut todo = vec![start];
-        while let Some(id) = todo.pop() {
-            for dep in edges.get(id).into_iter().flatten() {
-                if seen.insert(*dep) {
-                    todo.push(dep);
-                }
+    for package in meta["packages"].as_array().unwrap() {
+        let name = package["name"].as_str().unwrap();
+        let out = Command::new(&cargo)
+            .args(["tree", "-p", name, "-e", "normal,build", "--prefix", "depth", "--format", "{p}"])
+            .args(["--target", "all", "--locked", "--offline"])
+            .current_dir(root())
+            .output()
+            .expect("cargo tree");
+        assert!(out.status.success(), "cargo tree: {}", String::from_utf8_lossy(&out.stderr));
+        let (mut direct, mut all) = (BTreeSet::new(), BTreeSet::new());
+        for line in String::from_utf8(out.stdout).unwrap().lines() {
+            let depth_len = line.bytes().take_while(u8::is_ascii_digit).count();
+            let depth: usize = line[..depth_len].parse().unwrap_or(0);
+            let dep = line[depth_len..].split(' ').next().unwrap_or("").to_owned();
+            if depth == 0 || dep.is_empty() {
+                continue;
             }
+            if depth == 1 {
+                direct.insert(dep.clone());
+            }
+            all.insert(dep);
         }
-        let all = seen.iter().map(|id| name_of[id].to_owned()).collect();
-        result.insert(name_of[start].to_owned(), Deps { direct, all });
+        result.insert(name.to_owned(), Deps { direct, all });
     }
     result
 }
@@ -116,12 +114,20 @@ fn crates_depend_only_on_what_the_architecture_allows() {
             }
         }
     }
-    // Only replicator (and bench, for its floors) depends on quinn and rustls directly;
-    // only the root crate (in src/store) and bench on RocksDB.
+    // Who may know TLS (docs/ARCHITECTURE.md, "Who knows rustls"): quinn directly only
+    // replicator (and bench, for its floors); rustls directly replicator (QUIC), the root
+    // crate (the HTTPS listener) and bench; tokio-rustls only the root crate. The client
+    // crate reaches rustls only through reqwest. Only the root crate (in src/store) and
+    // bench depend on RocksDB.
+    let direct_allowed: [(&str, &[&str]); 3] = [
+        ("quinn", &["tandem-replicator", "tandem-bench"]),
+        ("rustls", &["tandem-replicator", "tandem", "tandem-bench"]),
+        ("tokio-rustls", &["tandem"]),
+    ];
     for (krate, deps) in &crates {
-        for b in ["quinn", "rustls"] {
-            if !["tandem-replicator", "tandem-bench"].contains(&krate.as_str()) && deps.direct.contains(b) {
-                broken.push(format!("{krate} depends on {b} directly: only replicator (and bench) may"));
+        for (b, allowed) in direct_allowed {
+            if !allowed.contains(&krate.as_str()) && deps.direct.contains(b) {
+                broken.push(format!("{krate} depends on {b} directly: only {allowed:?} may"));
             }
         }
         if !["tandem", "tandem-bench"].contains(&krate.as_str()) && deps.direct.contains("rocksdb") {
@@ -130,6 +136,9 @@ fn crates_depend_only_on_what_the_architecture_allows() {
     }
     assert!(broken.is_empty(), "{}", broken.join("\n"));
 }
+
+/// The node's HTTPS listener: the only file of the root crate that names rustls.
+const HTTPS_LISTENER: &str = "src/http/tls.rs";
 
 #[test]
 fn only_their_owners_name_rocksdb_quinn_and_rustls() {
@@ -141,8 +150,13 @@ fn only_their_owners_name_rocksdb_quinn_and_rustls() {
             broken.push(format!("{f} names rocksdb: only src/store/ knows RocksDB"));
         }
         let quic_ok = f.starts_with("replicator/") || f.starts_with("bench/") || in_tests;
-        if !quic_ok && (text.contains("quinn::") || text.contains("rustls::")) {
-            broken.push(format!("{f} names quinn or rustls: only replicator/ knows them"));
+        if !quic_ok && text.contains("quinn::") {
+            broken.push(format!("{f} names quinn: only replicator/ knows it"));
+        }
+        // The node's HTTPS listener is the one file outside replicator/ that names rustls.
+        let tls_ok = quic_ok || f == HTTPS_LISTENER;
+        if !tls_ok && (text.contains("rustls::") || text.contains("tokio_rustls")) {
+            broken.push(format!("{f} names rustls: only replicator/ and {HTTPS_LISTENER} know it"));
         }
     }
     assert!(broken.is_empty(), "{}", broken.join("\n"));

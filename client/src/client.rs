@@ -1,7 +1,9 @@
 //! A small HTTP client for tandem's API, used by the CLI, the tests and the SDK.
 //!
 //! It holds several registry addresses of one DC and moves to the next one when a request
-//! cannot reach the current one (connection errors and 5xx), never on 4xx answers.
+//! cannot reach the current one (connection errors and 5xx), never on 4xx answers. HTTPS
+//! takes a [`ClientTls`](crate::ClientTls) (the registry's CA, optionally a client
+//! certificate).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -26,13 +28,16 @@ pub enum ClientError {
     Unreachable(String),
     #[error("unexpected answer: {0}")]
     Decode(String),
+    /// The client's own settings are unusable (a CA or client certificate file).
+    #[error("client settings: {0}")]
+    Config(String),
 }
 
 impl ClientError {
     pub fn status(&self) -> Option<u16> {
         match self {
             ClientError::Api { status, .. } => Some(*status),
-            ClientError::Unreachable(_) | ClientError::Decode(_) => None,
+            ClientError::Unreachable(_) | ClientError::Decode(_) | ClientError::Config(_) => None,
         }
     }
 }
@@ -93,11 +98,20 @@ impl Client {
     }
 
     pub fn with_options(addrs: &[String], opts: ClientOptions) -> Client {
-        let http = reqwest::Client::builder()
+        Client::with_tls(addrs, opts, None)
+    }
+
+    /// A client of `https://` addresses when `tls` is given (then plain `http://` ones are
+    /// refused): the registry's certificate must chain to `tls`'s CA.
+    pub fn with_tls(addrs: &[String], opts: ClientOptions, tls: Option<&crate::ClientTls>) -> Client {
+        let mut b = reqwest::Client::builder()
             .connect_timeout(opts.connect_timeout)
-            .timeout(Duration::from_secs(330))
-            .build()
-            .expect("a plain HTTP client always builds");
+            .timeout(Duration::from_secs(330));
+        if let Some(tls) = tls {
+            b = tls.apply(b);
+        }
+        // A ClientTls was built once when it was made.
+        let http = b.build().expect("a plain client, or one with checked TLS settings, always builds");
         let bases = addrs.iter().map(|a| a.trim_end_matches('/').to_owned()).collect();
         Client {
             http,
@@ -164,7 +178,7 @@ impl Client {
                     }
                     return Ok((v, headers));
                 }
-                Err(e) => last = format!("{url}: {e}"),
+                Err(e) => last = format!("{url}: {}", with_causes(&e)),
             }
         }
         Err(ClientError::Unreachable(last))
@@ -249,6 +263,24 @@ impl Client {
         let body = RetireRequest { dc: dc.to_owned() };
         self.call(reqwest::Method::POST, "/v1/admin/unretire-dc", Some(&body)).await
     }
+}
+
+/// An error and its causes, so that "error sending request" says why (a refused
+/// connection, a certificate the CA does not vouch for).
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    // Bounded: a cause chain is short; a cycle must not spin.
+    for _ in 0..8 {
+        let Some(c) = cause else { break };
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
 }
 
 /// The body of a request without one.

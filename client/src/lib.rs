@@ -4,6 +4,7 @@
 //!   server and the chaos harness and pinned by golden files (`client/golden/`).
 //! - [`client`]: a small HTTP client of one DC's registry nodes (used by the CLI, the tests
 //!   and the SDK).
+//! - [`tls`]: HTTPS settings (the registry's CA, an optional client certificate).
 //! - [`sdk`]: the provider/consumer SDK (heartbeats in batches, a cached and watched
 //!   instance list, selection with outlier ejection).
 //!
@@ -13,5 +14,7 @@
 pub mod api;
 pub mod client;
 pub mod sdk;
+pub mod tls;
 
 pub use client::{Client, ClientError, ClientOptions};
+pub use tls::ClientTls;

@@ -9,6 +9,12 @@
 //! policy `admin` grants everything. Only the token grants anything: no other header, no
 //! client address, no default secret.
 //!
+//! A client certificate verified by the HTTPS listener (`[http.tls] client_ca`) also
+//! authenticates, like etcd's: its name (common name, else first DNS name) bound under
+//! `[[acl.certs]]` is the principal `cert:<name>` with that entry's policies. A token,
+//! when one is presented, decides instead (an explicit credential wins); a certificate
+//! bound to nothing authenticates nobody.
+//!
 //! Must never: store or log a secret, or let any request through without a decision.
 
 pub mod cli;
@@ -22,7 +28,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use parking_lot::{Mutex, RwLock};
 
-pub use policy::{AclSection, PolicySection, RuleSection};
+pub use policy::{AclSection, CertSection, PolicySection, RuleSection};
 use tokens::{TokenEntry, TokenFile};
 
 /// The header a token may also be presented in (besides `Authorization: Bearer`).
@@ -171,6 +177,8 @@ pub enum Unauthenticated {
     NoToken,
     UnknownToken,
     Expired,
+    /// A verified client certificate whose name no `[[acl.certs]]` entry binds.
+    UnboundCert,
 }
 
 impl Unauthenticated {
@@ -181,6 +189,9 @@ impl Unauthenticated {
             }
             Unauthenticated::UnknownToken => "unknown token",
             Unauthenticated::Expired => "token expired",
+            Unauthenticated::UnboundCert => {
+                "the client certificate is bound to no policy ([[acl.certs]]); present a token"
+            }
         }
     }
 }
@@ -190,6 +201,8 @@ impl Unauthenticated {
 pub struct Acl {
     enabled: bool,
     tokens: HashMap<[u8; 32], (TokenEntry, Arc<Grants>)>,
+    /// `[[acl.certs]]`: certificate name -> the principal's id and grants.
+    certs: HashMap<String, (Arc<str>, Arc<Grants>)>,
 }
 
 impl Acl {
@@ -228,7 +241,20 @@ impl Acl {
                 return Err(AclError::DuplicateToken(t.id.clone()));
             }
         }
-        Ok(Acl { enabled: true, tokens })
+        let mut certs = HashMap::new();
+        for c in &section.certs {
+            let mut g = Grants::default();
+            for name in &c.policies {
+                let p = policies.get(name.as_str()).ok_or_else(|| AclError::UnknownPolicy {
+                    token: format!("[[acl.certs]] {}", c.name),
+                    policy: name.clone(),
+                })?;
+                g.add(p);
+            }
+            let id: Arc<str> = format!("{}{}", crate::http::tls::CERT_PRINCIPAL_PREFIX, c.name).into();
+            certs.insert(c.name.clone(), (id, Arc::new(g)));
+        }
+        Ok(Acl { enabled: true, tokens, certs })
     }
 
     pub fn enabled(&self) -> bool {
@@ -240,12 +266,22 @@ impl Acl {
         self.tokens.len()
     }
 
-    /// Finds the principal of a request from its token header; `now_ms` judges expiry.
-    pub fn authenticate(&self, headers: &HeaderMap, now_ms: u64) -> Result<Principal, Unauthenticated> {
+    /// Finds the principal of a request from its token header, else from the name of its
+    /// connection's verified client certificate (`cert`); `now_ms` judges expiry.
+    pub fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        cert: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Principal, Unauthenticated> {
         if !self.enabled {
             return Ok(Principal::anonymous());
         }
-        let secret = presented_token(headers).ok_or(Unauthenticated::NoToken)?;
+        let Some(secret) = presented_token(headers) else {
+            let name = cert.ok_or(Unauthenticated::NoToken)?;
+            let (id, grants) = self.certs.get(name).ok_or(Unauthenticated::UnboundCert)?;
+            return Ok(Principal { id: id.clone(), name: id.clone(), grants: grants.clone() });
+        };
         let (entry, grants) =
             self.tokens.get(&tokens::hash_secret(secret)).ok_or(Unauthenticated::UnknownToken)?;
         if entry.expires_at_ms.is_some_and(|t| now_ms >= t) {
@@ -270,6 +306,10 @@ pub fn check_exposure(cfg: &crate::config::Config) -> anyhow::Result<()> {
         ),
         Some(false) if exposed => {
             tracing::warn!(http_addr = %cfg.http_addr, "ACLs are off ([acl] enabled = false): anyone who reaches http_addr may read and change every registration");
+            Ok(())
+        }
+        Some(true) if exposed && cfg.http.tls.is_none() => {
+            tracing::warn!(http_addr = %cfg.http_addr, "ACLs are on but the HTTP API is plain HTTP on a non-loopback address: tokens travel in clear text; configure [http.tls] (docs/security.md, \"HTTPS\")");
             Ok(())
         }
         _ => Ok(()),

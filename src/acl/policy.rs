@@ -17,6 +17,18 @@ pub struct AclSection {
     /// reload.
     pub tokens_file: Option<PathBuf>,
     pub policies: Vec<PolicySection>,
+    /// `[[acl.certs]]`: client certificates (`[http.tls] client_ca`) that authenticate
+    /// without a token, by name, with their policies.
+    pub certs: Vec<CertSection>,
+}
+
+/// `[[acl.certs]]`: a verified client certificate whose name (its subject common name, else
+/// its first DNS name) is `name` is the principal `cert:<name>` with `policies`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertSection {
+    pub name: String,
+    pub policies: Vec<String>,
 }
 
 /// `[[acl.policies]]`: a named set of grants.
@@ -105,6 +117,27 @@ impl AclSection {
                 }
                 if !r.read && !r.write {
                     return Err((key.clone(), "a rule grants read, write or both".into()));
+                }
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for c in &self.certs {
+            let key = format!("[[acl.certs]] {:?}", c.name);
+            if c.name.is_empty()
+                || c.name.len() > crate::http::tls::CERT_NAME_BYTES_MAX
+                || c.name.chars().any(char::is_control)
+            {
+                return Err((key, "name: 1-128 bytes, no control characters".into()));
+            }
+            if !names.insert(c.name.as_str()) {
+                return Err((key, "defined twice".into()));
+            }
+            if c.policies.is_empty() {
+                return Err((key, "policies: at least one".into()));
+            }
+            for name in &c.policies {
+                if name != ADMIN_POLICY && !self.policies.iter().any(|p| &p.name == name) {
+                    return Err((key, format!("policy {name:?} is not defined under [[acl.policies]]")));
                 }
             }
         }

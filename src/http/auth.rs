@@ -1,5 +1,6 @@
 //! The access-control middleware. Every request is authenticated first (401
-//! `unauthenticated` without a valid token, when ACLs are on); a route whose scope its
+//! `unauthenticated` without a valid token or a client certificate bound under
+//! `[[acl.certs]]`, when ACLs are on); a route whose scope its
 //! method and path decide is authorized here (403 `forbidden`, naming the missing scope);
 //! the principal then goes into the request's extensions, where the two handlers that
 //! decide on their body (register, batched heartbeats) check it. Unknown paths need
@@ -21,17 +22,20 @@ use crate::shared::NodeShared;
 
 pub async fn authorize(State(node): State<Arc<NodeShared>>, mut req: Request, next: Next) -> Response {
     let acl = node.acl.current();
-    let principal = match acl.authenticate(req.headers(), tandem_replicator::gateway::wall_ms()) {
-        Ok(p) => p,
-        Err(why) => {
-            node.acl.refused(false, req.uri().path(), why.message());
-            let mut r =
-                ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", why.message()).into_response();
-            r.headers_mut().insert(axum::http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            audit_refusal(&node, &req, "-", &r);
-            return r;
-        }
-    };
+    let cert = req.extensions().get::<super::tls::ClientCert>().map(|c| c.0.clone());
+    let principal =
+        match acl.authenticate(req.headers(), cert.as_deref(), tandem_replicator::gateway::wall_ms()) {
+            Ok(p) => p,
+            Err(why) => {
+                node.acl.refused(false, req.uri().path(), why.message());
+                let mut r =
+                    ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", why.message()).into_response();
+                r.headers_mut()
+                    .insert(axum::http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                audit_refusal(&node, &req, "-", &r);
+                return r;
+            }
+        };
     if acl.enabled() {
         let need = match need(req.method(), req.uri().path(), req.uri().query()) {
             Ok(n) => n,

@@ -48,6 +48,15 @@ pub struct HttpState {
     pub closed_idle: AtomicU64,
     /// Requests answered 503 `request_timeout`.
     pub request_timeouts: AtomicU64,
+    /// HTTPS: handshakes completed.
+    pub tls_handshakes_ok: AtomicU64,
+    /// HTTPS: handshakes that failed (bad records, no common version or cipher, a refused
+    /// or missing client certificate, the peer left).
+    pub tls_handshakes_failed: AtomicU64,
+    /// HTTPS: handshakes not done within `[http.tls] handshake_timeout_ms` (closed).
+    pub tls_handshakes_timed_out: AtomicU64,
+    /// HTTPS: connections that spoke plain HTTP to the TLS port (answered 400, closed).
+    pub tls_plain_http: AtomicU64,
     /// Requests refused for their Host header.
     pub refused_host: AtomicU64,
     /// Admin calls refused for lacking a JSON content type or the admin header.
@@ -60,6 +69,7 @@ pub struct HttpState {
     pub blocking: Slots,
     /// One sampler per kind of refusal, so each kind shows up in the log.
     pub(crate) log_accept: LogSampler,
+    pub(crate) log_tls: LogSampler,
     pub(crate) log_request: LogSampler,
     /// The request-rate limits per principal and per client address.
     pub rates: super::rate::Rates,

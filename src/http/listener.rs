@@ -5,6 +5,8 @@
 //! keep-alive pings), and closes a connection that has had no request in flight for
 //! `idle_timeout_ms`. A refused connection gets a canned 503 if its socket takes it at once,
 //! and is closed; every refusal and close is counted ([`HttpState`]) and logged sampled.
+//! With `[http.tls]`, an admitted connection first completes its TLS handshake within
+//! `handshake_timeout_ms` (holding its slot only that long; see `tls`).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -27,6 +29,7 @@ use tokio::time::Instant;
 use tower_service::Service as _;
 
 use super::limits::{ClientAddr, HttpState};
+use super::tls::{ClientCert, HttpsTls};
 use crate::config::Config;
 
 /// Descriptors kept for the node besides RocksDB's table files and client connections:
@@ -167,6 +170,7 @@ pub async fn serve(
     app: Router,
     state: Arc<HttpState>,
     limits: ListenerLimits,
+    tls: Option<Arc<HttpsTls>>,
     mut shut: watch::Receiver<bool>,
 ) {
     state.connections_limit.store(limits.connections, Ordering::Relaxed);
@@ -188,7 +192,15 @@ pub async fn serve(
             Ok(slot) => {
                 let (builder, app, state, shut) = (builder.clone(), app.clone(), state.clone(), shut.clone());
                 let idle = conns.limits.idle_timeout;
-                tokio::spawn(run_connection(builder, stream, app, state, idle, shut, slot));
+                let tls = tls.clone();
+                tokio::spawn(async move {
+                    match tls {
+                        None => run_connection(builder, stream, app, state, idle, shut, slot).await,
+                        Some(tls) => {
+                            run_tls_connection(builder, stream, app, state, idle, shut, slot, &tls).await
+                        }
+                    }
+                });
             }
             Err(why) => refuse(&state, &conns.limits, stream, peer, why),
         }
@@ -331,7 +343,10 @@ impl AsyncWrite for Counted {
     }
 }
 
-async fn run_connection(
+/// Runs the TLS handshake (bounded, counted), then serves the connection like a plain one
+/// with the client certificate's name (if any) in every request.
+#[allow(clippy::too_many_arguments)]
+async fn run_tls_connection(
     builder: Builder<TokioExecutor>,
     stream: TcpStream,
     app: Router,
@@ -339,9 +354,59 @@ async fn run_connection(
     idle: Duration,
     mut shut: watch::Receiver<bool>,
     slot: Slot,
+    tls: &HttpsTls,
 ) {
-    let ip = slot.ip;
+    let (acceptor, limit) = tls.acceptor();
     let read = Arc::new(AtomicU64::new(0));
+    let counted = read.clone();
+    let wrap = move |inner| Counted { inner, read: counted };
+    let accepted = tokio::select! {
+        r = super::tls::handshake(acceptor, limit, stream, wrap) => r,
+        _ = shut.wait_for(|c| *c) => return,
+    };
+    let stream = match accepted {
+        Ok(s) => s,
+        Err(failure) => {
+            super::tls::count_failure(&state, slot.ip, &failure);
+            return;
+        }
+    };
+    HttpState::bump(&state.tls_handshakes_ok);
+    let cert = super::tls::peer_cert_name(&stream).map(ClientCert);
+    serve_io(builder, stream, read, app, state, idle, shut, slot, cert).await;
+}
+
+async fn run_connection(
+    builder: Builder<TokioExecutor>,
+    stream: TcpStream,
+    app: Router,
+    state: Arc<HttpState>,
+    idle: Duration,
+    shut: watch::Receiver<bool>,
+    slot: Slot,
+) {
+    let read = Arc::new(AtomicU64::new(0));
+    let io = Counted { inner: stream, read: read.clone() };
+    serve_io(builder, io, read, app, state, idle, shut, slot, None).await;
+}
+
+/// Serves one connection (plain, or TLS once handshaken) until it ends, idles out or the
+/// node stops.
+#[allow(clippy::too_many_arguments)]
+async fn serve_io<IO>(
+    builder: Builder<TokioExecutor>,
+    io: IO,
+    read: Arc<AtomicU64>,
+    app: Router,
+    state: Arc<HttpState>,
+    idle: Duration,
+    mut shut: watch::Receiver<bool>,
+    slot: Slot,
+    cert: Option<ClientCert>,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let ip = slot.ip;
     let activity = Arc::new(Activity {
         in_flight: AtomicU64::new(0),
         idle: Mutex::new((Instant::now(), 0)),
@@ -351,6 +416,9 @@ async fn run_connection(
     let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         let busy = Busy::enter(&act);
         req.extensions_mut().insert(ClientAddr(ip));
+        if let Some(c) = &cert {
+            req.extensions_mut().insert(c.clone());
+        }
         let mut app = app.clone();
         async move {
             let answer = app.call(req.map(Body::new)).await;
@@ -360,7 +428,7 @@ async fn run_connection(
             })
         }
     });
-    let conn = builder.serve_connection(TokioIo::new(Counted { inner: stream, read }), service);
+    let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     let mut closing_by: Option<Instant> = None;
     loop {

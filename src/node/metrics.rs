@@ -501,6 +501,17 @@ impl NodeShared {
             get(&h.closed_header_too_large),
         );
         m.counter(closed, help, &[("dc", dc), ("reason", "idle")], get(&h.closed_idle));
+        let hs = "tandem_http_tls_handshakes_total";
+        let help = "HTTPS handshakes on the client API, by outcome (all 0 when [http.tls] is off)";
+        let outcomes = [
+            ("ok", &h.tls_handshakes_ok),
+            ("failed", &h.tls_handshakes_failed),
+            ("timed_out", &h.tls_handshakes_timed_out),
+            ("plain_http", &h.tls_plain_http),
+        ];
+        for (outcome, c) in outcomes {
+            m.counter(hs, help, &[("dc", dc), ("outcome", outcome)], get(c));
+        }
         m.counter(
             "tandem_http_request_timeouts_total",
             "Requests answered 503 request_timeout ([http] request_timeout_ms)",

@@ -34,6 +34,7 @@ struct GroupKey {
     addrs: Vec<String>,
     connect_timeout: Duration,
     request_timeout: Duration,
+    tls: Option<crate::ClientTls>,
 }
 
 /// The groups of this process (dead entries are swept on each join).
@@ -81,6 +82,7 @@ pub(crate) fn join(provider: Arc<Shared>, interval: Duration) -> Membership {
         addrs: cfg.addrs.clone(),
         connect_timeout: cfg.connect_timeout,
         request_timeout: cfg.request_timeout,
+        tls: cfg.tls.clone(),
     };
     let group = {
         let mut groups = GROUPS.lock();

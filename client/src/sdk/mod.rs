@@ -68,7 +68,7 @@ impl SdkError {
     /// Whether trying again later may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            SdkError::Config(_) => false,
+            SdkError::Config(_) | SdkError::Registry(ClientError::Config(_)) => false,
             SdkError::Registry(ClientError::Unreachable(_) | ClientError::Decode(_)) => true,
             SdkError::Registry(ClientError::Api { status, .. }) => *status >= 500,
         }
@@ -87,6 +87,9 @@ pub struct ClientConfig {
     /// The ACL token sent with every request (`Authorization: Bearer`), when the registry
     /// has ACLs on. Never logged.
     pub token: Option<crate::client::Token>,
+    /// HTTPS settings for `https://` addresses (the registry's CA, optionally a client
+    /// certificate).
+    pub tls: Option<crate::ClientTls>,
     pub retry: RetryConfig,
     pub provider: ProviderConfig,
     pub consumer: ConsumerConfig,
@@ -200,6 +203,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(10),
             token: None,
+            tls: None,
             retry: RetryConfig::default(),
             provider: ProviderConfig::default(),
             consumer: ConsumerConfig::default(),
@@ -215,6 +219,11 @@ impl ClientConfig {
         if let Some(a) = self.addrs.iter().find(|a| !(a.starts_with("http://") || a.starts_with("https://")))
         {
             return Err(SdkError::Config(format!("addrs: {a:?} is not an http:// URL")));
+        }
+        if self.tls.is_some() {
+            if let Some(a) = self.addrs.iter().find(|a| !a.starts_with("https://")) {
+                return Err(SdkError::Config(format!("addrs: {a:?} is not an https:// URL (tls is set)")));
+            }
         }
         if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
             return bad("connect_timeout and request_timeout must be positive");
@@ -252,12 +261,13 @@ impl ClientConfig {
     }
 
     pub(crate) fn client(&self) -> crate::client::Client {
-        let c = crate::client::Client::with_options(
+        let c = crate::client::Client::with_tls(
             &self.addrs,
             crate::client::ClientOptions {
                 connect_timeout: self.connect_timeout,
                 request_timeout: self.request_timeout,
             },
+            self.tls.as_ref(),
         );
         match &self.token {
             Some(t) => c.with_token(t.secret()),

@@ -151,6 +151,60 @@ pub fn generate_dc_cert(
     not_after: SystemTime,
 ) -> Result<GeneratedCert, TlsError> {
     validate_dc_name(dc)?;
+    let (rebuilt, ca_key) = dev_ca_from_pem(ca_cert_pem, ca_key_pem, not_before, not_after)?;
+    sign_leaf(&rebuilt, &ca_key, dc, &[dc.to_owned()], not_before, not_after)
+}
+
+/// A new certificate signed by a development CA, with subject common name `common_name`
+/// and the subject alternative names `alt_names` (DNS names, or IP addresses written as
+/// such), valid from `not_before` to `not_after`, allowing server and client
+/// authentication: an HTTPS listener's certificate, or a client certificate.
+pub fn generate_leaf_cert(
+    ca_cert_pem: &str,
+    ca_key_pem: &str,
+    common_name: &str,
+    alt_names: &[String],
+    not_before: SystemTime,
+    not_after: SystemTime,
+) -> Result<GeneratedCert, TlsError> {
+    let (rebuilt, ca_key) = dev_ca_from_pem(ca_cert_pem, ca_key_pem, not_before, not_after)?;
+    sign_leaf(&rebuilt, &ca_key, common_name, alt_names, not_before, not_after)
+}
+
+fn sign_leaf(
+    ca: &rcgen::Certificate,
+    ca_key: &KeyPair,
+    common_name: &str,
+    alt_names: &[String],
+    not_before: SystemTime,
+    not_after: SystemTime,
+) -> Result<GeneratedCert, TlsError> {
+    let mut params = CertificateParams::new(alt_names.to_vec())
+        .map_err(|source| TlsError::Generate { what: "certificate parameters", source })?;
+    set_validity(&mut params, not_before, not_after)?;
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, common_name);
+    name.push(DnType::OrganizationName, DEV_CA_ORGANIZATION);
+    params.distinguished_name = name;
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages =
+        vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    params.use_authority_key_identifier_extension = true;
+    let key = KeyPair::generate().map_err(|source| TlsError::Generate { what: "certificate key", source })?;
+    let cert = params
+        .signed_by(&key, ca, ca_key)
+        .map_err(|source| TlsError::Generate { what: "certificate", source })?;
+    Ok(GeneratedCert { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+}
+
+/// The development CA of `ca_cert_pem` and `ca_key_pem`, rebuilt so it can sign.
+fn dev_ca_from_pem(
+    ca_cert_pem: &str,
+    ca_key_pem: &str,
+    not_before: SystemTime,
+    not_after: SystemTime,
+) -> Result<(rcgen::Certificate, KeyPair), TlsError> {
     let ca_key = KeyPair::from_pem(ca_key_pem).map_err(|source| TlsError::CaKeyInput { source })?;
     let ca_der = CertificateDer::from_pem_slice(ca_cert_pem.as_bytes())
         .map_err(|error| TlsError::CaCertInput { reason: CaInputError::Pem(error) })?;
@@ -171,23 +225,7 @@ pub fn generate_dc_cert(
         return Err(TlsError::NotDevCa);
     }
 
-    let mut params = CertificateParams::new(vec![dc.to_owned()])
-        .map_err(|source| TlsError::Generate { what: "DC certificate parameters", source })?;
-    set_validity(&mut params, not_before, not_after)?;
-    let mut name = DistinguishedName::new();
-    name.push(DnType::CommonName, dc);
-    name.push(DnType::OrganizationName, DEV_CA_ORGANIZATION);
-    params.distinguished_name = name;
-    params.is_ca = IsCa::ExplicitNoCa;
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages =
-        vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
-    params.use_authority_key_identifier_extension = true;
-    let key = KeyPair::generate().map_err(|source| TlsError::Generate { what: "DC key", source })?;
-    let cert = params
-        .signed_by(&key, &rebuilt, &ca_key)
-        .map_err(|source| TlsError::Generate { what: "DC certificate", source })?;
-    Ok(GeneratedCert { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    Ok((rebuilt, ca_key))
 }
 
 fn dev_ca_params(not_before: SystemTime, not_after: SystemTime) -> Result<CertificateParams, TlsError> {

@@ -58,19 +58,9 @@ impl fmt::Debug for TlsMaterial {
 impl TlsMaterial {
     /// Reads and cross-checks the three files.
     pub fn load(paths: &TlsPaths) -> Result<TlsMaterial, TlsError> {
-        let ca_pem = read_file(FileRole::CaCert, &paths.ca_cert)?;
-        let ca_certs = parse_certs(FileRole::CaCert, &paths.ca_cert, &ca_pem)?;
-        let mut roots = RootCertStore::empty();
-        for der in &ca_certs {
-            let anchor = webpki::anchor_from_trusted_cert(der).map_err(|source| {
-                TlsError::BadCertificate { role: FileRole::CaCert, path: paths.ca_cert.clone(), source }
-            })?;
-            roots.roots.push(anchor.to_owned());
-        }
-
-        let cert_pem = read_file(FileRole::Cert, &paths.cert)?;
-        let chain = parse_certs(FileRole::Cert, &paths.cert, &cert_pem)?;
-        // parse_certs never returns an empty chain.
+        let roots = load_roots(&paths.ca_cert)?;
+        let chain = load_cert_chain(FileRole::Cert, &paths.cert)?;
+        // load_cert_chain never returns an empty chain.
         let names = cert_dns_names(&chain[0]).map_err(|source| TlsError::BadCertificate {
             role: FileRole::Cert,
             path: paths.cert.clone(),
@@ -80,21 +70,7 @@ impl TlsMaterial {
             path: paths.cert.clone(),
             names: capped(names.iter().copied()),
         })?;
-
-        let key_pem = read_file(FileRole::Key, &paths.key)?;
-        let key = PrivateKeyDer::from_pem_slice(&key_pem)
-            .map_err(|error| pem_error(FileRole::Key, &paths.key, error))?;
-        check_key_file(&paths.key)?;
-        match CertifiedKey::from_der(chain.clone(), key.clone_key(), &ring_provider()) {
-            Ok(_) => {}
-            Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
-                return Err(TlsError::KeyMismatch { cert: paths.cert.clone(), key: paths.key.clone() });
-            }
-            Err(source) => {
-                return Err(TlsError::BadKey { path: paths.key.clone(), source });
-            }
-        }
-
+        let key = load_key_for(&chain, &paths.cert, &paths.key)?;
         Ok(TlsMaterial { paths: paths.clone(), roots: Arc::new(roots), chain, key, dc })
     }
 
@@ -145,6 +121,50 @@ impl TlsMaterial {
                 })?;
         }
         Ok(())
+    }
+}
+
+/// The trust anchors of a CA file (one or more PEM certificates). Also what the node's
+/// HTTPS listener reads its client CA with.
+pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let ca_certs = load_cert_chain(FileRole::CaCert, path)?;
+    let mut roots = RootCertStore::empty();
+    for der in &ca_certs {
+        let anchor = webpki::anchor_from_trusted_cert(der).map_err(|source| TlsError::BadCertificate {
+            role: FileRole::CaCert,
+            path: path.to_owned(),
+            source,
+        })?;
+        roots.roots.push(anchor.to_owned());
+    }
+    Ok(roots)
+}
+
+/// Every certificate of a PEM file, in file order (end-entity first for a chain); never
+/// empty on success.
+pub fn load_cert_chain(role: FileRole, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read_file(role, path)?;
+    parse_certs(role, path, &pem)
+}
+
+/// The private key of `key_path` (PKCS#8, SEC1 or PKCS#1) after the file's owner and mode
+/// checks (refused when another user owns it or group or others may write it), checked to
+/// belong to `chain`'s end-entity certificate (read from `cert_path`).
+pub fn load_key_for(
+    chain: &[CertificateDer<'static>],
+    cert_path: &Path,
+    key_path: &Path,
+) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let key_pem = read_file(FileRole::Key, key_path)?;
+    let key =
+        PrivateKeyDer::from_pem_slice(&key_pem).map_err(|error| pem_error(FileRole::Key, key_path, error))?;
+    check_key_file(key_path)?;
+    match CertifiedKey::from_der(chain.to_vec(), key.clone_key(), &ring_provider()) {
+        Ok(_) => Ok(key),
+        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
+            Err(TlsError::KeyMismatch { cert: cert_path.to_owned(), key: key_path.to_owned() })
+        }
+        Err(source) => Err(TlsError::BadKey { path: key_path.to_owned(), source }),
     }
 }
 

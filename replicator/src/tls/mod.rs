@@ -11,7 +11,11 @@
 //!   ([`peer_dc`]): the single DNS subject alternative name of the peer's certificate.
 //! - Reloads material without a restart ([`ReloadableTls`]).
 //! - Generates a development PKI ([`generate_dev_pki`]) and single DC certificates
-//!   ([`generate_dc_cert`]) for tests, rotation drills and local setups.
+//!   ([`generate_dc_cert`]) for tests, rotation drills and local setups, and other
+//!   certificates under the same CA ([`generate_leaf_cert`]: HTTPS servers, client
+//!   certificates).
+//! - Offers its file readers to the node's HTTPS listener ([`load_cert_chain`],
+//!   [`load_key_for`] with the key file's owner and mode rules, [`load_roots`]).
 //!
 //! Rotation: write the new certificate and key over the old files (this module's writers
 //! replace files by rename, so a reader never sees half a file), then call
@@ -61,10 +65,10 @@ mod reload;
 
 pub use config::{client_config, client_config_tuned, server_config, server_config_tuned};
 pub use dev_pki::{
-    generate_dc_cert, generate_dev_ca, generate_dev_pki, DevPki, GeneratedCert, DEV_CA_CERT_FILE,
-    DEV_CA_KEY_FILE, DEV_CA_VALIDITY, DEV_CLOCK_SKEW_ALLOWANCE, DEV_DC_CERT_VALIDITY,
+    generate_dc_cert, generate_dev_ca, generate_dev_pki, generate_leaf_cert, DevPki, GeneratedCert,
+    DEV_CA_CERT_FILE, DEV_CA_KEY_FILE, DEV_CA_VALIDITY, DEV_CLOCK_SKEW_ALLOWANCE, DEV_DC_CERT_VALIDITY,
 };
 pub use error::{CaInputError, FileRole, TlsError};
 pub use identity::{peer_dc, validate_dc_name, DC_NAME_BYTES_MAX};
-pub use material::{TlsMaterial, TlsPaths};
+pub use material::{load_cert_chain, load_key_for, load_roots, TlsMaterial, TlsPaths};
 pub use reload::ReloadableTls;
