@@ -88,18 +88,16 @@ impl Server {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// One counter of `/metrics` (summed over its series whose labels contain `labels`).
+    async fn metric_with(&self, name: &str, labels: &[&str]) -> u64 {
+        let url = format!("http://127.0.0.1:{}/metrics", self.http_port);
+        let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+        metric_sum(&text, name, labels) as u64
+    }
+
     /// One counter of `/metrics` (summed over its series).
     async fn metric(&self, name: &str) -> u64 {
-        let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", self.http_port))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64
+        self.metric_with(name, &[]).await
     }
 
     /// Lines of the node's log that contain `text`.
@@ -283,20 +281,6 @@ async fn a_refusal_reaches_the_peer_as_the_close_reason() {
     b.shutdown().await;
 }
 
-/// Sums the series of `name` whose labels contain `label` (e.g. `reason="source"`).
-async fn metric_with(server: &Server, name: &str, label: &str) -> u64 {
-    let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", server.http_port))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{') && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_configured_peers_addresses_may_start_a_handshake() {
     // dc-b is configured at 127.0.0.2; a stranger at 127.0.0.1 holds dc-b's own
@@ -306,7 +290,7 @@ async fn only_the_configured_peers_addresses_may_start_a_handshake() {
     let stranger = server.connect_from("127.0.0.1", b_paths.clone()).await;
     assert!(stranger.is_err(), "a source that is not a peer's address got a connection");
     let refused = "tandem_replication_incoming_refused_total";
-    assert!(metric_with(&server, refused, "reason=\"source\"").await >= 1);
+    assert!(server.metric_with(refused, &["reason=\"source\""]).await >= 1);
     assert_eq!(server.metric("tandem_replication_refused_connections_total").await, 0, "no handshake ran");
     // From the peer's address: validated by a Retry, then admitted.
     let (_ep, conn) = server.connect_from("127.0.0.2", b_paths).await.unwrap();
@@ -320,7 +304,7 @@ async fn only_the_configured_peers_addresses_may_start_a_handshake() {
     let open = Server::start_with("127.0.0.2", "accept_from = [\"any\"]").await;
     let (_ep, conn) = open.connect_from("127.0.0.1", open.pki.paths("dc-b").unwrap().clone()).await.unwrap();
     conn.close(0u32.into(), b"done");
-    assert_eq!(metric_with(&open, refused, "reason=\"source\"").await, 0);
+    assert_eq!(open.metric_with(refused, &["reason=\"source\""]).await, 0);
 }
 
 /// How long the stalling client holds its handshake (below the node's 3 s idle timeout,
@@ -415,7 +399,7 @@ async fn handshakes_are_capped_and_a_flood_of_foreign_certificates_is_counted_an
     let third = server.connect_as("dc-b").await;
     assert!(third.is_err(), "a handshake beyond handshakes_max was admitted");
     let refused = "tandem_replication_incoming_refused_total";
-    assert!(metric_with(&server, refused, "reason=\"handshakes_max\"").await >= 1);
+    assert!(server.metric_with(refused, &["reason=\"handshakes_max\""]).await >= 1);
     for t in stalled {
         t.join().unwrap();
     }
@@ -437,7 +421,7 @@ async fn handshakes_are_capped_and_a_flood_of_foreign_certificates_is_counted_an
     tokio::time::timeout(Duration::from_secs(60), flood).await.expect("the flood ends in time");
     assert!(server.alive(), "the node died");
     let failed = server.metric("tandem_replication_refused_connections_total").await;
-    let busy = metric_with(&server, refused, "reason=\"handshakes_max\"").await;
+    let busy = server.metric_with(refused, &["reason=\"handshakes_max\""]).await;
     assert!(failed + busy > FLOOD as u64, "every attempt counted: {failed} failed, {busy} refused as busy");
     // Sampled: one line per kind per 10 s, not one per attempt (1,378 lines for 2,000 before).
     let lines = server.log_lines("WARN");
