@@ -97,7 +97,12 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             async move { check(http.get(u.as_str()).send().await).await }
         }))
         .await?;
-    row(ctx, "tandem node, GET /v1/ready (the node's middleware, trivial handler)", "HTTP/1.1 keep-alive, 64 connections".into(), &run);
+    row(
+        ctx,
+        "tandem node, GET /v1/ready (the node's middleware, trivial handler)",
+        "HTTP/1.1 keep-alive, 64 connections".into(),
+        &run,
+    );
     ctx.floors.ready_at_64 = Some((run.per_sec(), per_cpu(&run)));
     ctx.stop_node(node).await;
     ctx.report.note(
@@ -207,7 +212,8 @@ pub fn target_rows(ctx: &mut Ctx) {
         ("discover", 32, f.discover_per_s, f.discover_per_server_cpu_s),
         ("heartbeat, one lease per request", 64, f.heartbeats_per_s, f.heartbeats_per_server_cpu_s),
     ] {
-        let target = format!("issue 21: {what} >= 80% of the no-op HTTP floor (per server CPU-s, {conc} connections)");
+        let target =
+            format!("issue 21: {what} >= 80% of the no-op HTTP floor (per server CPU-s, {conc} connections)");
         match s.zip(c).and_then(|(s, c)| pct(ctx, conc, s, c)) {
             Some((a, b)) => ctx.report.row(vec![
                 target,
@@ -215,13 +221,22 @@ pub fn target_rows(ctx: &mut Ctx) {
                 format!(
                     "{}{}",
                     v(b >= 80.0),
-                    if b < 80.0 { ": the gap is tandem's middleware and handler work, see the /v1/ready row" } else { "" }
+                    if b < 80.0 {
+                        ": the gap is tandem's middleware and handler work, see the /v1/ready row"
+                    } else {
+                        ""
+                    }
                 ),
             ]),
-            None => ctx.report.row(vec![target, "-".into(), format!("not measured: needs the HTTP floor and {what} in one run")]),
+            None => ctx.report.row(vec![
+                target,
+                "-".into(),
+                format!("not measured: needs the HTTP floor and {what} in one run"),
+            ]),
         }
     }
-    let target = "issue 21: register at 256 >= 80% of the synced-batch floor (64-put batches/s x 64)".to_string();
+    let target =
+        "issue 21: register at 256 >= 80% of the synced-batch floor (64-put batches/s x 64)".to_string();
     match register_vs_fsync(ctx) {
         Some((r, puts)) => {
             let p = 100.0 * r / puts.max(1e-9);
@@ -231,11 +246,19 @@ pub fn target_rows(ctx: &mut Ctx) {
                 format!(
                     "{}{}",
                     v(p >= 80.0),
-                    if p < 80.0 { ": the server core (HTTP, committer and RocksDB share CPU 0), not the disk" } else { "" }
+                    if p < 80.0 {
+                        ": the server core (HTTP, committer and RocksDB share CPU 0), not the disk"
+                    } else {
+                        ""
+                    }
                 ),
             ]);
         }
-        None => ctx.report.row(vec![target, "-".into(), "not measured: needs fsync and register at 256 in one run".into()]),
+        None => ctx.report.row(vec![
+            target,
+            "-".into(),
+            "not measured: needs fsync and register at 256 in one run".into(),
+        ]),
     }
     match (f.watch, f.write_floor) {
         (Some((n, p99, _, _)), Some((wn, wp99, wcpu))) => ctx.report.row(vec![

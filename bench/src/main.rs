@@ -403,7 +403,10 @@ fn main() -> anyhow::Result<()> {
             peers::run(&mut ctx).await?;
         } else if matches!(cmd, Cmd::Register | Cmd::Heartbeat | Cmd::Discover | Cmd::Watch | Cmd::Scale) {
             // compare judges everything in one table; a single step judges its own rows.
-            ctx.report.table("targets of issue 21, judged from this run", &["target", "figure in this run", "verdict"]);
+            ctx.report.table(
+                "targets of issue 21, judged from this run",
+                &["target", "figure in this run", "verdict"],
+            );
             limit_rows(&mut ctx);
         }
         anyhow::Ok(())

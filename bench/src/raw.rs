@@ -25,7 +25,13 @@ impl RawConn {
     /// A connection from `source` (port chosen by the kernel), with a read buffer of
     /// `capacity` bytes to start with.
     pub fn bound(addr: &str, source: std::net::IpAddr, capacity: usize) -> RawConn {
-        RawConn { addr: addr.to_owned(), source: Some(source), conn: None, buf: Vec::with_capacity(capacity), body_at: 0 }
+        RawConn {
+            addr: addr.to_owned(),
+            source: Some(source),
+            conn: None,
+            buf: Vec::with_capacity(capacity),
+            body_at: 0,
+        }
     }
 
     /// The body of the last answer read.

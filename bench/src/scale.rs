@@ -38,6 +38,9 @@ const CLIENTS_PER_SERVICE: u64 = 10;
 const SEEDING_CLIENTS: usize = 256;
 /// Most clients `scale` simulates.
 const CLIENTS_MAX: u64 = 60_000;
+/// Seeding stops after this many failed requests (the node cannot keep up: report what it
+/// reached).
+const ERRORS_MAX: u64 = 1_000;
 
 /// What `scale` measured, for the targets table.
 #[derive(Clone, Debug, Default)]
@@ -70,7 +73,8 @@ pub fn scale_config(dir: &std::path::Path, leases: u64, interval_ms: u64) -> Con
         c.health.suspect_after_ms = interval_ms * 3 / 2;
         c.health.unhealthy_after_ms = interval_ms * 3;
         c.health.expire_after_ms = interval_ms * 6;
-        c.protection.self_preservation_window_ms = c.protection.self_preservation_window_ms.max(20 * interval_ms);
+        c.protection.self_preservation_window_ms =
+            c.protection.self_preservation_window_ms.max(20 * interval_ms);
     }
     c
 }
@@ -174,31 +178,35 @@ async fn client(
 ) -> Vec<(u64, u32)> {
     let mut conn = RawConn::bound(&addr, source_of(c, per_address), 512);
     let svc = format!("scale-{}", c / CLIENTS_PER_SERVICE);
-    let mut ok = true;
+    let offset = interval.mul_f64(c as f64 / clients as f64);
+    let item = |j: u64| json!({"service": svc, "instance_id": format!("c{c}-i{j}")});
     {
         let Ok(_permit) = seeding.acquire().await else { return Vec::new() };
+        // While it registers, a client renews what it has registered so far whenever its
+        // slot comes (a slow registration must not let the first instances expire).
+        let mut next_beat = Instant::now() + interval;
         for j in 0..per {
             let body = json!({"service": svc, "instance_id": format!("c{c}-i{j}"), "address": "10.20.30.40",
                               "port": 8080, "zone": "zone-a", "version": "1.4.2"})
             .to_string();
             if let Err(e) = conn.post_json("/v1/register", body.as_bytes()).await {
                 errors.add(format!("register: {e}"));
-                ok = false;
-                break;
+                return Vec::new();
             }
             if *stop.borrow() {
                 return Vec::new();
             }
+            if Instant::now() >= next_beat {
+                next_beat = Instant::now() + interval;
+                let partial = json!({ "instances": (0..=j).map(item).collect::<Vec<_>>() }).to_string();
+                if let Err(e) = conn.post_json("/v1/heartbeats", partial.as_bytes()).await {
+                    errors.add(format!("heartbeat while registering: {e}"));
+                }
+            }
         }
     }
-    if !ok {
-        return Vec::new();
-    }
     seeded.fetch_add(1, Ordering::Relaxed);
-    let items: Vec<serde_json::Value> =
-        (0..per).map(|j| json!({"service": svc, "instance_id": format!("c{c}-i{j}")})).collect();
-    let body = json!({ "instances": items }).to_string().into_bytes();
-    let offset = interval.mul_f64(c as f64 / clients as f64);
+    let body = json!({ "instances": (0..per).map(item).collect::<Vec<_>>() }).to_string().into_bytes();
     let mut out = Vec::new();
     loop {
         let t = Instant::now();
@@ -294,10 +302,17 @@ async fn leases(ctx: &mut Ctx) -> anyhow::Result<()> {
                 rss_bytes(pid).unwrap_or(0) as f64 / 1048576.0
             );
         }
-        if errors.count.load(Ordering::Relaxed) > 1_000 {
+        if errors.count.load(Ordering::Relaxed) > ERRORS_MAX {
             break;
         }
     }
+    let stopped = if seeded.load(Ordering::Relaxed) >= clients {
+        String::new()
+    } else if errors.count.load(Ordering::Relaxed) > ERRORS_MAX {
+        format!(" (seeding stopped after more than {ERRORS_MAX} errors)")
+    } else {
+        format!(" (seeding stopped at --scale-seed-secs {})", o.scale_seed_secs)
+    };
     let seed_s = base.elapsed().as_secs_f64();
     let seeded_n = seeded.load(Ordering::Relaxed);
     // One interval so that every client has renewed at least once on its phase.
@@ -371,8 +386,16 @@ async fn leases(ctx: &mut Ctx) -> anyhow::Result<()> {
         ],
     );
     ctx.report.row(vec![
-        format!("{} ({} x {per}){}", rate(leases as f64), rate(clients as f64),
-            if seeded_n < clients { format!(", only {} clients registered", rate(seeded_n as f64)) } else { String::new() }),
+        format!(
+            "{} ({} x {per}){}",
+            rate(leases as f64),
+            rate(clients as f64),
+            if seeded_n < clients {
+                format!(", only {} clients registered{stopped}", rate(seeded_n as f64))
+            } else {
+                String::new()
+            }
+        ),
         format!("{} ({} addresses from 127.0.0.2)", rate(clients as f64), clients.div_ceil(per_address)),
         format!("{} ({})", rate(renewed_n / secs), rate(sent_in_window as f64 / secs)),
         beats.summary(),
@@ -380,20 +403,34 @@ async fn leases(ctx: &mut Ctx) -> anyhow::Result<()> {
         format!("{:.2} / {:.2}", server / secs, lg.load.as_secs_f64() / secs),
         format!("{:.0} ({:.0})", rss as f64 / 1048576.0, rss as f64 / leases as f64),
         format!("{check_mean:.0} / {check_max:.0}"),
-        format!("{} / {} / {} ({}/s)", ms(reg.lat.q_ms(0.5)), ms(reg.lat.q_ms(0.99)), ms(reg.lat.max_ms()), rate(reg_rate)),
+        format!(
+            "{} / {} / {} ({}/s)",
+            ms(reg.lat.q_ms(0.5)),
+            ms(reg.lat.q_ms(0.99)),
+            ms(reg.lat.max_ms()),
+            rate(reg_rate)
+        ),
         format!(
             "{}{}",
             errors.count.load(Ordering::Relaxed) + reg.errors,
-            errors.first.lock().as_ref().or(reg.first_error.as_ref()).map(|e| format!(" first: {}", e.chars().take(80).collect::<String>())).unwrap_or_default()
+            errors
+                .first
+                .lock()
+                .as_ref()
+                .or(reg.first_error.as_ref())
+                .map(|e| format!(" first: {}", e.chars().take(80).collect::<String>()))
+                .unwrap_or_default()
         ),
     ]);
     ctx.report.note(format!(
         "seeding: each client registered its {per} instances over its own connection ({SEEDING_CLIENTS} clients at a \
-         time), then renewed them every {} ms on its own phase; all registered after {seed_s:.0} s; measured over \
+         time; a client renews what it has registered so far when its slot comes), then renewed them all every {} \
+         ms on its own phase; {} of the clients registered after {seed_s:.0} s; measured over \
          {secs:.1} s starting one interval later; {} lease checks in the window ({} ms apart), the max is since the \
          node started (seeding included); {} expirations, {} health events, {} disk writes in the window (the \
          registrations made meanwhile are durable writes)",
         interval.as_millis(),
+        rate(seeded_n as f64),
         rate(checks),
         200,
         d("tandem_lease_expirations_total"),
@@ -442,7 +479,14 @@ async fn discovery(ctx: &mut Ctx) -> anyhow::Result<()> {
     seed(ctx, &node, services - 1, true, |i| (format!("list-{i}"), "inst-0".into())).await?;
     let seeded_s = t.elapsed().as_secs_f64();
     let base = format!("http://{}/v1", node.http_addr());
-    let one = ctx.http.get(format!("{base}/services/default/big")).send().await?.error_for_status()?.bytes().await?;
+    let one = ctx
+        .http
+        .get(format!("{base}/services/default/big"))
+        .send()
+        .await?
+        .error_for_status()?
+        .bytes()
+        .await?;
     let v: serde_json::Value = serde_json::from_slice(&one)?;
     let got = v["instances"].as_array().map_or(0, |a| a.len()) as u64;
     anyhow::ensure!(got == big, "discover answered {got} instances, expected {big}");
@@ -518,19 +562,31 @@ async fn discovery(ctx: &mut Ctx) -> anyhow::Result<()> {
 /// Verdict rows of `scale` (issue 21) for the targets table.
 pub fn target_rows(ctx: &mut Ctx) {
     let Some(s) = ctx.floors.scale.clone() else {
-        ctx.report.row(vec!["issue 21: scale (1,000,000 leases, 10,000 clients)".into(), "-".into(), "not measured: run tandem-bench scale".into()]);
+        ctx.report.row(vec![
+            "issue 21: scale (1,000,000 leases, 10,000 clients)".into(),
+            "-".into(),
+            "not measured: run tandem-bench scale".into(),
+        ]);
         return;
     };
     if s.leases > 0 {
         let gib = s.rss_bytes as f64 / (1u64 << 30) as f64;
         ctx.report.row(vec![
             format!("issue 21: {} ephemeral leases in <= 1 GiB of RSS", rate(s.leases as f64)),
-            format!("{:.2} GiB = {:.0} B per lease{}", gib, s.rss_bytes as f64 / s.leases as f64,
-                if s.seeded_all { "" } else { " (not every client registered: see the scale table)" }),
+            format!(
+                "{:.2} GiB = {:.0} B per lease{}",
+                gib,
+                s.rss_bytes as f64 / s.leases as f64,
+                if s.seeded_all { "" } else { " (not every client registered: see the scale table)" }
+            ),
             format!(
                 "{}{}",
                 if s.seeded_all && gib <= 1.0 { "met" } else { "not met" },
-                if s.leases < 1_000_000 { " (fewer leases than the seeds' 1,000,000: --scale-leases 1000000)" } else { "" }
+                if s.leases < 1_000_000 {
+                    " (fewer leases than the seeds' 1,000,000: --scale-leases 1000000)"
+                } else {
+                    ""
+                }
             ),
         ]);
         ctx.report.row(vec![

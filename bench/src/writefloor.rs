@@ -43,7 +43,9 @@ pub fn serve(n: usize) -> anyhow::Result<()> {
                 s.set_nodelay(true)?;
                 conns.push(s);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
             Err(e) => return Err(e.into()),
         }
     }
@@ -110,9 +112,11 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             }
         }
     });
-    let wait_line = |within: Duration| rx.recv_timeout(within).map_err(|e| anyhow::anyhow!("write floor: {e}"));
+    let wait_line =
+        |within: Duration| rx.recv_timeout(within).map_err(|e| anyhow::anyhow!("write floor: {e}"));
     let addr = wait_line(Duration::from_secs(30))?;
-    let addr = addr.strip_prefix("addr=").ok_or_else(|| anyhow::anyhow!("write floor said {addr:?}"))?.to_owned();
+    let addr =
+        addr.strip_prefix("addr=").ok_or_else(|| anyhow::anyhow!("write floor said {addr:?}"))?.to_owned();
     // Readers on the load core: each notes when it has read every whole line.
     let reads: Arc<Vec<Mutex<Vec<Instant>>>> = Arc::new((0..n).map(|_| Mutex::new(Vec::new())).collect());
     let delivered: Arc<Vec<AtomicU64>> = Arc::new((0..ROUNDS).map(|_| AtomicU64::new(0)).collect());
@@ -123,7 +127,8 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             let sem = Arc::new(tokio::sync::Semaphore::new(256));
             let mut tasks = Vec::with_capacity(n);
             for i in 0..n {
-                let (reads, delivered, errors, addr, sem) = (r2.clone(), d2.clone(), e2.clone(), a2.clone(), sem.clone());
+                let (reads, delivered, errors, addr, sem) =
+                    (r2.clone(), d2.clone(), e2.clone(), a2.clone(), sem.clone());
                 tasks.push(tokio::spawn(async move {
                     let permit = sem.acquire_owned().await;
                     let conn = tokio::net::TcpStream::connect(&addr).await;
