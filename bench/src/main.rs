@@ -309,6 +309,9 @@ fn main() -> anyhow::Result<()> {
     if cli.cmd == Cmd::ServeWriteFloor {
         return writefloor::serve(cli.opts.watchers.clamp(1, watch::WATCHERS_MAX));
     }
+    // Watchers, the write floor's connections and scale's clients each take a descriptor
+    // (and the child processes inherit the limit).
+    scale::raise_open_files(65_536);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pin = !cli.opts.no_pin && cores >= 2;
     let srv = tokio::runtime::Builder::new_multi_thread()

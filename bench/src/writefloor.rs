@@ -99,7 +99,7 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         .arg(n.to_string())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null());
+        .stderr(std::process::Stdio::inherit());
     let mut child = Child::new(cmd.spawn()?);
     let mut stdin = child.stdin().ok_or_else(|| anyhow::anyhow!("no stdin"))?;
     let stdout = child.stdout().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
