@@ -195,6 +195,20 @@ async fn an_instance_without_heartbeats_goes_suspect_unhealthy_then_expires() {
     assert!(gone_after >= Duration::from_millis(1150), "expired too early: {gone_after:?}");
     let e = c.heartbeat("default", "short", "i1").await.unwrap_err();
     assert_eq!(e.status(), Some(404));
+    // The lease checker's passes and their scan time are counted (tandem-bench scale reads
+    // them for the cost per tick).
+    let metrics = reqwest::get(format!("{}/metrics", http(&node))).await.unwrap().text().await.unwrap();
+    let sample = |name: &str| -> u64 {
+        let want = format!("{name}{{dc=\"dc-a\"}} ");
+        let line = metrics.lines().find(|l| l.starts_with(&want)).unwrap_or_else(|| panic!("no {want}"));
+        line[want.len()..].trim().parse::<f64>().unwrap() as u64
+    };
+    // ttl 1200 ms took at least 1150 ms to expire, with a pass every 50 ms.
+    assert!(sample("tandem_lease_checks_total") >= 5, "{metrics}");
+    assert!(
+        sample("tandem_lease_check_microseconds_max") <= sample("tandem_lease_check_microseconds_total"),
+        "{metrics}"
+    );
     node.shutdown().await;
 }
 

@@ -51,6 +51,9 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     let rows = tokio::task::spawn_blocking(move || rocksdb_probe(&rdir, ev_bytes, step)).await??;
     for (batch, lat) in rows {
         let per_s = lat.count() as f64 / step.as_secs_f64();
+        if batch == 64 {
+            ctx.floors.rocksdb_batch64_puts_per_s = Some(per_s * 64.0);
+        }
         ctx.report.row(vec![
             batch.to_string(),
             ev_bytes.to_string(),

@@ -14,13 +14,16 @@
 
 mod acl;
 mod floors;
+mod httpfloor;
 mod load;
 mod nodes;
 mod peers;
 mod raw;
 mod repl;
+mod scale;
 mod sys;
 mod watch;
+mod writefloor;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -69,10 +72,23 @@ enum Cmd {
     Watch,
     /// Failure detection (M5): a provider with a short TTL stops; watchers see it go.
     Detect,
+    /// The HTTP floor: a no-op handler on tandem's listener (HTTP/1.1 and HTTP/2), and
+    /// GET /v1/ready of a node (register, heartbeat and discover run it first).
+    HttpFloor,
+    /// The seeds' sizes: 1,000,000 leases renewed by 10,000 clients over 10,000 connections
+    /// (separate node process), discovery of a 5,000-instance service, the list of 100,000
+    /// services. Not part of `all`; --scale-* flags for smaller runs.
+    Scale,
     /// Internal: runs one node in this process for `memory` (prints its address, stops on
     /// stdin EOF).
     #[command(hide = true)]
     ServeProbe,
+    /// Internal: the node of `scale` (same protocol as serve-probe).
+    #[command(hide = true)]
+    ServeScaleProbe,
+    /// Internal: the per-watcher write floor's writer (see writefloor.rs).
+    #[command(hide = true)]
+    ServeWriteFloor,
 }
 
 /// Options shared by every benchmark.
@@ -113,6 +129,32 @@ pub struct Opts {
     /// Also write the tables as markdown to this file.
     #[arg(long, global = true)]
     markdown: Option<PathBuf>,
+    /// `scale`: ephemeral leases held (the seeds' 1,000,000).
+    #[arg(long, global = true, default_value_t = 1_000_000)]
+    scale_leases: u64,
+    /// `scale`: simulated client processes, one connection and one batch per interval each
+    /// (at most 60,000).
+    #[arg(long, global = true, default_value_t = 10_000)]
+    scale_clients: u64,
+    /// `scale`: heartbeat interval of the clients, ms (the node's default 5,000; another
+    /// value scales the node's health timings with it).
+    #[arg(long, global = true, default_value_t = 5_000)]
+    scale_interval_ms: u64,
+    /// `scale`: client connections per source address (127.0.0.2 onwards).
+    #[arg(long, global = true, default_value_t = 100)]
+    scale_per_address: u64,
+    /// `scale`: registrations per second made while the leases are renewed (latency).
+    #[arg(long, global = true, default_value_t = 50.0)]
+    scale_register_rate: f64,
+    /// `scale`: longest the clients may take to register everything, s.
+    #[arg(long, global = true, default_value_t = 900.0)]
+    scale_seed_secs: f64,
+    /// `scale`: instances of the one large service discovered.
+    #[arg(long, global = true, default_value_t = 5_000)]
+    scale_instances: u64,
+    /// `scale`: services listed by GET /v1/services.
+    #[arg(long, global = true, default_value_t = 100_000)]
+    scale_services: u64,
 }
 
 /// What every benchmark gets: the two runtimes, the options, the report, an HTTP client.
@@ -165,6 +207,16 @@ pub struct Figures {
     pub etcd_watch_p99_ms: Option<f64>,
     /// `detect`: (TTL ms, max ms to leave the default answer, max ms to leave dc=all, missed, seen).
     pub detect: Option<(u64, f64, f64, u64, u64)>,
+    /// RocksDB synced batches of 64 puts: puts per second (batches/s x 64).
+    pub rocksdb_batch64_puts_per_s: Option<f64>,
+    /// The no-op HTTP floor of this run.
+    pub noop: Vec<httpfloor::FloorFigure>,
+    /// GET /v1/ready at 64 connections: (requests/s, per server CPU-s).
+    pub ready_at_64: Option<(f64, f64)>,
+    /// The per-watcher write floor: (connections, change to last delivery p99 ms, CPU-s per change).
+    pub write_floor: Option<(usize, f64, f64)>,
+    /// `scale`.
+    pub scale: Option<scale::ScaleFigures>,
 }
 
 impl Ctx {
@@ -253,6 +305,16 @@ fn main() -> anyhow::Result<()> {
     if cli.cmd == Cmd::ServeProbe {
         return nodes::serve_probe(cli.opts.data_dir.clone().unwrap_or_else(std::env::temp_dir));
     }
+    if cli.cmd == Cmd::ServeScaleProbe {
+        let base = cli.opts.data_dir.clone().unwrap_or_else(std::env::temp_dir);
+        return scale::serve_probe(base, cli.opts.scale_leases, cli.opts.scale_interval_ms);
+    }
+    if cli.cmd == Cmd::ServeWriteFloor {
+        return writefloor::serve(cli.opts.watchers.clamp(1, watch::WATCHERS_MAX));
+    }
+    // Watchers, the write floor's connections and scale's clients each take a descriptor
+    // (and the child processes inherit the limit).
+    scale::raise_open_files(65_536);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pin = !cli.opts.no_pin && cores >= 2;
     let srv = tokio::runtime::Builder::new_multi_thread()
@@ -307,17 +369,25 @@ fn main() -> anyhow::Result<()> {
     ));
     let cmd = cli.cmd;
     let result = main_rt.block_on(async {
-        if matches!(cmd, Cmd::All | Cmd::Fsync) {
+        // register is judged against the synced-batch floor: it runs the disk floors too.
+        if matches!(cmd, Cmd::All | Cmd::Fsync | Cmd::Register) {
             floors::run(&mut ctx).await?;
+        }
+        // The HTTP floor, in the same run as the rows it bounds.
+        if matches!(cmd, Cmd::All | Cmd::HttpFloor | Cmd::Register | Cmd::Heartbeat | Cmd::Discover) {
+            httpfloor::run(&mut ctx).await?;
         }
         if matches!(cmd, Cmd::All | Cmd::Register) {
             nodes::register(&mut ctx).await?;
+            httpfloor::register_notes(&mut ctx);
         }
         if matches!(cmd, Cmd::All | Cmd::Heartbeat) {
             nodes::heartbeat(&mut ctx).await?;
+            httpfloor::heartbeat_notes(&mut ctx);
         }
         if matches!(cmd, Cmd::All | Cmd::Discover) {
             nodes::discover(&mut ctx).await?;
+            httpfloor::discover_notes(&mut ctx);
         }
         if matches!(cmd, Cmd::All | Cmd::Acl) {
             acl::run(&mut ctx).await?;
@@ -330,12 +400,23 @@ fn main() -> anyhow::Result<()> {
         }
         if matches!(cmd, Cmd::All | Cmd::Watch) {
             watch::watch(&mut ctx).await?;
+            writefloor::run(&mut ctx).await?;
+        }
+        if cmd == Cmd::Scale {
+            scale::run(&mut ctx).await?;
         }
         if matches!(cmd, Cmd::All | Cmd::Replicate) {
             repl::run(&mut ctx).await?;
         }
         if matches!(cmd, Cmd::All | Cmd::Compare) {
             peers::run(&mut ctx).await?;
+        } else if matches!(cmd, Cmd::Register | Cmd::Heartbeat | Cmd::Discover | Cmd::Watch | Cmd::Scale) {
+            // compare judges everything in one table; a single step judges its own rows.
+            ctx.report.table(
+                "targets of issue 21, judged from this run",
+                &["target", "figure in this run", "verdict"],
+            );
+            limit_rows(&mut ctx);
         }
         anyhow::Ok(())
     });
@@ -352,4 +433,10 @@ fn main() -> anyhow::Result<()> {
 /// The CPU split as a closure for the load loops.
 pub fn cpu_now() -> CpuSplit {
     CpuSplit::now()
+}
+
+/// The verdict rows of issue 21 (floors and scale), for a targets table.
+pub fn limit_rows(ctx: &mut Ctx) {
+    httpfloor::target_rows(ctx);
+    scale::target_rows(ctx);
 }

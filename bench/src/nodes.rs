@@ -526,8 +526,17 @@ pub fn serve_probe(base: std::path::PathBuf) -> anyhow::Result<()> {
 pub struct Child(std::process::Child);
 
 impl Child {
+    pub fn new(c: std::process::Child) -> Child {
+        Child(c)
+    }
     pub fn id(&self) -> u32 {
         self.0.id()
+    }
+    pub fn stdin(&mut self) -> Option<std::process::ChildStdin> {
+        self.0.stdin.take()
+    }
+    pub fn stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.0.stdout.take()
     }
 }
 
@@ -551,6 +560,11 @@ impl Drop for Child {
 /// Starts `serve-probe` (one tandem node in a separate process of this binary, pinned to
 /// the server's core like the in-process nodes) and returns it with its HTTP address.
 pub async fn spawn_probe(ctx: &Ctx) -> anyhow::Result<(Child, String)> {
+    spawn_probe_with(ctx, "serve-probe", &[]).await
+}
+
+/// [`spawn_probe`] with another hidden subcommand (`serve-scale-probe`) and extra arguments.
+pub async fn spawn_probe_with(ctx: &Ctx, sub: &str, extra: &[String]) -> anyhow::Result<(Child, String)> {
     use std::io::BufRead as _;
     let exe = std::env::current_exe()?;
     // TANDEM_BENCH_PROBE_WRAP runs the probe under a profiler, e.g. "heaptrack -o /tmp/ht"
@@ -565,7 +579,8 @@ pub async fn spawn_probe(ctx: &Ctx) -> anyhow::Result<(Child, String)> {
     argv.push(exe.into_os_string());
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..]);
-    cmd.arg("serve-probe")
+    cmd.arg(sub)
+        .args(extra)
         .arg("--data-dir")
         .arg(&ctx.base_dir)
         .stdin(std::process::Stdio::piped())

@@ -9,13 +9,34 @@ use tokio::net::TcpStream;
 /// One keep-alive connection to `addr`, opened on first use and again after an error.
 pub struct RawConn {
     addr: String,
+    /// Source address to bind (`scale` spreads its clients over 127.0.0.x).
+    source: Option<std::net::IpAddr>,
     conn: Option<TcpStream>,
     buf: Vec<u8>,
+    /// Where the last answer's body starts in `buf`.
+    body_at: usize,
 }
 
 impl RawConn {
     pub fn new(addr: &str) -> RawConn {
-        RawConn { addr: addr.to_owned(), conn: None, buf: Vec::with_capacity(4096) }
+        RawConn { addr: addr.to_owned(), source: None, conn: None, buf: Vec::with_capacity(4096), body_at: 0 }
+    }
+
+    /// A connection from `source` (port chosen by the kernel), with a read buffer of
+    /// `capacity` bytes to start with.
+    pub fn bound(addr: &str, source: std::net::IpAddr, capacity: usize) -> RawConn {
+        RawConn {
+            addr: addr.to_owned(),
+            source: Some(source),
+            conn: None,
+            buf: Vec::with_capacity(capacity),
+            body_at: 0,
+        }
+    }
+
+    /// The body of the last answer read.
+    pub fn answer(&self) -> &[u8] {
+        self.buf.get(self.body_at..).unwrap_or_default()
     }
 
     /// Sends a POST of `body` (JSON) to `path` and reads the whole answer. `Err` unless the
@@ -30,7 +51,15 @@ impl RawConn {
 
     async fn exchange(&mut self, path: &str, body: &[u8]) -> Result<(), String> {
         if self.conn.is_none() {
-            let c = TcpStream::connect(&self.addr).await.map_err(|e| e.to_string())?;
+            let c = match self.source {
+                None => TcpStream::connect(&self.addr).await.map_err(|e| e.to_string())?,
+                Some(src) => {
+                    let to: std::net::SocketAddr = self.addr.parse().map_err(|_| "bad address")?;
+                    let sock = tokio::net::TcpSocket::new_v4().map_err(|e| e.to_string())?;
+                    sock.bind(std::net::SocketAddr::new(src, 0)).map_err(|e| format!("bind {src}: {e}"))?;
+                    sock.connect(to).await.map_err(|e| e.to_string())?
+                }
+            };
             let _ = c.set_nodelay(true);
             self.conn = Some(c);
         }
@@ -79,6 +108,7 @@ impl RawConn {
             }
             self.buf.extend_from_slice(&chunk[..n]);
         }
+        self.body_at = head_end;
         if (200..300).contains(&status) {
             Ok(())
         } else {

@@ -214,6 +214,24 @@ impl NodeShared {
             &[("dc", dc)],
             pauses_capped,
         );
+        m.counter(
+            "tandem_lease_checks_total",
+            "Passes of the lease checker (one every [health] check_interval_ms)",
+            &[("dc", dc)],
+            c.lease_checks.load(Ordering::Relaxed),
+        );
+        m.counter(
+            "tandem_lease_check_microseconds_total",
+            "Time the lease checker spent ticking due leases (its scan, not the write of what it found)",
+            &[("dc", dc)],
+            c.lease_check_us.load(Ordering::Relaxed),
+        );
+        m.gauge(
+            "tandem_lease_check_microseconds_max",
+            "Longest pass of the lease checker's scan since the node started",
+            &[("dc", dc)],
+            c.lease_check_us_max.load(Ordering::Relaxed) as f64,
+        );
         m.gauge("tandem_leases", "Ephemeral leases held", &[("dc", dc)], reg.lease_count() as f64);
         m.gauge("tandem_index", "Watch index", &[("dc", dc)], reg.view().index() as f64);
         let (own, floor, marks) = {

@@ -158,8 +158,13 @@ impl Registry {
     /// with time. Called every `check_interval_ms`.
     pub async fn check_leases(&self) {
         let now = self.now_ms();
+        let scan = std::time::Instant::now();
         self.leases.evaluate_preservation(now);
         let transitions = self.leases.check(now, false);
+        let us = u64::try_from(scan.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.counters.lease_checks.fetch_add(1, Ordering::Relaxed);
+        self.counters.lease_check_us.fetch_add(us, Ordering::Relaxed);
+        self.counters.lease_check_us_max.fetch_max(us, Ordering::Relaxed);
         let mut patches = Vec::new();
         for (key, version, t) in transitions {
             let patch = self.transition_patch(&key, version, t);

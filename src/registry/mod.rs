@@ -73,6 +73,12 @@ pub struct Counters {
     pub refused_quota_instances: AtomicU64,
     pub refused_quota_services: AtomicU64,
     pub refused_quota_metadata: AtomicU64,
+    /// Passes of the lease checker, the microseconds they spent ticking leases (the scan
+    /// under the lease table's lock, not the durable write of what it found), and the
+    /// longest one.
+    pub lease_checks: AtomicU64,
+    pub lease_check_us: AtomicU64,
+    pub lease_check_us_max: AtomicU64,
 }
 
 /// Tells whether a remote origin's copies are stale (its link silent too long).
