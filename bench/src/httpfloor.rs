@@ -47,7 +47,7 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         "/noop",
         get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], "{\"ok\":true}") }),
     );
-    let server = ctx.srv.spawn(serve(listener, app, state, limits, shut_rx));
+    let server = ctx.srv.spawn(serve(listener, app, state, limits, None, shut_rx));
     ctx.report.table(
         "floor: a no-op handler on tandem's HTTP listener (same accept loop, hyper builder and limits as the node), closed loop",
         &[
