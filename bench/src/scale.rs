@@ -59,7 +59,7 @@ pub struct ScaleFigures {
     pub list: Option<(u64, f64, f64, usize)>,
 }
 
-/// The node of `scale`: the defaults (health timings, [http] connection caps 16,384 and
+/// The node of `scale`: the defaults (health timings, `[http]` connection caps 16,384 and
 /// 1,024 per address) except where the sizes need more: the namespace's instance cap
 /// (default 1,000,000) raised to the leases plus the registrations made while measuring, and
 /// the HTTP/1.1 header read timeout (which also ends idle keep-alive) to at least three
