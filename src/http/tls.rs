@@ -14,7 +14,7 @@
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::RwLock;
 use rustls::pki_types::CertificateDer;
@@ -94,6 +94,7 @@ pub struct Prepared {
 pub fn server_config(section: &HttpTlsSection) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let chain = load_cert_chain(FileRole::Cert, &section.cert)?;
+    check_valid_now(&chain[0], &section.cert, SystemTime::now())?;
     let key = load_key_for(&chain, &section.cert, &section.key)?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -116,6 +117,29 @@ pub fn server_config(section: &HttpTlsSection) -> Result<Arc<ServerConfig>, TlsE
         .map_err(|source| TlsError::Rustls { what: "HTTPS certificate", source })?;
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(config))
+}
+
+/// Refuses a server certificate that is not valid at `now` (expired or not yet valid),
+/// at start and at reload alike, so a renewal that went wrong keeps the material in use
+/// instead of making every client refuse the node.
+fn check_valid_now(
+    cert: &CertificateDer<'_>,
+    path: &std::path::Path,
+    now: SystemTime,
+) -> Result<(), TlsError> {
+    use x509_cert::der::Decode;
+    let not_valid = |reason: String| TlsError::CertNotValidNow { path: path.to_owned(), reason };
+    let parsed = x509_cert::Certificate::from_der(cert.as_ref())
+        .map_err(|e| not_valid(format!("its validity cannot be read ({e})")))?;
+    let validity = &parsed.tbs_certificate.validity;
+    let now_unix = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    if now_unix < validity.not_before.to_unix_duration() {
+        return Err(not_valid(format!("not valid before {}", validity.not_before)));
+    }
+    if now_unix > validity.not_after.to_unix_duration() {
+        return Err(not_valid(format!("expired at {}", validity.not_after)));
+    }
+    Ok(())
 }
 
 /// How a connection's TLS handshake ended when it did not succeed.
@@ -243,7 +267,6 @@ pub fn cert_name(der: &CertificateDer<'_>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{SystemTime, UNIX_EPOCH};
 
     fn leaf(common_name: &str, sans: &[&str]) -> CertificateDer<'static> {
         use rustls::pki_types::pem::PemObject;
@@ -272,6 +295,22 @@ mod tests {
         assert_eq!(cert_name(&leaf("", &["a.example", "b.example"])).as_deref(), Some("a.example"));
         assert_eq!(cert_name(&leaf(&"x".repeat(CERT_NAME_BYTES_MAX + 1), &[])), None);
         assert_eq!(cert_name(&CertificateDer::from(vec![0x30, 0x03, 1, 2, 3])), None);
+    }
+
+    #[test]
+    fn a_server_certificate_is_refused_outside_its_validity() {
+        // Valid from 1970-01-01T00:00:01Z to an hour from now.
+        let cert = leaf("api.example", &["api.example"]);
+        let path = std::path::Path::new("/etc/tandem/http.pem");
+        let now = SystemTime::now();
+        assert!(check_valid_now(&cert, path, now).is_ok());
+        let later = check_valid_now(&cert, path, now + Duration::from_secs(2 * 3600)).unwrap_err();
+        assert!(later.to_string().contains("expired at"), "{later}");
+        assert!(later.to_string().contains("/etc/tandem/http.pem"), "the error names the file: {later}");
+        let before = check_valid_now(&cert, path, UNIX_EPOCH).unwrap_err();
+        assert!(before.to_string().contains("not valid before"), "{before}");
+        let garbage = CertificateDer::from(vec![0x30, 0x03, 1, 2, 3]);
+        assert!(check_valid_now(&garbage, path, now).is_err());
     }
 
     #[test]

@@ -174,6 +174,11 @@ pub enum TlsError {
          valid DC name; found {names:?}"
     )]
     PeerDcName { names: Vec<String> },
+
+    /// A certificate that is not valid now (expired, or not yet valid), or whose validity
+    /// cannot be read: a server would present it and every client would refuse it.
+    #[error("{}: {reason}; renew the certificate", path.display())]
+    CertNotValidNow { path: PathBuf, reason: String },
 }
 
 /// Why a CA certificate PEM given to [`generate_dc_cert`](super::generate_dc_cert) is unusable.
