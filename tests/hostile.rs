@@ -67,7 +67,21 @@ impl Metrics {
 /// One sample of `/metrics`, by its name and labels as written (`name{a="b"}`); the
 /// node's own `dc` label is filled in.
 async fn metric(m: &Metrics, sample: &str) -> f64 {
-    let text = m.http.get(&m.url).send().await.unwrap().text().await.unwrap();
+    // The pooled connection goes back to the pool a moment after its last body was read;
+    // a request sent before that opens a new connection, which a node at its cap refuses.
+    // So a refused read is tried again (at most 20 times in 1 s) on the pooled connection.
+    let mut tries = 0;
+    let text = loop {
+        match m.http.get(&m.url).send().await {
+            Ok(r) => break r.text().await.unwrap(),
+            Err(e) if tries < 20 => {
+                tries += 1;
+                eprintln!("metrics read refused ({e}); trying again");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("metrics unreadable: {e}"),
+        }
+    };
     metric_in(&text, sample)
 }
 
