@@ -136,24 +136,8 @@ impl Server {
     async fn check_a_good_peer_replicates(&self, id: &str) -> Node {
         let p = self.pki.paths("dc-b").unwrap();
         let mut c = single_config(self.dir.path(), "dc-b");
-        c.replication = Some(tandem::config::ReplicationSection {
-            listen: self.peer_b,
-            peers: vec![tandem::config::PeerSection { dc: "dc-a".into(), addr: self.repl, namespaces: None }],
-            ca_cert: p.ca_cert.clone(),
-            cert: p.cert.clone(),
-            key: p.key.clone(),
-            batch_events_max: 64,
-            window_batches_max: 4,
-            frame_bytes_max: tandem_schemas::FRAME_BYTES_MAX,
-            backoff_initial_ms: 50,
-            backoff_max_ms: 500,
-            stale_after_ms: 1_500,
-            purge_grace_ms: 3_600_000,
-            ping_interval_ms: 200,
-            schema_version: tandem_schemas::SCHEMA_VERSION,
-            accept_from: tandem_replicator::gateway::SourceRule::defaults(),
-            handshakes_max: tandem_replicator::gateway::HANDSHAKES_MAX_DEFAULT,
-        });
+        c.replication =
+            Some(replication_section(&p.ca_cert, &p.cert, &p.key, self.peer_b, "dc-a", self.repl));
         let b = Node::start(c, None).await.unwrap();
         client(&b).register(&reg_body("orders", id, true)).await.unwrap();
         let a = self.client();

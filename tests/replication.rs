@@ -176,28 +176,16 @@ async fn a_peer_with_a_certificate_of_another_dc_name_is_refused() {
     .unwrap();
     c.write(&dir.path().join("dc-c.pem"), &dir.path().join("dc-c.key"), true).unwrap();
     let mut cfg = single_config(dir.path(), "dc-c");
-    cfg.replication = Some(tandem::config::ReplicationSection {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        peers: vec![tandem::config::PeerSection {
-            dc: "dc-a".into(),
-            addr: p.cfg_a.replication.as_ref().unwrap().listen,
-            namespaces: None,
-        }],
-        ca_cert: certs.join("ca.pem"),
-        cert: dir.path().join("dc-c.pem"),
-        key: dir.path().join("dc-c.key"),
-        batch_events_max: 64,
-        window_batches_max: 4,
-        frame_bytes_max: tandem_schemas::FRAME_BYTES_MAX,
-        backoff_initial_ms: 50,
-        backoff_max_ms: 200,
-        stale_after_ms: 1_500,
-        purge_grace_ms: 3_600_000,
-        ping_interval_ms: 200,
-        schema_version: tandem_schemas::SCHEMA_VERSION,
-        accept_from: tandem_replicator::gateway::SourceRule::defaults(),
-        handshakes_max: tandem_replicator::gateway::HANDSHAKES_MAX_DEFAULT,
-    });
+    let mut r = replication_section(
+        &certs.join("ca.pem"),
+        &dir.path().join("dc-c.pem"),
+        &dir.path().join("dc-c.key"),
+        "127.0.0.1:0".parse().unwrap(),
+        "dc-a",
+        p.cfg_a.replication.as_ref().unwrap().listen,
+    );
+    r.backoff_max_ms = 200;
+    cfg.replication = Some(r);
     let intruder = tandem::node::Node::start(cfg, None).await.unwrap();
     client(&intruder).register(&reg_body("evil", "e1", true)).await.unwrap();
     let a = p.client_a();

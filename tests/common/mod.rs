@@ -51,24 +51,7 @@ pub async fn pair_with(tune: impl Fn(&mut Config)) -> Pair {
     let mk = |dc: &str, listen: SocketAddr, peer: &str, peer_addr: SocketAddr| {
         let p = pki.paths(dc).unwrap();
         let mut c = single_config(dir.path(), dc);
-        c.replication = Some(ReplicationSection {
-            listen,
-            peers: vec![PeerSection { dc: peer.into(), addr: peer_addr, namespaces: None }],
-            ca_cert: p.ca_cert.clone(),
-            cert: p.cert.clone(),
-            key: p.key.clone(),
-            batch_events_max: 64,
-            window_batches_max: 4,
-            frame_bytes_max: tandem_schemas::FRAME_BYTES_MAX,
-            backoff_initial_ms: 50,
-            backoff_max_ms: 500,
-            stale_after_ms: 1_500,
-            purge_grace_ms: 3_600_000,
-            ping_interval_ms: 200,
-            schema_version: tandem_schemas::SCHEMA_VERSION,
-            accept_from: tandem_replicator::gateway::SourceRule::defaults(),
-            handshakes_max: tandem_replicator::gateway::HANDSHAKES_MAX_DEFAULT,
-        });
+        c.replication = Some(replication_section(&p.ca_cert, &p.cert, &p.key, listen, peer, peer_addr));
         tune(&mut c);
         c
     };
@@ -165,4 +148,34 @@ pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
         .filter(|l| labels.iter().all(|want| l.contains(want)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// The `[replication]` table of a test node: one peer, small batches and windows, quick
+/// backoff and staleness (1.5 s), the default admission rules.
+pub fn replication_section(
+    ca_cert: &Path,
+    cert: &Path,
+    key: &Path,
+    listen: SocketAddr,
+    peer_dc: &str,
+    peer_addr: SocketAddr,
+) -> ReplicationSection {
+    ReplicationSection {
+        listen,
+        peers: vec![PeerSection { dc: peer_dc.into(), addr: peer_addr, namespaces: None }],
+        ca_cert: ca_cert.to_owned(),
+        cert: cert.to_owned(),
+        key: key.to_owned(),
+        batch_events_max: 64,
+        window_batches_max: 4,
+        frame_bytes_max: tandem_schemas::FRAME_BYTES_MAX,
+        backoff_initial_ms: 50,
+        backoff_max_ms: 500,
+        stale_after_ms: 1_500,
+        purge_grace_ms: 3_600_000,
+        ping_interval_ms: 200,
+        schema_version: tandem_schemas::SCHEMA_VERSION,
+        accept_from: tandem_replicator::gateway::SourceRule::defaults(),
+        handshakes_max: tandem_replicator::gateway::HANDSHAKES_MAX_DEFAULT,
+    }
 }
