@@ -89,6 +89,7 @@
 //! Health transitions (Suspect, Unhealthy) are not paused: only removal is.
 
 mod config;
+mod due;
 mod lease;
 mod preservation;
 mod table;

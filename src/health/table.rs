@@ -1,6 +1,7 @@
 //! [`LeaseTable`]: a registry's leases with a due-time queue, so a lease check touches only
 //! the leases whose deadline came.
 
+use super::due::DueQueue;
 use super::*;
 
 /// Every lease of a node, with a due-time queue so that a lease check looks only at the
@@ -22,7 +23,7 @@ use super::*;
 /// removed, and every lease that parks or expires, which is what the expectation follows.
 pub struct LeaseTable<K: Eq + std::hash::Hash + Clone + LeaseGroup> {
     map: std::collections::HashMap<std::sync::Arc<K>, Slot, foldhash::fast::RandomState>,
-    due: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u64, std::sync::Arc<K>)>>,
+    due: DueQueue<K>,
     /// Leases past their expiry while expiry was paused, with their generation.
     parked: Vec<(std::sync::Arc<K>, u64)>,
     generation: u64,
@@ -170,13 +171,9 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
             self.generation += 1;
             slot.generation = self.generation;
             slot.due_ms = now_ms;
-            self.due.push(std::cmp::Reverse((now_ms, self.generation, key)));
+            self.due.push(now_ms, self.generation, key);
         }
-        while let Some(std::cmp::Reverse((due_ms, _, _))) = self.due.peek() {
-            if *due_ms > now_ms {
-                break;
-            }
-            let Some(std::cmp::Reverse((_, generation, key))) = self.due.pop() else { break };
+        for (_, generation, key) in self.due.take_due(now_ms) {
             let paused = expiry_paused || self.preservation.paused(key.group());
             let Some(slot) = self.map.get_mut(&key) else { continue };
             if slot.generation != generation {
@@ -195,7 +192,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
                 }
                 out.push(((*key).clone(), t));
             }
-            // Every entry pushed here lies after `now_ms`, so this loop ends.
+            // Every entry pushed here lies after `now_ms`: the next check takes it.
             self.generation += 1;
             slot.generation = self.generation;
             slot.due_ms = u64::MAX;
@@ -203,7 +200,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
                 None => {}
                 Some(next_ms) if next_ms > now_ms => {
                     slot.due_ms = next_ms;
-                    self.due.push(std::cmp::Reverse((next_ms, self.generation, key)));
+                    self.due.push(next_ms, self.generation, key);
                 }
                 Some(_) => {
                     // Past its expiry with expiry paused: nothing changes until expiry
@@ -211,7 +208,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
                     // release, which keeps its own entry.
                     if let Some(release_ms) = slot.lease.release_deadline_ms().filter(|r| *r > now_ms) {
                         slot.due_ms = release_ms;
-                        self.due.push(std::cmp::Reverse((release_ms, self.generation, key.clone())));
+                        self.due.push(release_ms, self.generation, key.clone());
                     }
                     if slot.counted() {
                         self.preservation.uncounted(key.group(), now_ms, s, slot.overdue);
@@ -232,7 +229,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     fn schedule(&mut self, key: &std::sync::Arc<K>, lease: &Lease) -> (u64, u64) {
         self.generation += 1;
         let Some(d) = lease.next_deadline_ms() else { return (self.generation, u64::MAX) };
-        self.due.push(std::cmp::Reverse((d, self.generation, key.clone())));
+        self.due.push(d, self.generation, key.clone());
         (self.generation, d)
     }
 
@@ -245,7 +242,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
             if let Some(d) = slot.lease.next_deadline_ms() {
                 slot.generation = generation;
                 slot.due_ms = d;
-                self.due.push(std::cmp::Reverse((d, generation, arc)));
+                self.due.push(d, generation, arc);
             }
         }
         self.compact();
@@ -256,7 +253,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     fn compact(&mut self) {
         if self.due.len() > 64 && self.due.len() > 2 * self.map.len() {
             let map = &self.map;
-            self.due.retain(|std::cmp::Reverse((_, g, k))| map.get(k).is_some_and(|s| s.generation == *g));
+            self.due.retain(|g, k| map.get(k).is_some_and(|s| s.generation == g));
         }
     }
 }
