@@ -32,6 +32,10 @@ impl LeaseGroup for InstanceKey {
     }
 }
 
+/// Due leases a lease check looks at per hold of the lease table's lock (about a
+/// millisecond of work).
+pub const CHECK_PART: usize = 4096;
+
 /// The leases of a registry's local ephemeral instances, each tagged with its registration.
 pub struct LeaseBook {
     table: Mutex<LeaseTable<InstanceKey>>,
@@ -167,16 +171,23 @@ impl LeaseBook {
         Some((table.get(key).map_or(0, Lease::registration), t))
     }
 
-    /// The lease check: the transitions, each with the registration it judged.
+    /// The lease check: the transitions, each with the registration it judged. It looks at
+    /// [`CHECK_PART`] due leases per lock hold, so heartbeats wait for one part at most,
+    /// even when a million leases come due at once (after a restart or a failover).
     pub fn check(&self, now_ms: u64, expiry_paused: bool) -> Vec<(InstanceKey, u64, Transition)> {
-        let mut table = self.table.lock();
-        let due = table.check(now_ms, expiry_paused);
-        due.into_iter()
-            .map(|(k, t)| {
+        let mut out = Vec::new();
+        loop {
+            let mut table = self.table.lock();
+            let (due, more) = table.check_some(now_ms, expiry_paused, CHECK_PART);
+            out.extend(due.into_iter().map(|(k, t)| {
                 let v = table.get(&k).map_or(0, Lease::registration);
                 (k, v, t)
-            })
-            .collect()
+            }));
+            drop(table);
+            if !more {
+                return out;
+            }
+        }
     }
 }
 

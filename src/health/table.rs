@@ -26,6 +26,8 @@ pub struct LeaseTable<K: Eq + std::hash::Hash + Clone + LeaseGroup> {
     due: DueQueue<K>,
     /// Leases past their expiry while expiry was paused, with their generation.
     parked: Vec<(std::sync::Arc<K>, u64)>,
+    /// Entries taken from `due` by a check done in parts, not yet looked at.
+    pending: std::collections::VecDeque<(u64, u64, std::sync::Arc<K>)>,
     generation: u64,
     preservation: SelfPreservation,
     /// Latest time a call brought (removals carry none).
@@ -71,6 +73,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
             map: Default::default(),
             due: Default::default(),
             parked: Vec::new(),
+            pending: Default::default(),
             generation: 0,
             preservation,
             now_ms: 0,
@@ -158,22 +161,35 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     /// expiry is paused is parked (and leaves the self-preservation expectation), and
     /// queued again at the first check with expiry resumed in its namespace.
     pub fn check(&mut self, now_ms: u64, expiry_paused: bool) -> Vec<(K, Transition)> {
+        let mut out = Vec::new();
+        loop {
+            let (mut part, more) = self.check_some(now_ms, expiry_paused, usize::MAX);
+            out.append(&mut part);
+            if !more {
+                return out;
+            }
+        }
+    }
+
+    /// [`LeaseTable::check`] in parts: looks at no more than `budget` due leases and says
+    /// whether due leases remain. The caller calls again with the same `now_ms` until none
+    /// remain, and may let heartbeats in between (a node with a million leases that all
+    /// came due at once, after a restart or a failover, would otherwise hold them off for
+    /// the whole check). A lease renewed in between is found renewed when its turn comes.
+    pub fn check_some(
+        &mut self,
+        now_ms: u64,
+        expiry_paused: bool,
+        budget: usize,
+    ) -> (Vec<(K, Transition)>, bool) {
         self.now_ms = self.now_ms.max(now_ms);
         let mut out = Vec::new();
-        for (key, generation) in std::mem::take(&mut self.parked) {
-            let Some(slot) = self.map.get_mut(&key).filter(|s| s.generation == generation) else {
-                continue;
-            };
-            if expiry_paused || self.preservation.paused(key.group()) {
-                self.parked.push((key, generation));
-                continue;
-            }
-            self.generation += 1;
-            slot.generation = self.generation;
-            slot.due_ms = now_ms;
-            self.due.push(now_ms, self.generation, key);
+        if self.pending.is_empty() {
+            self.take_due(now_ms, expiry_paused);
         }
-        for (_, generation, key) in self.due.take_due(now_ms) {
+        let take = budget.max(1).min(self.pending.len());
+        let batch: Vec<_> = self.pending.drain(..take).collect();
+        for (_, generation, key) in batch {
             let paused = expiry_paused || self.preservation.paused(key.group());
             let Some(slot) = self.map.get_mut(&key) else { continue };
             if slot.generation != generation {
@@ -218,12 +234,32 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
                 }
             }
         }
-        out
+        let more = !self.pending.is_empty();
+        (out, more)
+    }
+
+    /// Moves every lease due at `now_ms` to `pending`, in deadline order: first the parked
+    /// leases whose namespace has expiry resumed (queued again at `now_ms`).
+    fn take_due(&mut self, now_ms: u64, expiry_paused: bool) {
+        for (key, generation) in std::mem::take(&mut self.parked) {
+            let Some(slot) = self.map.get_mut(&key).filter(|s| s.generation == generation) else {
+                continue;
+            };
+            if expiry_paused || self.preservation.paused(key.group()) {
+                self.parked.push((key, generation));
+                continue;
+            }
+            self.generation += 1;
+            slot.generation = self.generation;
+            slot.due_ms = now_ms;
+            self.due.push(now_ms, self.generation, key);
+        }
+        self.pending = self.due.take_due(now_ms).into();
     }
 
     /// Queued entries, stale ones included (for tests and metrics).
     pub fn queued(&self) -> usize {
-        self.due.len()
+        self.due.len() + self.pending.len()
     }
 
     fn schedule(&mut self, key: &std::sync::Arc<K>, lease: &Lease) -> (u64, u64) {

@@ -431,6 +431,38 @@ impl LeaseGroup for u8 {
     }
 }
 
+/// A check in parts lets heartbeats in between: a lease renewed before its part comes is
+/// found renewed, and the others in the later parts still go Suspect.
+#[test]
+fn a_lease_renewed_between_parts_of_a_check_is_found_renewed() {
+    let cfg = base();
+    let times = cfg.default_times();
+    let mut table: LeaseTable<u8> = LeaseTable::default();
+    for k in 0..10u8 {
+        table.insert(k, Lease::new(0, times, &cfg));
+    }
+    let now = times.suspect_after_ms;
+    let (mut seen, more) = table.check_some(now, false, 3);
+    assert_eq!((seen.len(), more), (3, true));
+    // Leases come up in deadline order, then insertion order: 9 is in the last part.
+    assert_eq!(table.heartbeat(&9, now), Some(None));
+    loop {
+        let (mut part, more) = table.check_some(now, false, 3);
+        assert!(part.len() <= 3);
+        seen.append(&mut part);
+        if !more {
+            break;
+        }
+    }
+    let want: Vec<(u8, Transition)> = (0..9).map(|k| (k, to(Health::Suspect).unwrap())).collect();
+    assert_eq!(seen, want);
+    assert_eq!(table.get(&9).map(Lease::health), Some(Health::Healthy));
+    assert!(
+        table.check(now + times.suspect_after_ms - 1, false).is_empty(),
+        "9 is due a suspect time after its renewal"
+    );
+}
+
 #[test]
 fn a_lease_inserted_while_the_queue_compacts_still_ticks() {
     // Found by the chaos drills' lease-health invariant (crash-restart, seed 1): `insert`
@@ -483,7 +515,11 @@ enum TableOp {
     Insert(u8),
     Remove(u8),
     Beat(u8),
-    Check { paused: bool },
+    /// A check in parts of `part` due leases (0: in one go).
+    Check {
+        paused: bool,
+        part: usize,
+    },
 }
 
 fn table_ops() -> impl Strategy<Value = Vec<(u64, TableOp)>> {
@@ -492,8 +528,8 @@ fn table_ops() -> impl Strategy<Value = Vec<(u64, TableOp)>> {
         2 => (0u8..12).prop_map(TableOp::Insert),
         1 => (0u8..12).prop_map(TableOp::Remove),
         5 => (0u8..12).prop_map(TableOp::Beat),
-        3 => Just(TableOp::Check { paused: false }),
-        1 => Just(TableOp::Check { paused: true }),
+        3 => (0usize..4).prop_map(|part| TableOp::Check { paused: false, part }),
+        1 => (0usize..4).prop_map(|part| TableOp::Check { paused: true, part }),
     ];
     proptest::collection::vec((delta_ms, op), 0..400)
 }
@@ -501,7 +537,7 @@ fn table_ops() -> impl Strategy<Value = Vec<(u64, TableOp)>> {
 proptest! {
     /// The due-time queue of [`LeaseTable`] finds exactly the transitions a scan of every
     /// lease at every check finds, in any history of inserts, removals, heartbeats and
-    /// (paused) checks.
+    /// (paused) checks, whether a check runs in one go or in parts.
     #[test]
     fn lease_table_matches_a_full_scan((cfg, times) in configs(), ops in table_ops()) {
         let mut table: LeaseTable<u8> = LeaseTable::default();
@@ -521,8 +557,20 @@ proptest! {
                     let want = scan.get_mut(&k).map(|l| l.heartbeat(now_ms));
                     prop_assert_eq!(table.heartbeat(&k, now_ms), want);
                 }
-                TableOp::Check { paused } => {
-                    let mut got = table.check(now_ms, paused);
+                TableOp::Check { paused, part } => {
+                    let mut got = if part == 0 {
+                        table.check(now_ms, paused)
+                    } else {
+                        let mut all = Vec::new();
+                        loop {
+                            let (mut some, more) = table.check_some(now_ms, paused, part);
+                            prop_assert!(some.len() <= part);
+                            all.append(&mut some);
+                            if !more {
+                                break all;
+                            }
+                        }
+                    };
                     got.sort_by_key(|(k, _)| *k);
                     let want: Vec<(u8, Transition)> = scan
                         .iter_mut()
