@@ -353,7 +353,7 @@ fn main() -> anyhow::Result<()> {
     };
     ctx.report.header(format!("machine: {}", sys::machine_line()));
     ctx.report.header(format!(
-        "commit {} | profile {PROFILE} (cargo dev profile with debug assertions: opt-level 2 for tandem's crates and its hot dependencies tokio, hyper, axum, serde_json, quinn, rustls, ring, reqwest and others (root Cargo.toml); librocksdb-sys opt-level 1)",
+        "commit {} | profile {PROFILE} (cargo dev profile: opt-level 2 for tandem's crates and its hot dependencies tokio, hyper, axum, serde_json, quinn, rustls, ring, reqwest and others; debug assertions and overflow checks in tandem's crates only; librocksdb-sys opt-level 1; root Cargo.toml)",
         sys::git_commit()
     ));
     ctx.report.header(format!(

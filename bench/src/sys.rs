@@ -8,9 +8,10 @@ use std::process::Command;
 use std::time::Duration;
 
 /// The cargo profile this binary was built with. tandem's benches run in the dev profile
-/// (see docs/benchmarks.md) with `debug_assertions`; tandem's crates and the hot
-/// dependencies (tokio, hyper, axum, serde_json, quinn, rustls, ring, ...) are built at
-/// opt-level 2 inside that profile and librocksdb-sys at opt-level 1 (root Cargo.toml).
+/// (see docs/benchmarks.md): tandem's crates and the hot dependencies (tokio, hyper, axum,
+/// serde_json, quinn, rustls, ring, ...) are built at opt-level 2 inside that profile and
+/// librocksdb-sys at opt-level 1; the dependencies without debug assertions and overflow
+/// checks, tandem's own crates (this one too, hence `debug`) with them (root Cargo.toml).
 pub const PROFILE: &str = if cfg!(debug_assertions) { "debug" } else { "release" };
 
 /// Prefix of the load generator's thread names; every other thread of the process except

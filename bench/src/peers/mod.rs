@@ -457,7 +457,7 @@ fn targets(ctx: &mut Ctx, etcd: Option<&PeerFigures>, rnacos: Option<&PeerFigure
     crate::limit_rows(ctx);
     ctx.report.note(
         "every tandem figure here comes from the dev profile (opt-level 2 for tandem's crates and its hot \
-         dependencies, with debug assertions and debug info); etcd and r-nacos are release builds"
+         dependencies, debug info, debug assertions in tandem's crates only); etcd and r-nacos are release builds"
             .into(),
     );
 }
