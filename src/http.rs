@@ -118,10 +118,16 @@ async fn heartbeat_batch(
     body: Result<Json<HeartbeatBatch>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let b = json_body(body)?;
-    // Every entry must be the caller's to renew; one that is not refuses the batch.
+    // Every entry must be the caller's to renew; one that is not refuses the batch. (A
+    // client's batch names few services, mostly in runs: each run is checked once.)
+    let mut checked: Option<(&str, &str)> = None;
     for item in &b.instances {
-        let namespace = item.namespace.clone().unwrap_or_else(|| "default".to_owned());
+        if checked == Some((item.namespace(), &item.service)) {
+            continue;
+        }
+        let namespace = item.namespace().to_owned();
         auth::check(&node, &principal, &Need::Write { namespace, service: item.service.clone() })?;
+        checked = Some((item.namespace(), &item.service));
     }
     // And every entry the caller's (or unowned): another principal's instance refuses it too.
     let writer = principal.writer();

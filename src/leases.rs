@@ -166,9 +166,19 @@ impl LeaseBook {
 
     /// A renewal: `None` when `key` has no lease, else its registration and the transition.
     pub fn heartbeat(&self, key: &InstanceKey, now_ms: u64) -> Option<(u64, Option<Transition>)> {
+        let (t, registration) = self.table.lock().renew(key, now_ms)?;
+        Some((registration, t))
+    }
+
+    /// Renewals of many leases at `now_ms` under one hold of the lock: what
+    /// [`LeaseBook::heartbeat`] returns for each key, in order.
+    pub fn heartbeat_many<'a>(
+        &self,
+        keys: impl Iterator<Item = &'a InstanceKey>,
+        now_ms: u64,
+    ) -> Vec<Option<(u64, Option<Transition>)>> {
         let mut table = self.table.lock();
-        let t = table.heartbeat(key, now_ms)?;
-        Some((table.get(key).map_or(0, Lease::registration), t))
+        keys.map(|key| table.renew(key, now_ms).map(|(t, registration)| (registration, t))).collect()
     }
 
     /// The lease check: the transitions, each with the registration it judged. It looks at

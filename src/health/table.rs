@@ -136,8 +136,15 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     /// Renews the lease of `key` if there is one: `None` when there is none, else what
     /// [`Lease::heartbeat`] returned.
     pub fn heartbeat(&mut self, key: &K, now_ms: u64) -> Option<Option<Transition>> {
+        self.renew(key, now_ms).map(|(t, _)| t)
+    }
+
+    /// [`LeaseTable::heartbeat`], with the renewed lease's registration
+    /// ([`Lease::registration`]) found by the same lookup.
+    pub fn renew(&mut self, key: &K, now_ms: u64) -> Option<(Option<Transition>, u64)> {
         self.now_ms = self.now_ms.max(now_ms);
         let slot = self.map.get_mut(key)?;
+        let registration = slot.lease.registration();
         let silence_ms = now_ms.saturating_sub(slot.lease.last_renew_ms());
         let alive = !slot.lease.expired();
         let t = slot.lease.heartbeat(now_ms);
@@ -151,7 +158,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
         if slot.lease.next_deadline_ms().is_some_and(|d| d < slot.due_ms) {
             self.reschedule(key);
         }
-        Some(t)
+        Some((t, registration))
     }
 
     /// The lease check at `now_ms`: ticks every lease whose deadline has come and returns

@@ -376,14 +376,16 @@ impl Registry {
 
     /// Instance counts per owner DC (status and metrics).
     pub fn counts_by_owner(&self) -> BTreeMap<String, usize> {
+        // Counted by name, not by a copy of it: a metrics scrape of a node holding a million
+        // instances would otherwise allocate a million strings.
         let v = self.view.view.read();
-        let mut m = BTreeMap::new();
+        let mut m: BTreeMap<&str, usize> = BTreeMap::new();
         for s in v.services.values() {
             for h in s.instances.values() {
-                *m.entry(h.record.key.owner_dc.to_string()).or_insert(0) += 1;
+                *m.entry(&h.record.key.owner_dc).or_insert(0) += 1;
             }
         }
-        m
+        m.into_iter().map(|(dc, n)| (dc.to_owned(), n)).collect()
     }
 }
 

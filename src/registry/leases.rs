@@ -74,8 +74,9 @@ impl Registry {
         }
         let now = self.now_ms();
         let mut transitions = Vec::new();
-        for (i, key) in renew {
-            match self.leases.heartbeat(&key, now) {
+        let renewed = self.leases.heartbeat_many(renew.iter().map(|(_, k)| k), now);
+        for ((i, key), renewal) in renew.into_iter().zip(renewed) {
+            match renewal {
                 Some((version, Some(t))) => transitions.push((key, version, t)),
                 Some((_, None)) => {}
                 // No lease: its deregistration is in flight. Unknown: register again.
