@@ -7,16 +7,15 @@
 //! the lease's own lookup and little more (docs/benchmarks.md, scale).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// Width of a bucket: 2^6 = 64 ms. Finer than the lease check's period, so a check drains
 /// whole buckets, plus the part of the current one that is due.
 const BUCKET_SHIFT: u32 = 6;
 
-/// Entries `(due_ms, generation, key)` grouped by `due_ms >> BUCKET_SHIFT`. Entries come out
+/// Entries `(due_ms, generation, key)` (the key: a lease's slot) grouped by `due_ms >> BUCKET_SHIFT`. Entries come out
 /// in `(due_ms, generation)` order, as from a min-heap of the same entries.
 pub(super) struct DueQueue<K> {
-    buckets: BTreeMap<u64, Vec<(u64, u64, Arc<K>)>>,
+    buckets: BTreeMap<u64, Vec<(u64, u64, K)>>,
     len: usize,
 }
 
@@ -32,14 +31,14 @@ impl<K> DueQueue<K> {
         self.len
     }
 
-    pub(super) fn push(&mut self, due_ms: u64, generation: u64, key: Arc<K>) {
+    pub(super) fn push(&mut self, due_ms: u64, generation: u64, key: K) {
         self.buckets.entry(due_ms >> BUCKET_SHIFT).or_default().push((due_ms, generation, key));
         self.len += 1;
     }
 
     /// Removes and returns every entry due at `now_ms` (`due_ms <= now_ms`), in
     /// `(due_ms, generation)` order.
-    pub(super) fn take_due(&mut self, now_ms: u64) -> Vec<(u64, u64, Arc<K>)> {
+    pub(super) fn take_due(&mut self, now_ms: u64) -> Vec<(u64, u64, K)> {
         let now_bucket = now_ms >> BUCKET_SHIFT;
         let mut due = Vec::new();
         while let Some(entry) = self.buckets.first_entry() {
@@ -94,7 +93,7 @@ mod tests {
             for (delta, is_push) in ops {
                 if is_push {
                     generation += 1;
-                    q.push(now + delta, generation, Arc::new(generation));
+                    q.push(now + delta, generation, generation);
                     heap.push(std::cmp::Reverse((now + delta, generation)));
                 } else {
                     now += delta / 4;

@@ -18,16 +18,27 @@ use super::*;
 /// a heartbeat postponed costs one extra look, never a missed transition: the queue holds,
 /// for every lease, an entry at or before its next deadline.
 ///
+/// The leases live in a slab (a vector of slots, reused through a free list) and a hash
+/// map holds only each key's slot number: a queue entry names its slot, so the check
+/// reaches a lease without hashing its key, and a million leases cost one slot each plus a
+/// small index entry, not a hash map bucket of a whole slot at twice the count (a hash
+/// table doubles past seven eighths full: 2^21 buckets for 1,000,000 leases).
+///
 /// The table also keeps the [`SelfPreservation`] accounting of its leases, grouped by
 /// [`LeaseGroup::group`] (the namespace): it sees every renewal, every lease added and
 /// removed, and every lease that parks or expires, which is what the expectation follows.
 pub struct LeaseTable<K: Eq + std::hash::Hash + Clone + LeaseGroup> {
-    map: std::collections::HashMap<std::sync::Arc<K>, Slot, foldhash::fast::RandomState>,
-    due: DueQueue<K>,
-    /// Leases past their expiry while expiry was paused, with their generation.
-    parked: Vec<(std::sync::Arc<K>, u64)>,
+    /// Each key's slot in `slots`.
+    index: std::collections::HashMap<std::sync::Arc<K>, u32, foldhash::fast::RandomState>,
+    slots: Vec<Option<Slot<K>>>,
+    /// Empty slots, reused first.
+    free: Vec<u32>,
+    /// Entries name slots.
+    due: DueQueue<u32>,
+    /// Leases past their expiry while expiry was paused: (slot, generation).
+    parked: Vec<(u32, u64)>,
     /// Entries taken from `due` by a check done in parts, not yet looked at.
-    pending: std::collections::VecDeque<(u64, u64, std::sync::Arc<K>)>,
+    pending: std::collections::VecDeque<(u64, u64, u32)>,
     generation: u64,
     preservation: SelfPreservation,
     /// Latest time a call brought (removals carry none).
@@ -39,7 +50,8 @@ pub trait LeaseGroup {
     fn group(&self) -> &str;
 }
 
-struct Slot {
+struct Slot<K> {
+    key: std::sync::Arc<K>,
     lease: Lease,
     /// Generation of the queue entry that stands for this lease.
     generation: u64,
@@ -53,7 +65,7 @@ struct Slot {
     overdue: bool,
 }
 
-impl Slot {
+impl<K> Slot<K> {
     /// In the self-preservation expectation.
     fn counted(&self) -> bool {
         self.renewed && !self.out
@@ -70,7 +82,9 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     /// An empty table with this self-preservation accounting.
     pub fn new(preservation: SelfPreservation) -> Self {
         LeaseTable {
-            map: Default::default(),
+            index: Default::default(),
+            slots: Vec::new(),
+            free: Vec::new(),
             due: Default::default(),
             parked: Vec::new(),
             pending: Default::default(),
@@ -93,20 +107,21 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.index.is_empty()
     }
 
     pub fn get(&self, key: &K) -> Option<&Lease> {
-        self.map.get(key).map(|s| &s.lease)
+        let i = *self.index.get(key)?;
+        self.slots[i as usize].as_ref().map(|s| &s.lease)
     }
 
     /// Every key that has a lease, in no particular order.
     pub fn keys(&self) -> impl Iterator<Item = &K> {
-        self.map.keys().map(|k| &**k)
+        self.index.keys().map(|k| &**k)
     }
 
     /// Adds or replaces the lease of `key`. A new lease is not counted by
@@ -116,15 +131,29 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
         self.remove(&key);
         self.preservation.lease_added(key.group(), self.now_ms);
         let key = std::sync::Arc::new(key);
-        let (generation, due_ms) = self.schedule(&key, &lease);
-        self.map.insert(key, Slot { lease, generation, due_ms, renewed: false, out: false, overdue: false });
-        // Only now: compacting before the lease is in the map would drop its own entry as
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                // More than 2^32 leases would need more memory than a node has.
+                let i = u32::try_from(self.slots.len()).expect("fewer than 2^32 leases");
+                self.slots.push(None);
+                i
+            }
+        };
+        let (generation, due_ms) = self.schedule(i, &lease);
+        let slot =
+            Slot { key: key.clone(), lease, generation, due_ms, renewed: false, out: false, overdue: false };
+        self.slots[i as usize] = Some(slot);
+        self.index.insert(key, i);
+        // Only now: compacting before the lease is in its slot would drop its own entry as
         // stale, and the lease would never be checked again.
         self.compact();
     }
 
     pub fn remove(&mut self, key: &K) -> Option<Lease> {
-        let slot = self.map.remove(key)?;
+        let i = self.index.remove(key)?;
+        let slot = self.slots[i as usize].take()?;
+        self.free.push(i);
         if slot.counted() {
             let s = slot.lease.times().suspect_after_ms;
             self.preservation.uncounted(key.group(), self.now_ms, s, slot.overdue);
@@ -143,7 +172,8 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     /// ([`Lease::registration`]) found by the same lookup.
     pub fn renew(&mut self, key: &K, now_ms: u64) -> Option<(Option<Transition>, u64)> {
         self.now_ms = self.now_ms.max(now_ms);
-        let slot = self.map.get_mut(key)?;
+        let i = *self.index.get(key)?;
+        let slot = self.slots[i as usize].as_mut()?;
         let registration = slot.lease.registration();
         let silence_ms = now_ms.saturating_sub(slot.lease.last_renew_ms());
         let alive = !slot.lease.expired();
@@ -156,7 +186,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
             (slot.renewed, slot.out, slot.overdue) = (true, false, false);
         }
         if slot.lease.next_deadline_ms().is_some_and(|d| d < slot.due_ms) {
-            self.reschedule(key);
+            self.reschedule(i);
         }
         Some((t, registration))
     }
@@ -196,12 +226,13 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
         }
         let take = budget.max(1).min(self.pending.len());
         let batch: Vec<_> = self.pending.drain(..take).collect();
-        for (_, generation, key) in batch {
-            let paused = expiry_paused || self.preservation.paused(key.group());
-            let Some(slot) = self.map.get_mut(&key) else { continue };
+        for (_, generation, i) in batch {
+            let Some(Some(slot)) = self.slots.get_mut(i as usize) else { continue };
             if slot.generation != generation {
                 continue;
             }
+            let key = &slot.key;
+            let paused = expiry_paused || self.preservation.paused(key.group());
             let s = slot.lease.times().suspect_after_ms;
             let silence_ms = now_ms.saturating_sub(slot.lease.last_renew_ms());
             if slot.counted() && !slot.overdue && silence_ms >= s {
@@ -213,7 +244,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
                     self.preservation.uncounted(key.group(), now_ms, s, slot.overdue);
                     (slot.out, slot.overdue) = (true, false);
                 }
-                out.push(((*key).clone(), t));
+                out.push(((**key).clone(), t));
             }
             // Every entry pushed here lies after `now_ms`: the next check takes it.
             self.generation += 1;
@@ -223,7 +254,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
                 None => {}
                 Some(next_ms) if next_ms > now_ms => {
                     slot.due_ms = next_ms;
-                    self.due.push(next_ms, self.generation, key);
+                    self.due.push(next_ms, self.generation, i);
                 }
                 Some(_) => {
                     // Past its expiry with expiry paused: nothing changes until expiry
@@ -231,13 +262,13 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
                     // release, which keeps its own entry.
                     if let Some(release_ms) = slot.lease.release_deadline_ms().filter(|r| *r > now_ms) {
                         slot.due_ms = release_ms;
-                        self.due.push(release_ms, self.generation, key.clone());
+                        self.due.push(release_ms, self.generation, i);
                     }
                     if slot.counted() {
                         self.preservation.uncounted(key.group(), now_ms, s, slot.overdue);
                         (slot.out, slot.overdue) = (true, false);
                     }
-                    self.parked.push((key, self.generation));
+                    self.parked.push((i, self.generation));
                 }
             }
         }
@@ -248,18 +279,19 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     /// Moves every lease due at `now_ms` to `pending`, in deadline order: first the parked
     /// leases whose namespace has expiry resumed (queued again at `now_ms`).
     fn take_due(&mut self, now_ms: u64, expiry_paused: bool) {
-        for (key, generation) in std::mem::take(&mut self.parked) {
-            let Some(slot) = self.map.get_mut(&key).filter(|s| s.generation == generation) else {
+        for (i, generation) in std::mem::take(&mut self.parked) {
+            let Some(Some(slot)) = self.slots.get_mut(i as usize) else { continue };
+            if slot.generation != generation {
                 continue;
-            };
-            if expiry_paused || self.preservation.paused(key.group()) {
-                self.parked.push((key, generation));
+            }
+            if expiry_paused || self.preservation.paused(slot.key.group()) {
+                self.parked.push((i, generation));
                 continue;
             }
             self.generation += 1;
             slot.generation = self.generation;
             slot.due_ms = now_ms;
-            self.due.push(now_ms, self.generation, key);
+            self.due.push(now_ms, self.generation, i);
         }
         self.pending = self.due.take_due(now_ms).into();
     }
@@ -269,23 +301,21 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
         self.due.len() + self.pending.len()
     }
 
-    fn schedule(&mut self, key: &std::sync::Arc<K>, lease: &Lease) -> (u64, u64) {
+    fn schedule(&mut self, i: u32, lease: &Lease) -> (u64, u64) {
         self.generation += 1;
         let Some(d) = lease.next_deadline_ms() else { return (self.generation, u64::MAX) };
-        self.due.push(d, self.generation, key.clone());
+        self.due.push(d, self.generation, i);
         (self.generation, d)
     }
 
-    fn reschedule(&mut self, key: &K) {
-        let Some((arc, _)) = self.map.get_key_value(key) else { return };
-        let arc = arc.clone();
+    fn reschedule(&mut self, i: u32) {
         self.generation += 1;
         let generation = self.generation;
-        if let Some(slot) = self.map.get_mut(key) {
+        if let Some(Some(slot)) = self.slots.get_mut(i as usize) {
             if let Some(d) = slot.lease.next_deadline_ms() {
                 slot.generation = generation;
                 slot.due_ms = d;
-                self.due.push(d, generation, arc);
+                self.due.push(d, generation, i);
             }
         }
         self.compact();
@@ -294,9 +324,11 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     /// Drops stale entries when they outnumber the live ones, so that churn (leases
     /// removed and added again) cannot grow the queue without bound.
     fn compact(&mut self) {
-        if self.due.len() > 64 && self.due.len() > 2 * self.map.len() {
-            let map = &self.map;
-            self.due.retain(|g, k| map.get(k).is_some_and(|s| s.generation == g));
+        if self.due.len() > 64 && self.due.len() > 2 * self.index.len() {
+            let slots = &self.slots;
+            self.due.retain(|g, i| {
+                slots.get(*i as usize).is_some_and(|s| s.as_ref().is_some_and(|s| s.generation == g))
+            });
         }
     }
 }
