@@ -32,7 +32,7 @@ fn log_id(term: u64, index: u64) -> LogId<NodeId> {
 }
 
 fn round_entry(term: u64, index: u64, writes: usize, bytes: usize) -> RaftEntry {
-    Entry { log_id: log_id(term, index), payload: EntryPayload::Normal(Round { writes: vec![vec![7u8; bytes]; writes] }) }
+    Entry { log_id: log_id(term, index), payload: EntryPayload::Normal(Round::new(vec![vec![7u8; bytes]; writes])) }
 }
 
 fn rt() -> tokio::runtime::Runtime {
