@@ -46,5 +46,8 @@ pub use committer::{
     LINGER_TARGET_DEFAULT, RECOVERY_BACKOFF_INITIAL_MS_DEFAULT, RECOVERY_BACKOFF_MAX_MS_DEFAULT,
 };
 pub use mem::{MemFault, MemStore};
-pub use raft_log::{RaftLogCounters, RaftLogStore, FORMAT_V1 as RAFT_LOG_FORMAT, META_BYTES_MAX as RAFT_META_BYTES_MAX, RAFT_COLUMN_FAMILIES};
+pub use raft_log::{
+    RaftLogCounters, RaftLogStore, FORMAT_V1 as RAFT_LOG_FORMAT, META_BYTES_MAX as RAFT_META_BYTES_MAX,
+    RAFT_COLUMN_FAMILIES,
+};
 pub use rocks::{InvalidRecords, OpenError, RocksLog, MAX_OPEN_FILES_DEFAULT, WRITE_BUFFER_MIB_DEFAULT};

@@ -13,6 +13,10 @@
 //! clients on the load runtime. Bounded: each step runs for the step's seconds, at most
 //! [`OPS_MAX`] writes, and waits at most [`SETTLE`] for the followers.
 
+// The helpers return what openraft's traits return: its `StorageError` and `RPCError` are
+// hundreds of bytes, and the traits fix them.
+#![allow(clippy::result_large_err)]
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -22,8 +26,8 @@ use anyhow::Context as _;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::RPCOption;
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
 };
 use openraft::{BasicNode, Raft, RaftNetwork, RaftNetworkFactory};
 use parking_lot::RwLock;
@@ -73,13 +77,17 @@ fn remote<E: std::error::Error>(target: NodeId, e: RaftError<NodeId, E>) -> RpcE
 impl Link {
     fn target<E: std::error::Error>(&self) -> Result<Raft<TypeConfig>, RpcErr<E>> {
         self.router.members.read().get(&self.target).cloned().ok_or_else(|| {
-            RPCError::Unreachable(Unreachable::new(&std::io::Error::other(format!("no member {}", self.target))))
+            RPCError::Unreachable(Unreachable::new(&std::io::Error::other(format!(
+                "no member {}",
+                self.target
+            ))))
         })
     }
 
     /// What crossing a real link costs in encoding: postcard out, postcard back in.
     fn hop<T: Serialize + DeserializeOwned, E: std::error::Error>(&self, value: &T) -> Result<T, RpcErr<E>> {
-        let net = |e: postcard::Error| RPCError::Network(NetworkError::new(&std::io::Error::other(e.to_string())));
+        let net =
+            |e: postcard::Error| RPCError::Network(NetworkError::new(&std::io::Error::other(e.to_string())));
         let bytes = postcard::to_allocvec(value).map_err(net)?;
         self.router.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         postcard::from_bytes(&bytes).map_err(net)
@@ -107,7 +115,11 @@ impl RaftNetwork<TypeConfig> for Link {
         self.hop(&resp)
     }
 
-    async fn vote(&mut self, rpc: VoteRequest<NodeId>, _option: RPCOption) -> Result<VoteResponse<NodeId>, RpcErr> {
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RpcErr> {
         let rpc = self.hop(&rpc)?;
         let resp = self.target()?.vote(rpc).await.map_err(|e| remote(self.target, e))?;
         self.hop(&resp)
@@ -163,7 +175,8 @@ async fn start(ctx: &Ctx, dir: &std::path::Path, router: &Router) -> anyhow::Res
 async fn leader(members: &[Member]) -> anyhow::Result<usize> {
     let deadline = Instant::now() + SETTLE;
     loop {
-        let seen: Vec<Option<NodeId>> = members.iter().map(|m| m.raft.metrics().borrow().current_leader).collect();
+        let seen: Vec<Option<NodeId>> =
+            members.iter().map(|m| m.raft.metrics().borrow().current_leader).collect();
         if let Some(Some(id)) = seen.first() {
             if seen.iter().all(|s| *s == Some(*id)) {
                 if let Some(i) = members.iter().position(|m| m.id == *id) {
@@ -274,6 +287,9 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         let _ = m.raft.shutdown().await;
     }
     router.members.write().clear();
-    anyhow::ensure!(applied.iter().all(|a| *a >= total_ok), "members applied {applied:?} of {total_ok} rounds");
+    anyhow::ensure!(
+        applied.iter().all(|a| *a >= total_ok),
+        "members applied {applied:?} of {total_ok} rounds"
+    );
     Ok(())
 }

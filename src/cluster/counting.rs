@@ -6,13 +6,17 @@
 //! Snapshots are its counters and the applied log id and membership, postcard-encoded and
 //! kept in memory; a snapshot received is bounded by [`COUNTING_SNAPSHOT_BYTES_MAX`].
 
+// The helpers return what openraft's traits return: its `StorageError` and `RPCError` are
+// hundreds of bytes, and the traits fix them.
+#![allow(clippy::result_large_err)]
+
 use std::io::Cursor;
 use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
-    AnyError, BasicNode, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta, StorageError, StorageIOError,
-    StoredMembership,
+    AnyError, BasicNode, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta, StorageError,
+    StorageIOError, StoredMembership,
 };
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -129,8 +133,11 @@ impl RaftStateMachine<TypeConfig> for CountingStateMachine {
         let data = snapshot.into_inner();
         let read_err = |e: String| StorageIOError::read_snapshot(Some(meta.signature()), AnyError::error(e));
         if data.len() > COUNTING_SNAPSHOT_BYTES_MAX {
-            return Err(read_err(format!("snapshot of {} bytes, at most {COUNTING_SNAPSHOT_BYTES_MAX}", data.len()))
-                .into());
+            return Err(read_err(format!(
+                "snapshot of {} bytes, at most {COUNTING_SNAPSHOT_BYTES_MAX}",
+                data.len()
+            ))
+            .into());
         }
         let counts: Counts = postcard::from_bytes(&data).map_err(|e| read_err(e.to_string()))?;
         if counts.last_applied != meta.last_log_id {
@@ -148,9 +155,9 @@ impl RaftStateMachine<TypeConfig> for CountingStateMachine {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
         let inner = self.inner.lock();
-        Ok(inner
-            .snapshot
-            .as_ref()
-            .map(|(meta, data)| Snapshot { meta: meta.clone(), snapshot: Box::new(Cursor::new(data.clone())) }))
+        Ok(inner.snapshot.as_ref().map(|(meta, data)| Snapshot {
+            meta: meta.clone(),
+            snapshot: Box::new(Cursor::new(data.clone())),
+        }))
     }
 }

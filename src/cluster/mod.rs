@@ -84,7 +84,8 @@ impl Round {
 
     /// The bytes this round adds to an encoded entry (postcard: a length prefix per write).
     pub fn encoded_len(&self) -> usize {
-        self.writes.iter().map(|w| w.len() + varint_len(w.len())).sum::<usize>() + varint_len(self.writes.len())
+        self.writes.iter().map(|w| w.len() + varint_len(w.len())).sum::<usize>()
+            + varint_len(self.writes.len())
     }
 
     /// Checks the round against [`ROUND_WRITES_MAX`] and [`ENTRY_BYTES_MAX`] (with room for

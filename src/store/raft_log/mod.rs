@@ -34,6 +34,10 @@
 //! [`META_BYTES_MAX`]) and checked (format byte, no trailing bytes, the entry's index equal
 //! to its key's) before use; a bad one is a storage error, counted, never a panic.
 
+// The helpers return what openraft's traits return: its `StorageError` and `RPCError` are
+// hundreds of bytes, and the traits fix them.
+#![allow(clippy::result_large_err)]
+
 #[cfg(test)]
 mod tests;
 
@@ -44,7 +48,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{AnyError, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
+use openraft::{
+    AnyError, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote,
+};
 use rocksdb::{ColumnFamily, Direction, IteratorMode, WriteBatch, WriteOptions};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -131,7 +137,9 @@ impl RaftLogStore {
     }
 
     fn cf(&self, name: &str) -> StoreResult<&ColumnFamily> {
-        self.db.cf_handle(name).ok_or_else(|| io_err(ErrorSubject::Store, ErrorVerb::Read, format!("no column family {name}")))
+        self.db
+            .cf_handle(name)
+            .ok_or_else(|| io_err(ErrorSubject::Store, ErrorVerb::Read, format!("no column family {name}")))
     }
 
     /// Writes `batch` on a blocking thread; with `sync`, returns once the WAL is fsynced.
@@ -155,18 +163,29 @@ impl RaftLogStore {
         }
     }
 
-    fn get_meta<T: DeserializeOwned>(&self, key: &[u8], subject: ErrorSubject<NodeId>) -> StoreResult<Option<T>> {
+    fn get_meta<T: DeserializeOwned>(
+        &self,
+        key: &[u8],
+        subject: ErrorSubject<NodeId>,
+    ) -> StoreResult<Option<T>> {
         let cf = self.cf(CF_RAFT_META)?;
-        let Some(bytes) = self.db.get_pinned_cf(cf, key).map_err(|e| io_err(subject.clone(), ErrorVerb::Read, e))?
+        let Some(bytes) =
+            self.db.get_pinned_cf(cf, key).map_err(|e| io_err(subject.clone(), ErrorVerb::Read, e))?
         else {
             return Ok(None);
         };
-        self.decode(&bytes, META_BYTES_MAX).map(Some).map_err(|e| {
-            io_err(subject, ErrorVerb::Read, format!("{}: {e}", String::from_utf8_lossy(key)))
-        })
+        self.decode(&bytes, META_BYTES_MAX)
+            .map(Some)
+            .map_err(|e| io_err(subject, ErrorVerb::Read, format!("{}: {e}", String::from_utf8_lossy(key))))
     }
 
-    async fn put_meta<T: Serialize>(&self, key: &[u8], value: &T, sync: bool, subject: ErrorSubject<NodeId>) -> StoreResult<()> {
+    async fn put_meta<T: Serialize>(
+        &self,
+        key: &[u8],
+        value: &T,
+        sync: bool,
+        subject: ErrorSubject<NodeId>,
+    ) -> StoreResult<()> {
         let bytes = encode(value).map_err(|e| io_err(subject.clone(), ErrorVerb::Write, e))?;
         let mut batch = WriteBatch::default();
         batch.put_cf(self.cf(CF_RAFT_META)?, key, bytes);
@@ -264,7 +283,8 @@ impl RaftLogStorage<TypeConfig> for RaftLogStore {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> StoreResult<LogState<TypeConfig>> {
-        let last_purged_log_id: Option<LogId<NodeId>> = self.get_meta(META_LAST_PURGED, ErrorSubject::Store)?;
+        let last_purged_log_id: Option<LogId<NodeId>> =
+            self.get_meta(META_LAST_PURGED, ErrorSubject::Store)?;
         let cf = self.cf(CF_RAFT_LOG)?;
         let last = match self.db.iterator_cf(cf, IteratorMode::End).next() {
             None => None,
@@ -307,7 +327,8 @@ impl RaftLogStorage<TypeConfig> for RaftLogStore {
         let (mut n, mut bytes) = (0u64, 0u64);
         for entry in entries {
             let cf = self.cf(CF_RAFT_LOG)?;
-            let value = encode(&entry).map_err(|e| io_err(ErrorSubject::Log(entry.log_id), ErrorVerb::Write, e))?;
+            let value =
+                encode(&entry).map_err(|e| io_err(ErrorSubject::Log(entry.log_id), ErrorVerb::Write, e))?;
             if value.len() > ENTRY_BYTES_MAX + 1 {
                 RaftLogCounters::add(&self.counters.oversize_refused, 1);
                 return Err(io_err(

@@ -32,7 +32,10 @@ fn log_id(term: u64, index: u64) -> LogId<NodeId> {
 }
 
 fn round_entry(term: u64, index: u64, writes: usize, bytes: usize) -> RaftEntry {
-    Entry { log_id: log_id(term, index), payload: EntryPayload::Normal(Round::new(vec![vec![7u8; bytes]; writes])) }
+    Entry {
+        log_id: log_id(term, index),
+        payload: EntryPayload::Normal(Round::new(vec![vec![7u8; bytes]; writes])),
+    }
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -106,7 +109,11 @@ fn bad_stored_values_are_errors_not_panics() {
             ("trailing bytes", index_key(2).to_vec(), [&good[..], &[0u8][..]].concat()),
             ("truncated", index_key(2).to_vec(), good[..good.len() - 3].to_vec()),
             ("empty", index_key(2).to_vec(), Vec::new()),
-            ("under another index", index_key(2).to_vec(), store.db.get_cf(cf, index_key(3)).unwrap().unwrap()),
+            (
+                "under another index",
+                index_key(2).to_vec(),
+                store.db.get_cf(cf, index_key(3)).unwrap().unwrap(),
+            ),
             ("key of 9 bytes", [&index_key(1)[..], &[0u8][..]].concat(), good.clone()),
         ];
         for (what, key, value) in cases.drain(..) {

@@ -297,7 +297,8 @@ impl RocksLog {
                 )));
             }
         }
-        self.db = Some(Arc::new(open_db(&self.dir, &COLUMN_FAMILIES, self.write_buffer_mib, self.max_open_files)?));
+        self.db =
+            Some(Arc::new(open_db(&self.dir, &COLUMN_FAMILIES, self.write_buffer_mib, self.max_open_files)?));
         let stored = self.meta_get(META_DC)?;
         if stored.as_deref() != Some(self.dc.as_bytes()) {
             return Err(LogError::Corrupt(format!(
