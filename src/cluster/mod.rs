@@ -119,28 +119,4 @@ fn varint_len(n: usize) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn encoded_len_matches_postcard() {
-        for (n, len) in [(0, 0), (1, 200), (41, 200), (3, 127), (2, 128), (1, 20_000)] {
-            let round = Round::new(vec![vec![7u8; len]; n]);
-            let bytes = postcard::to_allocvec(&round).unwrap();
-            assert_eq!(round.encoded_len(), bytes.len(), "{n} writes of {len}");
-            // The same bytes as a list of `Vec<u8>`: serde_bytes changes the speed only.
-            let plain: Vec<Vec<u8>> = vec![vec![7u8; len]; n];
-            assert_eq!(postcard::to_allocvec(&plain).unwrap(), bytes);
-            assert_eq!(postcard::from_bytes::<Round>(&bytes).unwrap(), round);
-        }
-    }
-
-    #[test]
-    fn rounds_past_the_limits_are_refused() {
-        assert!(Round::new(vec![vec![0; 200]; 41]).check().is_ok());
-        let many = Round::new(vec![Vec::new(); ROUND_WRITES_MAX + 1]);
-        assert!(matches!(many.check(), Err(RoundError::TooManyWrites { .. })));
-        let large = Round::new(vec![vec![0; ENTRY_BYTES_MAX]]);
-        assert!(matches!(large.check(), Err(RoundError::TooLarge { .. })));
-    }
-}
+mod tests;
