@@ -48,6 +48,6 @@ pub use committer::{
 pub use mem::{MemFault, MemStore};
 pub use raft_log::{
     RaftLogCounters, RaftLogStore, FORMAT_V1 as RAFT_LOG_FORMAT, META_BYTES_MAX as RAFT_META_BYTES_MAX,
-    RAFT_COLUMN_FAMILIES,
+    RAFT_COLUMN_FAMILIES, READ_BYTES_MAX as RAFT_READ_BYTES_MAX,
 };
 pub use rocks::{InvalidRecords, OpenError, RocksLog, MAX_OPEN_FILES_DEFAULT, WRITE_BUFFER_MIB_DEFAULT};

@@ -73,6 +73,11 @@ const META_LAST_PURGED: &[u8] = b"last_purged";
 pub const FORMAT_V1: u8 = 1;
 /// Largest stored vote, committed or last-purged value (they are tens of bytes).
 pub const META_BYTES_MAX: usize = 4096;
+/// Most stored bytes one replication read returns (`limited_get_log_entries`, what one
+/// `append_entries` to a follower carries): one entry at the largest, else several. Without
+/// it, openraft's `max_payload_entries` (300) entries of up to [`ENTRY_BYTES_MAX`] could make
+/// one message of gigabytes.
+pub const READ_BYTES_MAX: usize = ENTRY_BYTES_MAX;
 /// The memtable of each Raft column family when the store opens its own RocksDB.
 const WRITE_BUFFER_MIB: usize = 16;
 /// Open files of the store's own RocksDB.
@@ -95,6 +100,8 @@ pub struct RaftLogCounters {
     pub oversize_refused: AtomicU64,
     /// Stored values that failed their checks when read back.
     pub corrupt_reads: AtomicU64,
+    /// Replication reads cut short by [`READ_BYTES_MAX`].
+    pub reads_cut: AtomicU64,
 }
 
 impl RaftLogCounters {
@@ -251,10 +258,13 @@ fn decode_index(key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(key.try_into().ok()?))
 }
 
-impl RaftLogReader<TypeConfig> for RaftLogStore {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
-        range: RB,
+impl RaftLogStore {
+    /// The entries of `range` in log order; with a budget, stops before the entry that
+    /// would take the stored bytes read past it (the first entry is always returned).
+    fn read_range<RB: RangeBounds<u64>>(
+        &self,
+        range: &RB,
+        bytes_max: Option<usize>,
     ) -> StoreResult<Vec<RaftEntry>> {
         let start = match range.start_bound() {
             Bound::Included(i) => *i,
@@ -266,16 +276,35 @@ impl RaftLogReader<TypeConfig> for RaftLogStore {
         };
         let cf = self.cf(CF_RAFT_LOG)?;
         let from = index_key(start);
-        let mut out = Vec::new();
+        let (mut out, mut bytes) = (Vec::new(), 0usize);
         for item in self.db.iterator_cf(cf, IteratorMode::From(&from, Direction::Forward)) {
             let (key, value) = item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
-            let entry = self.decode_entry(&key, &value)?;
-            if !range.contains(&entry.log_id.index) {
+            if decode_index(&key).is_some_and(|i| !range.contains(&i)) {
                 break;
             }
-            out.push(entry);
+            bytes = bytes.saturating_add(value.len());
+            if bytes_max.is_some_and(|max| bytes > max) && !out.is_empty() {
+                RaftLogCounters::add(&self.counters.reads_cut, 1);
+                break;
+            }
+            out.push(self.decode_entry(&key, &value)?);
         }
         Ok(out)
+    }
+}
+
+impl RaftLogReader<TypeConfig> for RaftLogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> StoreResult<Vec<RaftEntry>> {
+        self.read_range(&range, None)
+    }
+
+    /// What replication sends in one `append_entries`: at most [`READ_BYTES_MAX`] of
+    /// stored entries (at least one), whatever `max_payload_entries` allows.
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> StoreResult<Vec<RaftEntry>> {
+        self.read_range(&(start..end), Some(READ_BYTES_MAX))
     }
 }
 

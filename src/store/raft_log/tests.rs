@@ -143,3 +143,22 @@ fn an_empty_append_writes_nothing_and_still_calls_back() {
         assert_eq!(store.get_log_state().await.unwrap().last_log_id, None);
     });
 }
+
+#[test]
+fn a_replication_read_stops_at_its_byte_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let mut store = RaftLogStore::open(dir.path()).unwrap();
+        // Five entries of 3 MiB: two fit the 8 MiB budget, a third would not.
+        let big = 3 << 20;
+        store.blocking_append((1..=5).map(|i| round_entry(1, i, 1, big))).await.unwrap();
+        let got = store.limited_get_log_entries(1, 6).await.unwrap();
+        assert_eq!(got.iter().map(|e| e.log_id.index).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(store.counters().reads_cut.load(Ordering::Relaxed), 1);
+        // A range of one entry returns it; a read never returns nothing when entries exist.
+        let got = store.limited_get_log_entries(3, 4).await.unwrap();
+        assert_eq!(got.len(), 1);
+        // The unlimited read returns the whole range.
+        assert_eq!(store.try_get_log_entries(1..6).await.unwrap().len(), 5);
+    });
+}
