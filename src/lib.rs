@@ -4,6 +4,8 @@
 //! - [`store`]: the RocksDB event log and the group-committing sequencer (the only module
 //!   that knows RocksDB).
 //! - [`registry`]: the in-memory view, leases, discovery, the write path.
+//! - [`cluster`]: the per-DC Raft group's types (issue 17; its log is `store::RaftLogStore`;
+//!   the node does not run it yet).
 //! - [`clock`]: time as an input ([`clock::Clock`]): the system clock, or a manual one.
 //! - [`health`]: the pure lease/health state machine, self-preservation, flap damping.
 //! - [`leases`]: the lease lifecycle of a registry: which registration a lease belongs to.
@@ -32,6 +34,7 @@ pub mod acl;
 pub mod audit;
 pub mod cli;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod failover;

@@ -13,8 +13,11 @@
 //! - `tombstones`: same keys; value `(seq, DeregisterReason)`.
 //! - `meta`: the DC name, the own epoch and last seq, the purge floor, the watch index, the
 //!   per-origin applied marks and the per-peer acked marks.
+//! - `raft_log` and `raft_meta`: the Raft log of a DC's group ([`RaftLogStore`], issue 17),
+//!   in a RocksDB of its own for now (the node does not run the group yet; see
+//!   docs/cluster.md).
 //!
-//! Every mutation is one `WriteBatch` written with `sync = true`: the log, the state and the
+//! Every mutation of RocksLog is one `WriteBatch` written with `sync = true`: the log, the state and the
 //! marks change together or not at all, and a call returns only once the WAL is fsynced.
 //!
 //! Architecture invariants:
@@ -32,6 +35,7 @@ mod commit_log;
 mod committer;
 mod keys;
 mod mem;
+mod raft_log;
 mod rocks;
 
 pub use commit_log::{CommitLog, Retirement};
@@ -42,4 +46,8 @@ pub use committer::{
     LINGER_TARGET_DEFAULT, RECOVERY_BACKOFF_INITIAL_MS_DEFAULT, RECOVERY_BACKOFF_MAX_MS_DEFAULT,
 };
 pub use mem::{MemFault, MemStore};
+pub use raft_log::{
+    RaftLogCounters, RaftLogStore, FORMAT_V1 as RAFT_LOG_FORMAT, META_BYTES_MAX as RAFT_META_BYTES_MAX,
+    RAFT_COLUMN_FAMILIES, READ_BYTES_MAX as RAFT_READ_BYTES_MAX,
+};
 pub use rocks::{InvalidRecords, OpenError, RocksLog, MAX_OPEN_FILES_DEFAULT, WRITE_BUFFER_MIB_DEFAULT};

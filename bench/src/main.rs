@@ -18,6 +18,7 @@ mod httpfloor;
 mod load;
 mod nodes;
 mod peers;
+mod raft;
 mod raw;
 mod repl;
 mod scale;
@@ -39,7 +40,7 @@ use crate::sys::{CpuSplit, LOAD_THREAD, PROFILE, SERVER_THREAD};
 #[derive(Parser)]
 #[command(
     name = "tandem-bench",
-    about = "tandem benchmarks: register, heartbeat, discover, acl, watch, detect, replicate, floors, peers"
+    about = "tandem benchmarks: register, heartbeat, discover, acl, watch, detect, replicate, floors, peers, raft"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -79,6 +80,10 @@ enum Cmd {
     /// (separate node process), discovery of a 5,000-instance service, the list of 100,000
     /// services. Not part of `all`; --scale-* flags for smaller runs.
     Scale,
+    /// The per-DC Raft spike (issue 17, docs/cluster.md): three openraft members in this
+    /// process on the Raft log store, entries of one committer round; with the disk floors.
+    /// Not part of `all`.
+    Raft,
     /// Internal: runs one node in this process for `memory` (prints its address, stops on
     /// stdin EOF).
     #[command(hide = true)]
@@ -126,6 +131,15 @@ pub struct Opts {
     /// Milliseconds between two changes of the watched service in `watch`.
     #[arg(long, global = true, default_value_t = 500)]
     churn_ms: u64,
+    /// `raft`: writes (registrations) per entry, one row group each.
+    #[arg(long, global = true, value_delimiter = ',', default_value = "41,1")]
+    raft_writes: Vec<usize>,
+    /// `raft`: bytes per write.
+    #[arg(long, global = true, default_value_t = 200)]
+    raft_write_bytes: usize,
+    /// `raft`: concurrency steps (closed loop of client writes to the leader).
+    #[arg(long, global = true, value_delimiter = ',', default_value = "1,8,64")]
+    raft_concurrency: Vec<usize>,
     /// Also write the tables as markdown to this file.
     #[arg(long, global = true)]
     markdown: Option<PathBuf>,
@@ -370,7 +384,7 @@ fn main() -> anyhow::Result<()> {
     let cmd = cli.cmd;
     let result = main_rt.block_on(async {
         // register is judged against the synced-batch floor: it runs the disk floors too.
-        if matches!(cmd, Cmd::All | Cmd::Fsync | Cmd::Register) {
+        if matches!(cmd, Cmd::All | Cmd::Fsync | Cmd::Register | Cmd::Raft) {
             floors::run(&mut ctx).await?;
         }
         // The HTTP floor, in the same run as the rows it bounds.
@@ -404,6 +418,9 @@ fn main() -> anyhow::Result<()> {
         }
         if cmd == Cmd::Scale {
             scale::run(&mut ctx).await?;
+        }
+        if cmd == Cmd::Raft {
+            raft::run(&mut ctx).await?;
         }
         if matches!(cmd, Cmd::All | Cmd::Replicate) {
             repl::run(&mut ctx).await?;

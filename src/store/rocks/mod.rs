@@ -20,7 +20,7 @@
 //! `tests`.
 
 mod event_log;
-mod open;
+pub(super) mod open;
 mod owners;
 mod retire;
 mod scope;
@@ -54,7 +54,7 @@ use super::keys::{
     decode_key, decode_mark, decode_u64, encode_key, encode_mark, owner_prefix, prefix_end, seq_key,
 };
 
-type Db = DBWithThreadMode<SingleThreaded>;
+pub(super) type Db = DBWithThreadMode<SingleThreaded>;
 
 const CF_LOG: &str = "log";
 const CF_INSTANCES: &str = "instances";
@@ -239,7 +239,7 @@ impl RocksLog {
         max_open_files: u32,
     ) -> Result<RocksLog, OpenError> {
         validate_dc("dc", dc)?;
-        let db = Arc::new(open_db(dir, write_buffer_mib, max_open_files)?);
+        let db = Arc::new(open_db(dir, &COLUMN_FAMILIES, write_buffer_mib, max_open_files)?);
         let mut log = RocksLog {
             db: Some(db),
             write_buffer_mib,
@@ -297,7 +297,8 @@ impl RocksLog {
                 )));
             }
         }
-        self.db = Some(Arc::new(open_db(&self.dir, self.write_buffer_mib, self.max_open_files)?));
+        self.db =
+            Some(Arc::new(open_db(&self.dir, &COLUMN_FAMILIES, self.write_buffer_mib, self.max_open_files)?));
         let stored = self.meta_get(META_DC)?;
         if stored.as_deref() != Some(self.dc.as_bytes()) {
             return Err(LogError::Corrupt(format!(

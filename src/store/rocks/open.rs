@@ -7,10 +7,16 @@ use std::path::Path;
 use rocksdb::{ColumnFamilyDescriptor, DBRecoveryMode, Options};
 use tandem_replicator::log::LogError;
 
-use super::{storage, Db, BLOCK_CACHE_BYTES, COLUMN_FAMILIES};
+use super::{storage, Db, BLOCK_CACHE_BYTES};
 
-/// Opens (or creates) the RocksDB of a data dir with the log's options.
-pub(super) fn open_db(dir: &Path, write_buffer_mib: usize, max_open_files: u32) -> Result<Db, LogError> {
+/// Opens (or creates) the RocksDB of a data dir with the log's options and (at least) the
+/// given column families: RocksLog's, or the Raft log store's.
+pub(in crate::store) fn open_db(
+    dir: &Path,
+    column_families: &[&str],
+    write_buffer_mib: usize,
+    max_open_files: u32,
+) -> Result<Db, LogError> {
     let mut opts = Options::default();
     opts.set_max_open_files(i32::try_from(max_open_files.max(16)).unwrap_or(i32::MAX));
     opts.create_if_missing(true);
@@ -34,7 +40,7 @@ pub(super) fn open_db(dir: &Path, write_buffer_mib: usize, max_open_files: u32) 
     // Column families this build does not use (a newer build's) are opened too and left
     // alone: RocksDB refuses to open a database without all of its column families, and a
     // downgrade must not lock the operator out of the data dir.
-    let mut names: Vec<String> = COLUMN_FAMILIES.iter().map(|n| (*n).to_owned()).collect();
+    let mut names: Vec<String> = column_families.iter().map(|n| (*n).to_owned()).collect();
     if let Ok(existing) = Db::list_cf(&opts, dir) {
         for name in existing {
             if name != rocksdb::DEFAULT_COLUMN_FAMILY_NAME && !names.contains(&name) {

@@ -1,0 +1,122 @@
+//! The per-DC Raft group (issue 17, docs/cluster.md): its openraft type configuration, the
+//! application data of one Raft entry ([`Round`]: the writes of one committer round) and
+//! the limits on it.
+//!
+//! What exists in this step: the types, the Raft log on RocksDB
+//! ([`RaftLogStore`](crate::store::RaftLogStore), in `src/store/raft_log/`, because only
+//! `src/store` knows RocksDB) and a small in-memory state machine for the storage suite and
+//! the `tandem-bench raft` spike ([`CountingStateMachine`]). The node does not run Raft
+//! yet: no configuration, route or task of the node uses this module. The real state
+//! machine (RocksLog, with the origin seq assigned at apply), the QUIC transport between
+//! members, forwarding and leases on the leader come next (docs/cluster.md, "Next").
+//!
+//! Architecture invariants:
+//! - openraft is pinned exactly (`=0.9.25`, features `serde` and `storage-v2`): a Raft
+//!   upgrade changes what is on disk and on the wire, so it is a decision, never a
+//!   `cargo update`.
+//! - One committer round is one Raft entry: the committer stays the batcher, so a synced
+//!   Raft append carries a whole round (today ~41 registrations under load), not one
+//!   registration.
+//! - Every entry is bounded ([`ENTRY_BYTES_MAX`], [`ROUND_WRITES_MAX`]) before it is
+//!   proposed ([`Round::check`]) and again when the log store writes or reads it.
+
+mod counting;
+
+use std::io::Cursor;
+
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+
+pub use counting::{CountingStateMachine, COUNTING_SNAPSHOT_BYTES_MAX};
+
+/// A member of a DC's Raft group.
+pub type NodeId = u64;
+
+openraft::declare_raft_types!(
+    /// The openraft type configuration of a DC's Raft group.
+    pub TypeConfig:
+        D = Round,
+        R = Applied,
+        NodeId = NodeId,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// One stored Raft entry of this group.
+pub type RaftEntry = openraft::Entry<TypeConfig>;
+
+/// Largest stored Raft entry, encoded: one replication frame, so that an entry always fits
+/// the DC transport's frame (`tandem_schemas::FRAME_BYTES_MAX`, 8 MiB). A committer round
+/// of 4,096 registrations of ~200 bytes is about 1 MiB.
+pub const ENTRY_BYTES_MAX: usize = tandem_schemas::FRAME_BYTES_MAX;
+
+/// Most writes in one [`Round`]: a replication batch's event cap
+/// (`tandem_schemas::BATCH_EVENTS_MAX`), so that a round's events always fit one batch.
+pub const ROUND_WRITES_MAX: usize = tandem_schemas::BATCH_EVENTS_MAX;
+
+/// The application data of one Raft entry: the encoded writes of one committer round,
+/// applied together, in order. Opaque bytes in this step (the spike and the storage suite
+/// carry them without reading them); the state machine on RocksLog will decode them.
+///
+/// Each write is a byte string on the wire and on disk (`serde_bytes`): postcard copies it
+/// whole, where a `Vec<u8>` would go through serde one byte at a time (the same bytes).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Round {
+    pub writes: Vec<ByteBuf>,
+}
+
+/// Why a [`Round`] may not be proposed. Nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RoundError {
+    #[error("a round holds at most {max} writes, this one {writes}")]
+    TooManyWrites { writes: usize, max: usize },
+    #[error("a round's entry is at most {max} bytes encoded, this one {bytes}")]
+    TooLarge { bytes: usize, max: usize },
+}
+
+impl Round {
+    /// A round of these writes, in order.
+    pub fn new(writes: impl IntoIterator<Item = Vec<u8>>) -> Round {
+        Round { writes: writes.into_iter().map(ByteBuf::from).collect() }
+    }
+
+    /// The bytes this round adds to an encoded entry (postcard: a length prefix per write).
+    pub fn encoded_len(&self) -> usize {
+        self.writes.iter().map(|w| w.len() + varint_len(w.len())).sum::<usize>()
+            + varint_len(self.writes.len())
+    }
+
+    /// Checks the round against [`ROUND_WRITES_MAX`] and [`ENTRY_BYTES_MAX`] (with room for
+    /// the entry's own header), before it is proposed.
+    pub fn check(&self) -> Result<(), RoundError> {
+        if self.writes.len() > ROUND_WRITES_MAX {
+            return Err(RoundError::TooManyWrites { writes: self.writes.len(), max: ROUND_WRITES_MAX });
+        }
+        let bytes = self.encoded_len() + ENTRY_HEADER_BYTES_MAX;
+        if bytes > ENTRY_BYTES_MAX {
+            return Err(RoundError::TooLarge { bytes, max: ENTRY_BYTES_MAX });
+        }
+        Ok(())
+    }
+}
+
+/// Most bytes a stored entry adds around its round: the format byte, the log id (leader
+/// id and index as varints) and the payload tag.
+pub const ENTRY_HEADER_BYTES_MAX: usize = 64;
+
+/// What applying one entry answers: the entry's index and how many writes it carried.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    pub index: u64,
+    pub writes: u64,
+}
+
+fn varint_len(n: usize) -> usize {
+    let bits = usize::BITS - n.leading_zeros();
+    (bits.max(1) as usize).div_ceil(7)
+}
+
+#[cfg(test)]
+mod tests;
