@@ -7,4 +7,6 @@ cd "$(dirname "$0")"
 . ./.ci/prereqs.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tandem-target}"
 prereqs_first_build_notice
+# tests/tidy.rs reads `cargo tree --target all --offline`: every platform's crates must be here.
+cargo fetch --locked
 cargo test --locked --workspace --no-fail-fast "$@"
