@@ -6,5 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 . ./.ci/prereqs.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tandem-target}"
+. ./.ci/target-space.sh
+target_make_room "$CARGO_TARGET_DIR"
 prereqs_first_build_notice
 exec cargo run --locked --bin tandem -- dev "$@"

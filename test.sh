@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 . ./.ci/prereqs.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tandem-target}"
+. ./.ci/target-space.sh
+target_make_room "$CARGO_TARGET_DIR"
 prereqs_first_build_notice
 # tests/tidy.rs reads `cargo tree --target all --offline`: every platform's crates must be here.
 cargo fetch --locked
