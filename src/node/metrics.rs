@@ -174,7 +174,7 @@ impl NodeShared {
             "tandem_owned_instances",
             "Own instances owned by a named principal (not anonymous)",
             &[("dc", dc)],
-            { reg.owned_instances() as f64 },
+            reg.owned_instances() as f64,
         );
         self.render_http_limits(&mut m, dc);
         let st = self.committer.stats();
