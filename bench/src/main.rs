@@ -366,10 +366,7 @@ fn main() -> anyhow::Result<()> {
         floors: Figures::default(),
     };
     ctx.report.header(format!("machine: {}", sys::machine_line()));
-    ctx.report.header(format!(
-        "commit {} | profile {PROFILE} (cargo dev profile: opt-level 2 for tandem's crates and its hot dependencies tokio, hyper, axum, serde_json, quinn, rustls, ring, reqwest and others; debug assertions and overflow checks in tandem's crates only; librocksdb-sys opt-level 1; root Cargo.toml)",
-        sys::git_commit()
-    ));
+    ctx.report.header(format!("commit {} | profile {PROFILE} ({})", sys::git_commit(), sys::BUILD));
     ctx.report.header(format!(
         "durability: every acknowledged write is a RocksDB WriteBatch with sync=true (WAL fsync), shared by concurrent writers; data dir on {} ({})",
         base_dir.display(),

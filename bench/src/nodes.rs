@@ -667,13 +667,12 @@ pub async fn memory(ctx: &mut Ctx) -> anyhow::Result<()> {
         format!("{:.0}", after.saturating_sub(before) as f64 / total as f64),
         format!("{:.0}", after as f64 / total as f64),
     ]);
-    ctx.report.note(
+    ctx.report.note(format!(
         "growth includes the in-memory view, leases, RocksDB memtables (the log, instance and index writes of \
          every registration; at most [store] write_buffer_mib per column family) and allocator slack; the 256 \
-         connections that loaded the data are closed before the RSS is read (the same for r-nacos); dev-profile \
-         build"
-            .into(),
-    );
+         connections that loaded the data are closed before the RSS is read (the same for r-nacos); {} build",
+        crate::sys::PROFILE
+    ));
     ctx.floors.tandem_rss = Some((before, after, total));
     Ok(())
 }

@@ -14,6 +14,15 @@ use std::time::Duration;
 /// checks, tandem's own crates (this one too, hence `debug`) with them (root Cargo.toml).
 pub const PROFILE: &str = if cfg!(debug_assertions) { "debug" } else { "release" };
 
+/// What the build running this binary is, for the headers and notes of a report.
+pub const BUILD: &str = if cfg!(debug_assertions) {
+    "cargo dev profile: opt-level 2 for tandem's crates and its hot dependencies tokio, hyper, axum, serde_json, \
+     quinn, rustls, ring, reqwest and others; debug assertions and overflow checks in tandem's crates only; \
+     librocksdb-sys opt-level 1; root Cargo.toml"
+} else {
+    "cargo release profile: opt-level 3 for every crate, RocksDB included; no debug assertions"
+};
+
 /// Prefix of the load generator's thread names; every other thread of the process except
 /// the main thread belongs to the server side.
 pub const LOAD_THREAD: &str = "bench-load";

@@ -455,9 +455,9 @@ fn targets(ctx: &mut Ctx, etcd: Option<&PeerFigures>, rnacos: Option<&PeerFigure
         None => ctx.report.row(vec!["M8 memory".into(), "-".into(), nm("memory not run")]),
     }
     crate::limit_rows(ctx);
-    ctx.report.note(
-        "every tandem figure here comes from the dev profile (opt-level 2 for tandem's crates and its hot \
-         dependencies, debug info, debug assertions in tandem's crates only); etcd and r-nacos are release builds"
-            .into(),
-    );
+    ctx.report.note(format!(
+        "every tandem figure here comes from the {} build ({}); etcd and r-nacos are release builds",
+        crate::sys::PROFILE,
+        crate::sys::BUILD
+    ));
 }
