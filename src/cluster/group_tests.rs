@@ -3,10 +3,12 @@
 //! network of `tests.rs`. Rounds of registrations, changes and deregistrations through
 //! `client_write` give every member byte-identical state with gapless seqs; a leader
 //! killed mid-stream and another elected, the seqs continue with no gap and no reuse; the
-//! killed member, started again from its disk, catches up and applies nothing twice.
+//! survivors snapshot and purge their logs; the killed member, started again from its disk,
+//! catches up through openraft's snapshot install and the log, and applies nothing twice.
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +29,8 @@ fn config() -> Arc<openraft::Config> {
         heartbeat_interval: 50,
         election_timeout_min: 200,
         election_timeout_max: 400,
+        // Purge the log right behind a snapshot: a member that was away then needs one.
+        max_in_snapshot_log_to_keep: 0,
         ..Default::default()
     };
     Arc::new(config.validate().unwrap())
@@ -64,12 +68,13 @@ async fn agreed_leader(group: &BTreeMap<NodeId, Member>) -> NodeId {
     }
 }
 
-/// Waits until every running member applied what the leader applied.
+/// Waits until every running member applied the leader's whole log.
 async fn converge(group: &BTreeMap<NodeId, Member>, leader: NodeId) {
-    let want = group[&leader].raft.metrics().borrow().last_applied;
     let deadline = Instant::now() + WITHIN;
     loop {
-        let applied: Vec<_> = group.values().map(|m| m.raft.metrics().borrow().last_applied).collect();
+        let want = group[&leader].raft.metrics().borrow().last_log_index;
+        let applied: Vec<_> =
+            group.values().map(|m| m.raft.metrics().borrow().last_applied.map(|l| l.index)).collect();
         if applied.iter().all(|a| *a == want) {
             return;
         }
@@ -138,7 +143,23 @@ fn a_group_mints_gapless_seqs_across_a_leader_change_and_a_restart() {
         converge(&group, next).await;
         same_state_everywhere(&group, &answered);
 
-        // The killed member starts again from its disk: it catches up, applying each
+        // The survivors snapshot their state and purge their logs behind it.
+        for m in group.values() {
+            m.raft.trigger().snapshot().await.unwrap();
+        }
+        let deadline = Instant::now() + WITHIN;
+        loop {
+            let purged: Vec<_> = group.values().map(|m| m.raft.metrics().borrow().purged).collect();
+            let applied = group[&next].raft.metrics().borrow().last_applied;
+            if purged.iter().all(|p| p.is_some() && *p == applied) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "purged {purged:?}, applied {applied:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+
+        // The killed member starts again from its disk, behind the purged logs: it catches
+        // up by a snapshot installed over its old state, then by the log, applying each
         // entry once (a second apply would mint other seqs and differ).
         let dir = dirs[(leader - 1) as usize].path();
         group.insert(leader, start(leader, dir, &router).await);
@@ -147,6 +168,7 @@ fn a_group_mints_gapless_seqs_across_a_leader_change_and_a_restart() {
         answered.extend(write_rounds(&group[&last].raft, 24, 2).await);
         converge(&group, last).await;
         same_state_everywhere(&group, &answered);
+        assert_eq!(group[&leader].sm.counters().snapshots_installed.load(Ordering::Relaxed), 1);
 
         for (_, m) in group {
             m.raft.shutdown().await.unwrap();

@@ -99,6 +99,9 @@ struct Inner {
     log: RocksLog,
     applied: Option<LogId<NodeId>>,
     membership: Membership,
+    /// A snapshot was built or installed since the state was opened: openraft has one to
+    /// ask for (see `get_current_snapshot`).
+    snapshot_made: bool,
 }
 
 /// The registry's Raft state machine: RocksLog. Clones share one state (the snapshot
@@ -122,7 +125,7 @@ impl RegistryStateMachine {
             Some(bytes) => decode_applied(&bytes).map_err(|e| OpenError::Log(LogError::Corrupt(e)))?,
             None => (None, Membership::default()),
         };
-        let inner = Inner { log, applied, membership };
+        let inner = Inner { log, applied, membership, snapshot_made: false };
         Ok(RegistryStateMachine { inner: Arc::new(Mutex::new(inner)), counters: Arc::default() })
     }
 
@@ -290,12 +293,13 @@ impl Inner {
         Ok(WriteOutcome::Written { seq })
     }
 
-    fn build_snapshot(&self, counters: &StateMachineCounters) -> SmResult<Snapshot<TypeConfig>> {
+    fn build_snapshot(&mut self, counters: &StateMachineCounters) -> SmResult<Snapshot<TypeConfig>> {
         let data = self
             .log
             .export_state(SNAPSHOT_BYTES_MAX)
             .map_err(|e| StorageIOError::read_state_machine(AnyError::new(&e)))?;
         let built = counters.snapshots_built.fetch_add(1, Ordering::Relaxed) + 1;
+        self.snapshot_made = true;
         let meta = Meta {
             last_log_id: self.applied,
             last_membership: self.membership.clone(),
@@ -321,6 +325,7 @@ impl Inner {
         self.log.replace_state(data, &applied).map_err(|e| refuse(e.to_string()))?;
         self.applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
+        self.snapshot_made = true;
         add(&counters.snapshots_installed, 1);
         Ok(())
     }
@@ -364,10 +369,12 @@ impl RaftStateMachine<TypeConfig> for RegistryStateMachine {
     }
 
     /// Built from the state now (snapshots are not kept; see the module docs): never older
-    /// than the last one built, as openraft requires.
+    /// than the last one built or installed. None before the first one since the state was
+    /// opened: openraft builds one at start when it purged logs, and purges only behind a
+    /// snapshot, so a start does not export the whole state for nothing.
     async fn get_current_snapshot(&mut self) -> SmResult<Option<Snapshot<TypeConfig>>> {
-        let nothing_applied = self.inner.lock().applied.is_none();
-        if nothing_applied {
+        let none_yet = !self.inner.lock().snapshot_made;
+        if none_yet {
             return Ok(None);
         }
         self.blocking(|inner, counters| inner.build_snapshot(counters)).await.map(Some)

@@ -60,7 +60,7 @@ impl RaftNetworkFactory<TypeConfig> for Router {
     }
 }
 
-struct Link {
+pub(super) struct Link {
     target: NodeId,
     router: Router,
 }
