@@ -78,7 +78,7 @@ fn libclang_path_is_the_only_place_searched_when_set() {
 fn fake_target(files: &[(&str, bool, u32)]) -> tempfile::TempDir {
     use std::os::unix::fs::PermissionsExt;
     let root = tempfile::tempdir().unwrap();
-    for (f, exec, hours) in files {
+    for (f, exec, _) in files {
         let p = root.path().join(f);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, b"x").unwrap();

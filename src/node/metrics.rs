@@ -170,9 +170,12 @@ impl NodeShared {
                 u.metadata_bytes as f64,
             );
         }
-        m.gauge("tandem_owned_instances", "Own instances with a recorded owner principal", &[("dc", dc)], {
-            reg.owned_instances() as f64
-        });
+        m.gauge(
+            "tandem_owned_instances",
+            "Own instances owned by a named principal (not anonymous)",
+            &[("dc", dc)],
+            reg.owned_instances() as f64,
+        );
         self.render_http_limits(&mut m, dc);
         let st = self.committer.stats();
         m.counter(

@@ -174,7 +174,7 @@ impl Registry {
         self.view.namespace_usage()
     }
 
-    /// Own instances with a recorded owner.
+    /// Own instances owned by a named principal (an `anonymous` owner restricts nothing).
     pub fn owned_instances(&self) -> usize {
         self.owners.lock().len()
     }

@@ -45,8 +45,15 @@ impl Writer {
 type Map<V> = HashMap<InstanceKey, V, foldhash::fast::RandomState>;
 
 /// The owners of the own live instances: as durable, and as minted by writes in flight.
+///
+/// Only owners that restrict anything are held: an instance owned by [`ANONYMOUS`] is
+/// judged exactly as one owned by no one (see [`judge`]), so it costs no entry here. With
+/// ACLs off that is every instance, and a node holding a million leases spends nothing on
+/// ownership (an entry costs about 170 B at that size: an `InstanceKey` and an owner in a
+/// table of 2^21 buckets). The log still records `anonymous` as the owner.
 #[derive(Debug, Default)]
 pub(super) struct Owners {
+    /// Owners other than [`ANONYMOUS`], one shared copy per principal.
     durable: Map<Arc<str>>,
     /// Key -> (seq of the write in flight, owner it sets; `None`: removes).
     inflight: Map<(u64, Option<Arc<str>>)>,
@@ -57,7 +64,22 @@ pub(super) type OwnerChange = (InstanceKey, u64, Option<Arc<str>>);
 
 impl Owners {
     pub(super) fn load(&mut self, owners: Vec<(InstanceKey, Arc<str>)>) {
-        self.durable = owners.into_iter().collect();
+        // Each stored record read back is its own allocation: share one per principal.
+        let mut principals: HashMap<Arc<str>, (), foldhash::fast::RandomState> = HashMap::default();
+        self.durable = owners
+            .into_iter()
+            .filter(|(_, o)| !restricts_nothing(o))
+            .map(|(k, o)| {
+                let shared = match principals.get_key_value(&o) {
+                    Some((p, _)) => p.clone(),
+                    None => {
+                        principals.insert(o.clone(), ());
+                        o
+                    }
+                };
+                (k, shared)
+            })
+            .collect();
         self.inflight.clear();
     }
 
@@ -80,8 +102,8 @@ impl Owners {
         for (key, seq, owner) in changes {
             if written {
                 match owner {
-                    Some(o) => self.durable.insert(key.clone(), o.clone()),
-                    None => self.durable.remove(key),
+                    Some(o) if !restricts_nothing(o) => self.durable.insert(key.clone(), o.clone()),
+                    _ => self.durable.remove(key),
                 };
             }
             if self.inflight.get(key).is_some_and(|(s, _)| s == seq) {
@@ -90,15 +112,22 @@ impl Owners {
         }
     }
 
+    /// Own instances owned by a named principal (not [`ANONYMOUS`]).
     pub(super) fn len(&self) -> usize {
         self.durable.len()
     }
 }
 
+/// An owner that [`judge`] treats as no owner at all.
+fn restricts_nothing(owner: &str) -> bool {
+    owner == ANONYMOUS
+}
+
 /// Whether `writer` may change an instance owned by `owner`; else the 403, naming why.
 pub(super) fn judge(owner: Option<&str>, writer: &Writer, key: &InstanceKey) -> Result<(), ApiError> {
     match owner {
-        None | Some(ANONYMOUS) => Ok(()),
+        None => Ok(()),
+        Some(o) if restricts_nothing(o) => Ok(()),
         Some(o) if *o == *writer.principal || writer.admin => Ok(()),
         Some(o) => Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -154,5 +183,37 @@ mod tests {
         assert_eq!(o.current(&k), None, "the later write still in flight decides");
         o.settle(std::slice::from_ref(&second), false);
         assert_eq!(o.current(&k).as_deref(), Some("a"), "the failed removal left the durable owner");
+    }
+
+    #[test]
+    fn anonymous_owners_take_no_entry_and_judge_as_none() {
+        let mut o = Owners::default();
+        let (anon, named) = (key("o1"), key("o2"));
+        o.load(vec![(anon.clone(), ANONYMOUS.into()), (named.clone(), "a".into())]);
+        assert_eq!(o.len(), 1, "only the named owner is held");
+        let b = Writer { principal: "b".into(), admin: false };
+        assert!(judge(o.current(&anon).as_deref(), &b, &anon).is_ok());
+        assert!(judge(o.current(&named).as_deref(), &b, &named).is_err());
+
+        // A write that makes a named instance anonymous (ACLs turned off, then a
+        // re-register) frees its entry; one that names it again takes it back.
+        let to_anon: OwnerChange = (named.clone(), 7, Some(ANONYMOUS.into()));
+        o.mint(&to_anon);
+        o.settle(std::slice::from_ref(&to_anon), true);
+        assert_eq!(o.len(), 0);
+        assert!(judge(o.current(&named).as_deref(), &b, &named).is_ok());
+        let to_a: OwnerChange = (named.clone(), 8, Some("a".into()));
+        o.mint(&to_a);
+        o.settle(std::slice::from_ref(&to_a), true);
+        assert_eq!(o.len(), 1);
+        assert!(judge(o.current(&named).as_deref(), &b, &named).is_err());
+    }
+
+    #[test]
+    fn loaded_owners_share_one_copy_per_principal() {
+        let mut o = Owners::default();
+        o.load((0..3).map(|i| (key(&format!("i{i}")), Arc::<str>::from("a"))).collect());
+        let held: Vec<Arc<str>> = (0..3).map(|i| o.current(&key(&format!("i{i}"))).unwrap()).collect();
+        assert!(held.windows(2).all(|w| Arc::ptr_eq(&w[0], &w[1])));
     }
 }
