@@ -15,7 +15,9 @@
 //!   per-origin applied marks and the per-peer acked marks.
 //! - `raft_log` and `raft_meta`: the Raft log of a DC's group ([`RaftLogStore`], issue 17),
 //!   in a RocksDB of its own for now (the node does not run the group yet; see
-//!   docs/cluster.md).
+//!   docs/cluster.md). When RocksLog is a group's state machine, `meta` also holds
+//!   `raft_applied` (the applied log id and membership), written in the same batch as the
+//!   entries' events (`src/store/rocks/raft_state.rs`).
 //!
 //! Every mutation of RocksLog is one `WriteBatch` written with `sync = true`: the log, the state and the
 //! marks change together or not at all, and a call returns only once the WAL is fsynced.
@@ -50,4 +52,7 @@ pub use raft_log::{
     RaftLogCounters, RaftLogStore, FORMAT_V1 as RAFT_LOG_FORMAT, META_BYTES_MAX as RAFT_META_BYTES_MAX,
     RAFT_COLUMN_FAMILIES, READ_BYTES_MAX as RAFT_READ_BYTES_MAX,
 };
-pub use rocks::{InvalidRecords, OpenError, RocksLog, MAX_OPEN_FILES_DEFAULT, WRITE_BUFFER_MIB_DEFAULT};
+pub use rocks::{
+    InvalidRecords, OpenError, RocksLog, MAX_OPEN_FILES_DEFAULT, RAFT_APPLIED_BYTES_MAX,
+    STATE_FORMAT_V1 as RAFT_STATE_FORMAT, WRITE_BUFFER_MIB_DEFAULT,
+};

@@ -112,7 +112,7 @@ impl RaftStateMachine<TypeConfig> for CountingStateMachine {
                     0
                 }
             };
-            out.push(Applied { index: entry.log_id.index, writes });
+            out.push(Applied { index: entry.log_id.index, writes, outcomes: Vec::new() });
         }
         Ok(out)
     }

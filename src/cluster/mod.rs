@@ -2,13 +2,15 @@
 //! application data of one Raft entry ([`Round`]: the writes of one committer round) and
 //! the limits on it.
 //!
-//! What exists in this step: the types, the Raft log on RocksDB
+//! What exists: the types, the Raft log on RocksDB
 //! ([`RaftLogStore`](crate::store::RaftLogStore), in `src/store/raft_log/`, because only
-//! `src/store` knows RocksDB) and a small in-memory state machine for the storage suite and
-//! the `tandem-bench raft` spike ([`CountingStateMachine`]). The node does not run Raft
-//! yet: no configuration, route or task of the node uses this module. The real state
-//! machine (RocksLog, with the origin seq assigned at apply), the QUIC transport between
-//! members, forwarding and leases on the leader come next (docs/cluster.md, "Next").
+//! `src/store` knows RocksDB), the write a round carries ([`LocalWrite`], `write.rs`), the
+//! registry's state machine on RocksLog ([`RegistryStateMachine`], `state_machine.rs`: the
+//! origin seq assigned at apply) and a small in-memory state machine for the storage suite
+//! and the `tandem-bench raft` spike ([`CountingStateMachine`]). The node does not run Raft
+//! yet: no configuration, route or task of the node uses this module. The QUIC transport
+//! between members, forwarding and leases on the leader come next (docs/cluster.md,
+//! "Next").
 //!
 //! Architecture invariants:
 //! - openraft is pinned exactly (`=0.9.25`, features `serde` and `storage-v2`): a Raft
@@ -21,6 +23,8 @@
 //!   proposed ([`Round::check`]) and again when the log store writes or reads it.
 
 mod counting;
+mod state_machine;
+mod write;
 
 use std::io::Cursor;
 
@@ -28,6 +32,11 @@ use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
 pub use counting::{CountingStateMachine, COUNTING_SNAPSHOT_BYTES_MAX};
+pub use state_machine::{
+    RegistryStateMachine, StateMachineCounters, APPLIED_FORMAT_V1, APPLY_EVENTS_PER_BATCH_MAX,
+    SNAPSHOT_BYTES_MAX,
+};
+pub use write::{Change, LocalWrite, WRITE_FORMAT_V1};
 
 /// A member of a DC's Raft group.
 pub type NodeId = u64;
@@ -57,8 +66,9 @@ pub const ENTRY_BYTES_MAX: usize = tandem_schemas::FRAME_BYTES_MAX;
 pub const ROUND_WRITES_MAX: usize = tandem_schemas::BATCH_EVENTS_MAX;
 
 /// The application data of one Raft entry: the encoded writes of one committer round,
-/// applied together, in order. Opaque bytes in this step (the spike and the storage suite
-/// carry them without reading them); the state machine on RocksLog will decode them.
+/// applied together, in order. Each write is an encoded [`LocalWrite`] for the registry's
+/// state machine ([`RegistryStateMachine`]); the spike and the storage suite carry opaque
+/// bytes, which the counting machine does not read.
 ///
 /// Each write is a byte string on the wire and on disk (`serde_bytes`): postcard copies it
 /// whole, where a `Vec<u8>` would go through serde one byte at a time (the same bytes).
@@ -106,11 +116,28 @@ impl Round {
 /// id and index as varints) and the payload tag.
 pub const ENTRY_HEADER_BYTES_MAX: usize = 64;
 
-/// What applying one entry answers: the entry's index and how many writes it carried.
+/// What applying one entry answers: the entry's index, how many writes it carried and,
+/// from the registry's state machine, what each write did (in order; empty from the
+/// counting machine).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Applied {
     pub index: u64,
     pub writes: u64,
+    pub outcomes: Vec<WriteOutcome>,
+}
+
+/// What applying one [`LocalWrite`] did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WriteOutcome {
+    /// It minted the event of this seq.
+    Written { seq: u64 },
+    /// The instance already had that value: no event.
+    Unchanged,
+    /// The instance is not live: no event.
+    Gone,
+    /// Its event would break the schema's rules or names another DC's instance (the
+    /// leader's checks should have refused it): no event, on every member alike.
+    Refused { reason: String },
 }
 
 fn varint_len(n: usize) -> usize {
@@ -118,5 +145,9 @@ fn varint_len(n: usize) -> usize {
     (bits.max(1) as usize).div_ceil(7)
 }
 
+#[cfg(test)]
+mod group_tests;
+#[cfg(test)]
+mod sm_tests;
 #[cfg(test)]
 mod tests;

@@ -48,8 +48,8 @@ fn rounds_past_the_limits_are_refused() {
 
 /// The in-process network of the group test: every member's handle, by id.
 #[derive(Clone, Default)]
-struct Router {
-    members: Arc<RwLock<BTreeMap<NodeId, Raft<TypeConfig>>>>,
+pub(super) struct Router {
+    pub(super) members: Arc<RwLock<BTreeMap<NodeId, Raft<TypeConfig>>>>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Router {
@@ -60,7 +60,7 @@ impl RaftNetworkFactory<TypeConfig> for Router {
     }
 }
 
-struct Link {
+pub(super) struct Link {
     target: NodeId,
     router: Router,
 }
@@ -106,11 +106,11 @@ impl RaftNetwork<TypeConfig> for Link {
 
 const MEMBERS: u64 = 3;
 const ROUNDS: u64 = 30;
-const WITHIN: Duration = Duration::from_secs(10);
+pub(super) const WITHIN: Duration = Duration::from_secs(10);
 
 /// Opens a member's store, waiting (bounded) for a stopped member's last handles to let go
 /// of its RocksDB.
-async fn open_store(dir: &Path) -> RaftLogStore {
+pub(super) async fn open_store(dir: &Path) -> RaftLogStore {
     let deadline = std::time::Instant::now() + WITHIN;
     loop {
         match RaftLogStore::open(dir) {

@@ -48,7 +48,9 @@ pub use owners::{Writer, ANONYMOUS};
 pub use view::{metadata_bytes, Held, NsUsage, ViewCell, ViewIndex};
 
 use view::ServiceId;
-use write::Overlay;
+/// The registry's local changes and how one is minted into an event: the Raft state
+/// machine (`crate::cluster`) mints a round's writes with the same rules at apply.
+pub(crate) use write::{Minted, Overlay, Patch};
 
 /// Counters shown in /metrics and /v1/status.
 #[derive(Debug, Default)]

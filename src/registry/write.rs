@@ -22,7 +22,7 @@ use crate::store::{Built, CommitError, Settled};
 
 /// A change to one local instance, turned into an event against the latest minted state.
 #[derive(Clone, Debug)]
-pub(super) enum Patch {
+pub(crate) enum Patch {
     /// Register or replace the whole record (client-set fields; health starts Healthy).
     Register(Box<InstanceRecord>),
     Status(Status),
@@ -60,7 +60,7 @@ enum Slot {
 /// What a patch did.
 #[derive(Clone, Debug)]
 #[allow(clippy::large_enum_variant)]
-pub(super) enum Minted {
+pub(crate) enum Minted {
     Op(Op),
     /// The instance exists and already has the value.
     Unchanged,
@@ -73,16 +73,16 @@ pub(super) enum Minted {
 /// been answered, by then the view holds the same state; so the overlay holds only the
 /// instances with writes in flight, not a second copy of every record.
 #[derive(Clone, Debug)]
-pub(super) struct Pending {
+pub(crate) struct Pending {
     pub(super) seq: u64,
     pub(super) record: Option<InstanceRecord>,
 }
 
-pub(super) type Overlay = HashMap<InstanceKey, Pending, foldhash::fast::RandomState>;
+pub(crate) type Overlay = HashMap<InstanceKey, Pending, foldhash::fast::RandomState>;
 
 impl Patch {
     /// The registration this patch was judged on, if it names one.
-    pub(super) fn judged(&self) -> Option<u64> {
+    pub(crate) fn judged(&self) -> Option<u64> {
         match self {
             Patch::Health { version, .. } | Patch::Damped(_, version) => Some(*version),
             Patch::Deregister(_, version) => *version,
@@ -95,7 +95,7 @@ impl Patch {
     /// overlay records the new state under `seq`. `lease`: the registration the key's
     /// lease belongs to now; a patch judged on another registration is `Gone` (it was about
     /// an instance that has been replaced or removed since).
-    pub(super) fn apply(
+    pub(crate) fn apply(
         self,
         key: &InstanceKey,
         overlay: &mut Overlay,

@@ -17,16 +17,19 @@
 //! with its key and counted in [`InvalidRecords`] (status and metrics).
 //!
 //! The [`EventLog`] contract is implemented in `event_log`; the corruption tests are in
-//! `tests`.
+//! `tests`; `raft_state` serves the Raft state machine (applied state, exports).
 
 mod event_log;
 pub(super) mod open;
 mod owners;
+mod raft_state;
 mod retire;
 mod scope;
 mod snapshot;
 #[cfg(test)]
 mod tests;
+
+pub use raft_state::{RAFT_APPLIED_BYTES_MAX, STATE_FORMAT_V1};
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -33,15 +33,34 @@ impl RocksLog {
         owners: &[(u64, Arc<str>)],
     ) -> Result<Vec<StateChange>, LogError> {
         self.check_writable()?;
+        let mut batch = WriteBatch::default();
+        let changes = self.stage_local_owned(&mut batch, events, owners)?;
+        let Some(last) = events.last() else {
+            return Ok(changes);
+        };
+        let last_seq = last.seq;
+        self.commit(batch)?;
+        self.own.seq = last_seq;
+        Ok(changes)
+    }
+
+    /// Stages own events (checked against the own mark), their effects on state and their
+    /// owner records into `batch`; the caller commits it and then moves `own.seq` to the
+    /// last event's seq. No events: nothing staged.
+    pub(super) fn stage_local_owned(
+        &self,
+        batch: &mut WriteBatch,
+        events: &[ChangeEvent],
+        owners: &[(u64, Arc<str>)],
+    ) -> Result<Vec<StateChange>, LogError> {
         check_local_sequence(self.own, &self.dc, events)?;
         let Some(last) = events.last() else {
             return Ok(Vec::new());
         };
         let log_cf = self.cf(CF_LOG)?;
-        let mut batch = WriteBatch::default();
         let mut changes = Vec::with_capacity(events.len());
         for ev in events {
-            changes.push(self.stage_effect(&mut batch, ev, local_effect(ev))?);
+            changes.push(self.stage_effect(batch, ev, local_effect(ev))?);
             batch.put_cf(log_cf, seq_key(ev.seq), tandem_schemas::encode_event(ev));
         }
         let meta_cf = self.cf(CF_META)?;
@@ -51,10 +70,7 @@ impl RocksLog {
                 None => batch.delete_cf(meta_cf, owner_key(&key)),
             }
         }
-        batch.put_cf(self.cf(CF_META)?, META_OWN_SEQ, last.seq.to_be_bytes());
-        let last_seq = last.seq;
-        self.commit(batch)?;
-        self.own.seq = last_seq;
+        batch.put_cf(meta_cf, META_OWN_SEQ, last.seq.to_be_bytes());
         Ok(changes)
     }
 

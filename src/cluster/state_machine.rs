@@ -1,0 +1,382 @@
+//! [`RegistryStateMachine`]: the Raft state machine of a DC's group on RocksLog (issue 17,
+//! docs/cluster.md). Applying an entry mints the events of its round's writes
+//! ([`LocalWrite`]) and writes them, their state and owner records and the applied log id
+//! and membership in one synced RocksDB batch (`RocksLog::append_local_applied`), so the
+//! state and its applied id never part, across a crash too.
+//!
+//! Determinism: minting reads only the state as applied so far (RocksLog, plus the writes
+//! of the same apply call not written yet) and the write itself. Seqs continue the own seq
+//! of RocksLog, one per event minted (blank and membership entries mint none); the epoch
+//! is RocksLog's, set when the group's first member was created (the same on every
+//! member) or installed with a snapshot. A write whose event breaks the schema's rules,
+//! or names another DC's instance, is refused the same way on every member (no event, no
+//! seq, [`WriteOutcome::Refused`], counted). A write that does not decode fails the apply
+//! with a `StorageError`: openraft then stops the member (the entry is the same bytes on
+//! every member, so that is corruption or a version skew, never input to skip).
+//!
+//! Batches: one apply call is one synced batch, cut at an entry's end once it holds
+//! [`APPLY_EVENTS_PER_BATCH_MAX`] events; each batch carries the applied id of its last
+//! entry.
+//!
+//! Snapshots: an export of RocksLog's column families (`RocksLog::export_state`), bounded
+//! by [`SNAPSHOT_BYTES_MAX`], built from the state when openraft asks for one and not
+//! kept (no copy of the state sits in memory or on disk between two requests). An install
+//! replaces the whole state in one synced batch after checking it
+//! (`RocksLog::replace_state`): all of it or nothing. Export rather than a RocksDB
+//! checkpoint: the snapshot type is a byte buffer today (the transport between members
+//! comes next), and an export is exactly RocksLog's data, not its table files, WAL and
+//! the Raft log's column families.
+//!
+//! RocksDB work runs on blocking threads; the state sits behind one mutex (openraft calls
+//! one method at a time, and a snapshot build holds the state still while it exports).
+
+// The helpers return what openraft's traits return: its `StorageError` is hundreds of
+// bytes, and the traits fix it.
+#![allow(clippy::result_large_err)]
+
+use std::io::Cursor;
+use std::num::NonZeroU64;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    AnyError, BasicNode, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta, StorageError,
+    StorageIOError, StoredMembership,
+};
+use parking_lot::Mutex;
+use tandem_replicator::log::{check_local_sequence, EventLog, LogError};
+use tandem_schemas::{ChangeEvent, Mark};
+
+use super::write::LocalWrite;
+use super::{Applied, NodeId, RaftEntry, TypeConfig, WriteOutcome};
+use crate::registry::{Minted, Overlay};
+use crate::store::{OpenError, RocksLog};
+
+/// Largest snapshot built or installed (its export of the state): about a million
+/// instances of ~300 bytes with their tombstones and log. Building past it fails (the
+/// member cannot send a snapshot; it still replicates by log), installing past it is
+/// refused.
+pub const SNAPSHOT_BYTES_MAX: usize = 512 << 20;
+
+/// Most events one batch of an apply call holds before it is written (the committer's
+/// own group bound): an apply call after a restart may carry thousands of entries.
+pub const APPLY_EVENTS_PER_BATCH_MAX: usize = 8192;
+
+/// The format byte of the stored applied state.
+pub const APPLIED_FORMAT_V1: u8 = 1;
+
+type Membership = StoredMembership<NodeId, BasicNode>;
+type Meta = SnapshotMeta<NodeId, BasicNode>;
+type SmResult<T> = Result<T, StorageError<NodeId>>;
+
+/// What the state machine did, for metrics. Shared by its clones.
+#[derive(Debug, Default)]
+pub struct StateMachineCounters {
+    /// Entries applied (blank and membership ones too), and the synced batches that
+    /// wrote them.
+    pub entries_applied: AtomicU64,
+    pub batches: AtomicU64,
+    /// Writes applied, by outcome.
+    pub writes_written: AtomicU64,
+    pub writes_unchanged: AtomicU64,
+    pub writes_gone: AtomicU64,
+    pub writes_refused: AtomicU64,
+    /// Writes that did not decode (each stopped the member).
+    pub writes_corrupt: AtomicU64,
+    pub snapshots_built: AtomicU64,
+    pub snapshots_installed: AtomicU64,
+    /// Snapshots refused at install (too large, not decodable, another DC's, ...).
+    pub snapshots_refused: AtomicU64,
+}
+
+fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+struct Inner {
+    log: RocksLog,
+    applied: Option<LogId<NodeId>>,
+    membership: Membership,
+    /// A snapshot was built or installed since the state was opened: openraft has one to
+    /// ask for (see `get_current_snapshot`).
+    snapshot_made: bool,
+}
+
+/// The registry's Raft state machine: RocksLog. Clones share one state (the snapshot
+/// builder is a clone).
+#[derive(Clone)]
+pub struct RegistryStateMachine {
+    inner: Arc<Mutex<Inner>>,
+    counters: Arc<StateMachineCounters>,
+}
+
+impl RegistryStateMachine {
+    /// Opens the state of `dc` in `dir`. A new dir starts with `epoch`: the group's epoch,
+    /// the same for every member (a member's own random one would mint other events). An
+    /// existing dir keeps what it holds.
+    pub fn open(dir: &Path, dc: &str, epoch: NonZeroU64) -> Result<RegistryStateMachine, OpenError> {
+        let log = match RocksLog::create_with_epoch(dir, dc, epoch) {
+            Err(OpenError::AlreadyInitialized { .. }) => RocksLog::open(dir, dc)?,
+            other => other?,
+        };
+        let (applied, membership) = match log.raft_applied()? {
+            Some(bytes) => decode_applied(&bytes).map_err(|e| OpenError::Log(LogError::Corrupt(e)))?,
+            None => (None, Membership::default()),
+        };
+        let inner = Inner { log, applied, membership, snapshot_made: false };
+        Ok(RegistryStateMachine { inner: Arc::new(Mutex::new(inner)), counters: Arc::default() })
+    }
+
+    /// The state machine's counters (shared by its clones).
+    pub fn counters(&self) -> Arc<StateMachineCounters> {
+        self.counters.clone()
+    }
+
+    /// Runs `f` with the state (reads; between two applies).
+    pub fn with_log<R>(&self, f: impl FnOnce(&RocksLog) -> R) -> R {
+        f(&self.inner.lock().log)
+    }
+
+    /// Runs `f` with the state locked on a blocking thread.
+    async fn blocking<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Inner, &StateMachineCounters) -> SmResult<R> + Send + 'static,
+    ) -> SmResult<R> {
+        let (inner, counters) = (self.inner.clone(), self.counters.clone());
+        tokio::task::spawn_blocking(move || f(&mut inner.lock(), &counters))
+            .await
+            .map_err(|e| StorageIOError::write_state_machine(AnyError::error(format!("state machine task: {e}"))))?
+    }
+}
+
+/// `[APPLIED_FORMAT_V1] ++ postcard((applied, membership))`.
+fn encode_applied(applied: &Option<LogId<NodeId>>, membership: &Membership) -> Result<Vec<u8>, String> {
+    postcard::to_extend(&(applied, membership), vec![APPLIED_FORMAT_V1]).map_err(|e| e.to_string())
+}
+
+fn decode_applied(bytes: &[u8]) -> Result<(Option<LogId<NodeId>>, Membership), String> {
+    let (&format, body) = bytes.split_first().ok_or("empty applied state")?;
+    if format != APPLIED_FORMAT_V1 {
+        return Err(format!("applied state of format {format}, this build reads {APPLIED_FORMAT_V1}"));
+    }
+    let (value, rest) = postcard::take_from_bytes(body).map_err(|e| format!("applied state: {e}"))?;
+    if !rest.is_empty() {
+        return Err(format!("{} bytes after the applied state", rest.len()));
+    }
+    Ok(value)
+}
+
+/// The events of one batch being minted, not written yet.
+#[derive(Default)]
+struct Minting {
+    events: Vec<ChangeEvent>,
+    owners: Vec<(u64, Arc<str>)>,
+    /// Minted state of the keys the batch changed (the registry's overlay).
+    overlay: Overlay,
+}
+
+impl Inner {
+    fn apply(&mut self, counters: &StateMachineCounters, entries: Vec<RaftEntry>) -> SmResult<Vec<Applied>> {
+        let mut out = Vec::with_capacity(entries.len());
+        let mut pending = Minting::default();
+        let (mut applied, mut membership) = (self.applied, self.membership.clone());
+        let mut unwritten = 0u64;
+        for entry in entries {
+            let log_id = entry.log_id;
+            let mut answer = Applied { index: log_id.index, ..Applied::default() };
+            match entry.payload {
+                EntryPayload::Blank => {}
+                EntryPayload::Membership(m) => membership = StoredMembership::new(Some(log_id), m),
+                EntryPayload::Normal(round) => {
+                    answer.writes = round.writes.len() as u64;
+                    for bytes in &round.writes {
+                        let write = LocalWrite::decode(bytes).map_err(|e| {
+                            add(&counters.writes_corrupt, 1);
+                            tracing::error!(?log_id, error = %e, "a Raft entry's write does not decode; stopping");
+                            StorageIOError::apply(log_id, AnyError::error(e))
+                        })?;
+                        let outcome = self
+                            .mint(&mut pending, write)
+                            .map_err(|e| StorageIOError::apply(log_id, AnyError::new(&e)))?;
+                        let c = match outcome {
+                            WriteOutcome::Written { .. } => &counters.writes_written,
+                            WriteOutcome::Unchanged => &counters.writes_unchanged,
+                            WriteOutcome::Gone => &counters.writes_gone,
+                            WriteOutcome::Refused { .. } => &counters.writes_refused,
+                        };
+                        add(c, 1);
+                        answer.outcomes.push(outcome);
+                    }
+                }
+            }
+            applied = Some(log_id);
+            unwritten += 1;
+            out.push(answer);
+            if pending.events.len() >= APPLY_EVENTS_PER_BATCH_MAX {
+                self.write(counters, &mut pending, applied, &membership)?;
+                add(&counters.entries_applied, std::mem::take(&mut unwritten));
+            }
+        }
+        if unwritten > 0 {
+            self.write(counters, &mut pending, applied, &membership)?;
+            add(&counters.entries_applied, unwritten);
+        }
+        Ok(out)
+    }
+
+    /// Writes the pending events with the applied state, in one synced batch.
+    fn write(
+        &mut self,
+        counters: &StateMachineCounters,
+        pending: &mut Minting,
+        applied: Option<LogId<NodeId>>,
+        membership: &Membership,
+    ) -> SmResult<()> {
+        let fail = |e: String| StorageIOError::write_state_machine(AnyError::error(e));
+        let bytes = encode_applied(&applied, membership).map_err(fail)?;
+        let Minting { events, owners, .. } = std::mem::take(pending);
+        self.log.append_local_applied(&events, &owners, &bytes).map_err(|e| fail(e.to_string()))?;
+        self.applied = applied;
+        self.membership = membership.clone();
+        add(&counters.batches, 1);
+        Ok(())
+    }
+
+    /// Mints one write's event against the state applied so far and the pending batch.
+    fn mint(&self, pending: &mut Minting, write: LocalWrite) -> Result<WriteOutcome, LogError> {
+        let (event_id, time_ms) = (write.event_id, write.time_ms);
+        let dc = self.log.local_dc();
+        let (key, patch, owner) = write.into_patch();
+        if *key.owner_dc != *dc {
+            return Ok(WriteOutcome::Refused {
+                reason: format!("instance {key:?} belongs to DC {}, this group is DC {dc}", key.owner_dc),
+            });
+        }
+        let own = self.log.own_mark();
+        let base = Mark { epoch: own.epoch, seq: own.seq + pending.events.len() as u64 };
+        let held = if pending.overlay.contains_key(&key) {
+            None
+        } else {
+            self.log.instance(&key)?.map(|(_, record)| record)
+        };
+        let before = pending.overlay.get(&key).cloned();
+        let judged = patch.judged();
+        let op = match patch.apply(&key, &mut pending.overlay, base.seq + 1, |_| held, judged) {
+            Minted::Op(op) => op,
+            Minted::Unchanged => return Ok(WriteOutcome::Unchanged),
+            Minted::Gone => return Ok(WriteOutcome::Gone),
+        };
+        let event = ChangeEvent {
+            event_id,
+            origin_dc: dc.to_owned(),
+            origin_epoch: base.epoch,
+            seq: base.seq + 1,
+            commit_time_ms: time_ms,
+            op,
+        };
+        if let Err(e) = check_local_sequence(base, dc, std::slice::from_ref(&event)) {
+            // The same on every member: no event, no seq; the overlay as it was.
+            match before {
+                Some(p) => pending.overlay.insert(key, p),
+                None => pending.overlay.remove(&key),
+            };
+            tracing::error!(error = %e, "a Raft entry's write was refused at apply");
+            return Ok(WriteOutcome::Refused { reason: e.to_string() });
+        }
+        if let Some(owner) = owner {
+            pending.owners.push((event.seq, Arc::from(owner)));
+        }
+        let seq = event.seq;
+        pending.events.push(event);
+        Ok(WriteOutcome::Written { seq })
+    }
+
+    fn build_snapshot(&mut self, counters: &StateMachineCounters) -> SmResult<Snapshot<TypeConfig>> {
+        let data = self
+            .log
+            .export_state(SNAPSHOT_BYTES_MAX)
+            .map_err(|e| StorageIOError::read_state_machine(AnyError::new(&e)))?;
+        let built = counters.snapshots_built.fetch_add(1, Ordering::Relaxed) + 1;
+        self.snapshot_made = true;
+        let meta = Meta {
+            last_log_id: self.applied,
+            last_membership: self.membership.clone(),
+            snapshot_id: format!(
+                "{}-{}-{built}",
+                self.applied.map_or(0, |l| l.leader_id.term),
+                self.applied.map_or(0, |l| l.index)
+            ),
+        };
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
+    }
+
+    fn install_snapshot(&mut self, counters: &StateMachineCounters, meta: &Meta, data: &[u8]) -> SmResult<()> {
+        let refuse = |e: String| {
+            add(&counters.snapshots_refused, 1);
+            tracing::error!(snapshot = %meta.snapshot_id, error = %e, "Raft snapshot refused");
+            StorageError::from(StorageIOError::read_snapshot(Some(meta.signature()), AnyError::error(e)))
+        };
+        if data.len() > SNAPSHOT_BYTES_MAX {
+            return Err(refuse(format!("{} bytes, at most {SNAPSHOT_BYTES_MAX}", data.len())));
+        }
+        let applied = encode_applied(&meta.last_log_id, &meta.last_membership).map_err(&refuse)?;
+        self.log.replace_state(data, &applied).map_err(|e| refuse(e.to_string()))?;
+        self.applied = meta.last_log_id;
+        self.membership = meta.last_membership.clone();
+        self.snapshot_made = true;
+        add(&counters.snapshots_installed, 1);
+        Ok(())
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for RegistryStateMachine {
+    async fn build_snapshot(&mut self) -> SmResult<Snapshot<TypeConfig>> {
+        self.blocking(|inner, counters| inner.build_snapshot(counters)).await
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for RegistryStateMachine {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> SmResult<(Option<LogId<NodeId>>, Membership)> {
+        let inner = self.inner.lock();
+        Ok((inner.applied, inner.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> SmResult<Vec<Applied>>
+    where
+        I: IntoIterator<Item = RaftEntry> + Send,
+        I::IntoIter: Send,
+    {
+        let entries: Vec<RaftEntry> = entries.into_iter().collect();
+        self.blocking(move |inner, counters| inner.apply(counters, entries)).await
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> SmResult<Box<Cursor<Vec<u8>>>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(&mut self, meta: &Meta, snapshot: Box<Cursor<Vec<u8>>>) -> SmResult<()> {
+        let meta = meta.clone();
+        let data = snapshot.into_inner();
+        self.blocking(move |inner, counters| inner.install_snapshot(counters, &meta, &data)).await
+    }
+
+    /// Built from the state now (snapshots are not kept; see the module docs): never older
+    /// than the last one built or installed. None before the first one since the state was
+    /// opened: openraft builds one at start when it purged logs, and purges only behind a
+    /// snapshot, so a start does not export the whole state for nothing.
+    async fn get_current_snapshot(&mut self) -> SmResult<Option<Snapshot<TypeConfig>>> {
+        let none_yet = !self.inner.lock().snapshot_made;
+        if none_yet {
+            return Ok(None);
+        }
+        self.blocking(|inner, counters| inner.build_snapshot(counters)).await.map(Some)
+    }
+}
