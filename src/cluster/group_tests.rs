@@ -57,7 +57,8 @@ async fn start(id: NodeId, dir: &Path, router: &Router) -> Member {
 async fn agreed_leader(group: &BTreeMap<NodeId, Member>) -> NodeId {
     let deadline = Instant::now() + WITHIN;
     loop {
-        let seen: Vec<Option<NodeId>> = group.values().map(|m| m.raft.metrics().borrow().current_leader).collect();
+        let seen: Vec<Option<NodeId>> =
+            group.values().map(|m| m.raft.metrics().borrow().current_leader).collect();
         if let Some(Some(id)) = seen.first() {
             if group.contains_key(id) && seen.iter().all(|s| s == &Some(*id)) {
                 return *id;
@@ -89,7 +90,11 @@ async fn write_rounds(leader: &Raft<TypeConfig>, first: u64, rounds: u64) -> Vec
     let mut seqs = Vec::new();
     for r in first..first + rounds {
         let k = (r % 5) as u8;
-        let writes = [write_of(3 * r, 0, k, r as u8), write_of(3 * r + 1, 2, (k + 1) % 5, r as u8), write_of(3 * r + 2, 1, (k + 2) % 5, 0)];
+        let writes = [
+            write_of(3 * r, 0, k, r as u8),
+            write_of(3 * r + 1, 2, (k + 1) % 5, r as u8),
+            write_of(3 * r + 2, 1, (k + 2) % 5, 0),
+        ];
         let answer = leader.client_write(Round::of_writes(&writes).unwrap()).await.unwrap();
         for outcome in answer.data.outcomes {
             if let WriteOutcome::Written { seq } = outcome {

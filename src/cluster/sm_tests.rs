@@ -62,9 +62,14 @@ pub(super) fn record(i: u8, port: u16) -> InstanceRecord {
 pub(super) fn write_of(n: u64, kind: u8, k: u8, p: u8) -> LocalWrite {
     let pick = |n: usize| usize::from(p) % n;
     let change = match kind % 6 {
-        0 => Change::Register { record: record(k, 1000 + u16::from(p)), owner: Some(format!("p{}", pick(3))) },
+        0 => {
+            Change::Register { record: record(k, 1000 + u16::from(p)), owner: Some(format!("p{}", pick(3))) }
+        }
         1 => Change::Deregister { key: key(k), reason: DeregisterReason::Explicit },
-        2 => Change::Status { key: key(k), status: [Status::Up, Status::Draining, Status::OutOfService][pick(3)] },
+        2 => Change::Status {
+            key: key(k),
+            status: [Status::Up, Status::Draining, Status::OutOfService][pick(3)],
+        },
         3 => Change::Health {
             key: key(k),
             health: [Health::Healthy, Health::Suspect, Health::Unhealthy][pick(3)],
@@ -130,7 +135,6 @@ fn membership(index: u64) -> RaftEntry {
     let voters = nodes.keys().copied().collect();
     entry(index, EntryPayload::Membership(Membership::new(vec![voters], nodes)))
 }
-
 
 #[test]
 fn writes_round_trip_and_foreign_bytes_are_refused() {
@@ -242,9 +246,13 @@ fn a_refused_write_takes_no_seq() {
     if let Change::Register { record, .. } = &mut zero_port.change {
         record.port = 0;
     }
-    let answers = apply(&sm, vec![normal(1, &[other, zero_port, write_of(3, 0, 2, 0), write_of(4, 2, 1, 1)])]).unwrap();
+    let answers =
+        apply(&sm, vec![normal(1, &[other, zero_port, write_of(3, 0, 2, 0), write_of(4, 2, 1, 1)])]).unwrap();
     let o = &answers[0].outcomes;
-    assert!(matches!(o[0], WriteOutcome::Refused { .. }) && matches!(o[1], WriteOutcome::Refused { .. }), "{o:?}");
+    assert!(
+        matches!(o[0], WriteOutcome::Refused { .. }) && matches!(o[1], WriteOutcome::Refused { .. }),
+        "{o:?}"
+    );
     assert_eq!(o[2..], [WriteOutcome::Written { seq: 1 }, WriteOutcome::Gone]);
     assert_eq!(sm.with_log(|l| l.instances().unwrap().len()), 1);
 }
@@ -256,7 +264,8 @@ fn a_refused_write_takes_no_seq() {
 fn a_snapshot_installs_identical_state_and_bad_ones_change_nothing() {
     let dirs: Vec<TempDir> = (0..3).map(|_| TempDir::new().unwrap()).collect();
     let a = open(dirs[0].path());
-    let writes: Vec<LocalWrite> = (0..12).map(|n| write_of(n, (n % 5) as u8, (n % 4) as u8, n as u8)).collect();
+    let writes: Vec<LocalWrite> =
+        (0..12).map(|n| write_of(n, (n % 5) as u8, (n % 4) as u8, n as u8)).collect();
     apply(&a, vec![membership(1), normal(2, &writes[..6]), normal(3, &writes[6..])]).unwrap();
     let snap = block(a.clone().build_snapshot()).unwrap();
     assert_eq!(snap.meta.last_log_id.map(|l| l.index), Some(3));
@@ -280,7 +289,8 @@ fn a_snapshot_installs_identical_state_and_bad_ones_change_nothing() {
     ];
     for (sm, meta, bytes) in cases {
         let before = export(sm);
-        let err = block(sm.clone().install_snapshot(&meta, Box::new(std::io::Cursor::new(bytes)))).unwrap_err();
+        let err =
+            block(sm.clone().install_snapshot(&meta, Box::new(std::io::Cursor::new(bytes)))).unwrap_err();
         assert!(err.to_string().contains("snapshot"), "{err}");
         assert_eq!(export(sm), before);
     }
@@ -321,7 +331,14 @@ fn reference(dir: &Path, rounds: &[Vec<LocalWrite>]) -> Dump {
                     }
                     let origin_dc = DC.to_owned();
                     let origin_epoch = mark.epoch;
-                    built.events.push(ChangeEvent { event_id, origin_dc, origin_epoch, seq, commit_time_ms, op });
+                    built.events.push(ChangeEvent {
+                        event_id,
+                        origin_dc,
+                        origin_epoch,
+                        seq,
+                        commit_time_ms,
+                        op,
+                    });
                 }
             }
             built

@@ -145,9 +145,9 @@ impl RegistryStateMachine {
         f: impl FnOnce(&mut Inner, &StateMachineCounters) -> SmResult<R> + Send + 'static,
     ) -> SmResult<R> {
         let (inner, counters) = (self.inner.clone(), self.counters.clone());
-        tokio::task::spawn_blocking(move || f(&mut inner.lock(), &counters))
-            .await
-            .map_err(|e| StorageIOError::write_state_machine(AnyError::error(format!("state machine task: {e}"))))?
+        tokio::task::spawn_blocking(move || f(&mut inner.lock(), &counters)).await.map_err(|e| {
+            StorageIOError::write_state_machine(AnyError::error(format!("state machine task: {e}")))
+        })?
     }
 }
 
@@ -312,7 +312,12 @@ impl Inner {
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
     }
 
-    fn install_snapshot(&mut self, counters: &StateMachineCounters, meta: &Meta, data: &[u8]) -> SmResult<()> {
+    fn install_snapshot(
+        &mut self,
+        counters: &StateMachineCounters,
+        meta: &Meta,
+        data: &[u8],
+    ) -> SmResult<()> {
         let refuse = |e: String| {
             add(&counters.snapshots_refused, 1);
             tracing::error!(snapshot = %meta.snapshot_id, error = %e, "Raft snapshot refused");

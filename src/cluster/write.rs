@@ -87,9 +87,13 @@ impl LocalWrite {
         // leader judged it before proposing (the module docs), so the version here is
         // only a placeholder that the apply passes as the current one.
         match self.change {
-            Change::Register { record, owner } => (record.key.clone(), Patch::Register(Box::new(record)), owner),
+            Change::Register { record, owner } => {
+                (record.key.clone(), Patch::Register(Box::new(record)), owner)
+            }
             Change::Status { key, status } => (key, Patch::Status(status), None),
-            Change::Health { key, health, damped } => (key, Patch::Health { health, damped, version: 0 }, None),
+            Change::Health { key, health, damped } => {
+                (key, Patch::Health { health, damped, version: 0 }, None)
+            }
             Change::Damped { key, damped } => (key, Patch::Damped(damped, 0), None),
             Change::Deregister { key, reason } => (key, Patch::Deregister(reason, None), None),
         }

@@ -48,7 +48,8 @@ const PAIR_HEADER_BYTES: usize = 1 + 4 + 4;
 impl RocksLog {
     /// The live record of `key` and its seq, if the state holds one.
     pub fn instance(&self, key: &InstanceKey) -> Result<Option<(u64, InstanceRecord)>, LogError> {
-        let Some(bytes) = self.db()?.get_pinned_cf(self.cf(CF_INSTANCES)?, encode_key(key)).map_err(storage)?
+        let Some(bytes) =
+            self.db()?.get_pinned_cf(self.cf(CF_INSTANCES)?, encode_key(key)).map_err(storage)?
         else {
             return Ok(None);
         };
@@ -156,9 +157,8 @@ impl RocksLog {
     fn check_export(&self, pairs: &[(u8, &[u8], &[u8])], applied: &[u8]) -> Result<(), LogError> {
         let position = |name: &str| COLUMN_FAMILIES.iter().position(|n| *n == name).map(|p| p as u8);
         let (meta, log) = (position(CF_META), position(CF_LOG));
-        let meta_of = |key: &[u8]| {
-            pairs.iter().find(|(p, k, _)| Some(*p) == meta && *k == key).map(|(_, _, v)| *v)
-        };
+        let meta_of =
+            |key: &[u8]| pairs.iter().find(|(p, k, _)| Some(*p) == meta && *k == key).map(|(_, _, v)| *v);
         if meta_of(META_DC) != Some(self.dc.as_bytes()) {
             return Err(bad(format!("not a state of DC {}", self.dc)));
         }
