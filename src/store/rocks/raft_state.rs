@@ -154,7 +154,7 @@ impl RocksLog {
     }
 
     /// What [`load`](Self::load) will need of the export, checked before anything is written.
-    fn check_export(&self, pairs: &[(u8, &[u8], &[u8])], applied: &[u8]) -> Result<(), LogError> {
+    fn check_export(&self, pairs: &[Pair<'_>], applied: &[u8]) -> Result<(), LogError> {
         let position = |name: &str| COLUMN_FAMILIES.iter().position(|n| *n == name).map(|p| p as u8);
         let (meta, log) = (position(CF_META), position(CF_LOG));
         let meta_of =
@@ -191,13 +191,16 @@ impl RocksLog {
     }
 }
 
+/// One stored pair of an export: (column family's index, key, value).
+type Pair<'a> = (u8, &'a [u8], &'a [u8]);
+
 /// The pairs of an export, checked against its format and bounds.
-fn parse_export(export: &[u8]) -> Result<Vec<(u8, &[u8], &[u8])>, LogError> {
+fn parse_export(export: &[u8]) -> Result<Vec<Pair<'_>>, LogError> {
     let (&format, mut rest) = export.split_first().ok_or_else(|| bad("empty".into()))?;
     if format != STATE_FORMAT_V1 {
         return Err(bad(format!("format {format}, this build reads {STATE_FORMAT_V1}")));
     }
-    let mut pairs: Vec<(u8, &[u8], &[u8])> = Vec::new();
+    let mut pairs: Vec<Pair<'_>> = Vec::new();
     while let Some((&position, tail)) = rest.split_first() {
         rest = tail;
         if usize::from(position) >= COLUMN_FAMILIES.len() {
