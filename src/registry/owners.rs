@@ -65,20 +65,12 @@ pub(super) type OwnerChange = (InstanceKey, u64, Option<Arc<str>>);
 impl Owners {
     pub(super) fn load(&mut self, owners: Vec<(InstanceKey, Arc<str>)>) {
         // Each stored record read back is its own allocation: share one per principal.
-        let mut principals: HashMap<Arc<str>, (), foldhash::fast::RandomState> = HashMap::default();
+        let mut principals: hashbrown::HashSet<Arc<str>, foldhash::fast::RandomState> =
+            hashbrown::HashSet::default();
         self.durable = owners
             .into_iter()
             .filter(|(_, o)| !restricts_nothing(o))
-            .map(|(k, o)| {
-                let shared = match principals.get_key_value(&o) {
-                    Some((p, _)) => p.clone(),
-                    None => {
-                        principals.insert(o.clone(), ());
-                        o
-                    }
-                };
-                (k, shared)
-            })
+            .map(|(k, o)| (k, principals.get_or_insert(o).clone()))
             .collect();
         self.inflight.clear();
     }
@@ -127,8 +119,7 @@ fn restricts_nothing(owner: &str) -> bool {
 pub(super) fn judge(owner: Option<&str>, writer: &Writer, key: &InstanceKey) -> Result<(), ApiError> {
     match owner {
         None => Ok(()),
-        Some(o) if restricts_nothing(o) => Ok(()),
-        Some(o) if *o == *writer.principal || writer.admin => Ok(()),
+        Some(o) if restricts_nothing(o) || *o == *writer.principal || writer.admin => Ok(()),
         Some(o) => Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
