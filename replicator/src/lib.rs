@@ -9,6 +9,8 @@
 //! - [`sampled`]: sampled logging (one line per period) for floods of refusals.
 //! - [`tls`]: certificates, mutual TLS and peer identity for the QUIC gateway.
 //! - [`gateway`]: the thin QUIC driver that runs the protocol over quinn.
+//! - [`member`]: the member link between the nodes of one DC's Raft group (QUIC, mutual
+//!   TLS with node certificates, opaque request and answer bytes).
 //!
 //! Architecture invariant: only this crate knows quinn and rustls; it never depends on
 //! RocksDB (the root crate provides the durable [`log::EventLog`]).
@@ -16,6 +18,7 @@
 pub mod epoch;
 pub mod gateway;
 pub mod log;
+pub mod member;
 pub mod merge;
 pub mod protocol;
 pub mod purge;

@@ -1,18 +1,23 @@
 //! A group of three members in one process on the registry's state machine: each member a
-//! `RaftLogStore` and a `RegistryStateMachine` (RocksLog) in its own tempdir, the in-process
-//! network of `tests.rs`. Rounds of registrations, changes and deregistrations through
+//! `RaftLogStore` and a `RegistryStateMachine` (RocksLog) in its own tempdir, connected by
+//! the in-process network of `tests.rs` or by the real member link (QUIC with mutual TLS on
+//! loopback, node certificates from the dev PKI): the same scenario runs on both. Rounds of registrations, changes and deregistrations through
 //! `client_write` give every member byte-identical state with gapless seqs; a leader
 //! killed mid-stream and another elected, the seqs continue with no gap and no reuse; the
 //! survivors snapshot and purge their logs; the killed member, started again from its disk,
 //! catches up through openraft's snapshot install and the log, and applies nothing twice.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use openraft::{BasicNode, Raft};
+use tandem_replicator::gateway::{Admission, SourceRule};
+use tandem_replicator::member::{MemberConfig, MemberLink};
+use tandem_replicator::tls::{self, ReloadableTls, TlsPaths};
 use tempfile::TempDir;
 
 use super::sm_tests::{dump, export, write_of, DC, EPOCH};
@@ -22,6 +27,48 @@ use super::*;
 struct Member {
     raft: Raft<TypeConfig>,
     sm: RegistryStateMachine,
+    /// The member's link, on the QUIC network.
+    link: Option<MemberLink>,
+}
+
+/// How the members reach each other.
+enum Net {
+    InProcess(Router),
+    /// Node certificates and a fixed loopback address per member.
+    Quic {
+        _pki: TempDir,
+        certs: BTreeMap<NodeId, TlsPaths>,
+        addrs: BTreeMap<NodeId, SocketAddr>,
+    },
+}
+
+impl Net {
+    fn quic(members: u64) -> Net {
+        let pki = TempDir::new().unwrap();
+        tls::generate_dev_pki(pki.path(), &[DC], false).unwrap();
+        let ids: Vec<NodeId> = (1..=members).collect();
+        let certs = tls::generate_dev_node_certs(pki.path(), DC, &ids, false)
+            .unwrap()
+            .into_iter()
+            .map(|(node, paths)| (node.id, paths))
+            .collect();
+        let addrs = ids
+            .iter()
+            .map(|id| (*id, std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()))
+            .collect();
+        Net::Quic { _pki: pki, certs, addrs }
+    }
+
+    /// Takes a stopped member off the network.
+    async fn stop(&self, id: NodeId, member: Member) {
+        if let Net::InProcess(router) = self {
+            router.members.write().remove(&id);
+        }
+        member.raft.shutdown().await.unwrap();
+        if let Some(link) = member.link {
+            link.shutdown().await;
+        }
+    }
 }
 
 fn config() -> Arc<openraft::Config> {
@@ -38,7 +85,7 @@ fn config() -> Arc<openraft::Config> {
 
 /// Starts member `id` from what its dir holds, waiting (bounded) for a stopped member's
 /// last handles to let go of its RocksDBs.
-async fn start(id: NodeId, dir: &Path, router: &Router) -> Member {
+async fn start(id: NodeId, dir: &Path, net: &Net) -> Member {
     let store = open_store(&dir.join("raft")).await;
     let deadline = Instant::now() + WITHIN;
     let sm = loop {
@@ -48,9 +95,29 @@ async fn start(id: NodeId, dir: &Path, router: &Router) -> Member {
             Err(e) => panic!("open the state machine in {}: {e}", dir.display()),
         }
     };
-    let raft = Raft::new(id, config(), router.clone(), store, sm.clone()).await.unwrap();
-    router.members.write().insert(id, raft.clone());
-    Member { raft, sm }
+    match net {
+        Net::InProcess(router) => {
+            let raft = Raft::new(id, config(), router.clone(), store, sm.clone()).await.unwrap();
+            router.members.write().insert(id, raft.clone());
+            Member { raft, sm, link: None }
+        }
+        Net::Quic { certs, addrs, .. } => {
+            let tls = Arc::new(ReloadableTls::load(certs[&id].clone()).unwrap());
+            let members: Vec<_> = addrs.iter().map(|(id, addr)| (*id, *addr)).collect();
+            let cfg = MemberConfig {
+                listen: addrs[&id],
+                members,
+                reset_secret: [id as u8; 32],
+                admission: Admission::new(&SourceRule::defaults(), addrs.values().copied(), 16),
+            };
+            let service = RaftService::default();
+            let link = MemberLink::start(cfg, tls, service.clone()).unwrap();
+            let network = MemberNetwork::new(link.clone());
+            let raft = Raft::new(id, config(), network, store, sm.clone()).await.unwrap();
+            service.attach(raft.clone());
+            Member { raft, sm, link: Some(link) }
+        }
+    }
 }
 
 /// The leader every running member agrees on.
@@ -119,13 +186,21 @@ fn same_state_everywhere(group: &BTreeMap<NodeId, Member>, answered: &[u64]) {
 
 #[test]
 fn a_group_mints_gapless_seqs_across_a_leader_change_and_a_restart() {
+    leader_change_and_restart(Net::InProcess(Router::default()));
+}
+
+#[test]
+fn the_same_over_the_member_link() {
+    leader_change_and_restart(Net::quic(3));
+}
+
+fn leader_change_and_restart(net: Net) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let dirs: Vec<TempDir> = (0..3).map(|_| TempDir::new().unwrap()).collect();
-        let router = Router::default();
         let mut group = BTreeMap::new();
         for (id, dir) in (1..=3).zip(&dirs) {
-            group.insert(id, start(id, dir.path(), &router).await);
+            group.insert(id, start(id, dir.path(), &net).await);
         }
         let nodes: BTreeMap<NodeId, BasicNode> = (1..=3).map(|id| (id, BasicNode::new(id))).collect();
         group[&1].raft.initialize(nodes).await.unwrap();
@@ -138,9 +213,7 @@ fn a_group_mints_gapless_seqs_across_a_leader_change_and_a_restart() {
 
         // Kill the leader; another is elected; the seqs go on from where they were.
         let killed = group.remove(&leader).unwrap();
-        router.members.write().remove(&leader);
-        killed.raft.shutdown().await.unwrap();
-        drop(killed);
+        net.stop(leader, killed).await;
         let next = agreed_leader(&group).await;
         assert_ne!(next, leader);
         answered.extend(write_rounds(&group[&next].raft, 12, 12).await);
@@ -167,7 +240,7 @@ fn a_group_mints_gapless_seqs_across_a_leader_change_and_a_restart() {
         // up by a snapshot installed over its old state, then by the log, applying each
         // entry once (a second apply would mint other seqs and differ).
         let dir = dirs[(leader - 1) as usize].path();
-        group.insert(leader, start(leader, dir, &router).await);
+        group.insert(leader, start(leader, dir, &net).await);
         // (It may have called an election before the leader reached it: ask again.)
         let last = agreed_leader(&group).await;
         answered.extend(write_rounds(&group[&last].raft, 24, 2).await);
@@ -175,9 +248,8 @@ fn a_group_mints_gapless_seqs_across_a_leader_change_and_a_restart() {
         same_state_everywhere(&group, &answered);
         assert_eq!(group[&leader].sm.counters().snapshots_installed.load(Ordering::Relaxed), 1);
 
-        for (_, m) in group {
-            m.raft.shutdown().await.unwrap();
+        for (id, m) in group {
+            net.stop(id, m).await;
         }
-        router.members.write().clear();
     });
 }

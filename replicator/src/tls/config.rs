@@ -1,4 +1,5 @@
-//! The quinn server and client configurations for the replication link: mutual TLS 1.3
+//! The quinn server and client configurations for the replication link (and, with a node's
+//! material and its own ALPN, for the member link inside a DC): mutual TLS 1.3
 //! against the configured CA with one ALPN id, no session resumption, no 0-RTT, and the
 //! ring crypto provider passed explicitly (never a process default). Both sides apply one
 //! identity rule: a certificate names exactly one DC (the accepting side reads it with
@@ -14,7 +15,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{CertificateError, DigitallySignedStruct, OtherError, SignatureScheme};
 
-use super::identity::{capped, cert_dns_names, single_dc_name};
+use super::identity::{capped, cert_dns_names, single_dc_name, single_node_name};
 use super::{TlsError, TlsMaterial};
 use crate::gateway::TransportTuning;
 
@@ -31,8 +32,18 @@ pub fn server_config_tuned(
     alpn: &[u8],
     tuning: &TransportTuning,
 ) -> Result<quinn::ServerConfig, TlsError> {
+    m.require_dc()?;
+    server_config_with(m, alpn, tuning.transport_config()?)
+}
+
+/// A quinn server config as [`server_config_tuned`] makes, with any kind of material and
+/// the given transport settings (the member link's come from here too).
+pub(crate) fn server_config_with(
+    m: &TlsMaterial,
+    alpn: &[u8],
+    transport: quinn::TransportConfig,
+) -> Result<quinn::ServerConfig, TlsError> {
     check_alpn(alpn)?;
-    let transport = tuning.transport_config()?;
     let provider = ring_provider();
     let verifier = WebPkiClientVerifier::builder_with_provider(m.roots.clone(), provider.clone())
         .build()
@@ -70,8 +81,28 @@ pub fn client_config_tuned(
     alpn: &[u8],
     tuning: &TransportTuning,
 ) -> Result<quinn::ClientConfig, TlsError> {
+    m.require_dc()?;
+    client_config_with(m, alpn, tuning.transport_config()?, NameRule::Dc)
+}
+
+/// Which single name a dialed server's certificate must carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NameRule {
+    /// Exactly one DC name, the one dialed (the replication link).
+    Dc,
+    /// Exactly one node name, the one dialed (the member link).
+    Node,
+}
+
+/// A quinn client config as [`client_config_tuned`] makes, with any kind of material, the
+/// given transport settings and the given rule for the server's name.
+pub(crate) fn client_config_with(
+    m: &TlsMaterial,
+    alpn: &[u8],
+    transport: quinn::TransportConfig,
+    rule: NameRule,
+) -> Result<quinn::ClientConfig, TlsError> {
     check_alpn(alpn)?;
-    let transport = tuning.transport_config()?;
     let provider = ring_provider();
     let webpki = WebPkiServerVerifier::builder_with_provider(m.roots.clone(), provider.clone())
         .build()
@@ -80,7 +111,7 @@ pub fn client_config_tuned(
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|source| TlsError::Rustls { what: "client protocol versions", source })?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(OneDcServerVerifier { webpki }))
+        .with_custom_certificate_verifier(Arc::new(OneNameServerVerifier { webpki, rule }))
         .with_client_auth_cert(m.chain.clone(), m.key.clone_key())
         .map_err(|source| TlsError::Rustls { what: "client certificate", source })?;
     tls.alpn_protocols = vec![alpn.to_vec()];
@@ -94,17 +125,19 @@ pub fn client_config_tuned(
 }
 
 /// The dialer's check of the server: the chain, validity and name checks of webpki (the
-/// certificate must chain to the CA and name the DC dialled), and then the rule the
-/// accepting side applies to clients: the certificate names exactly one DC, the one
-/// dialled. A certificate that also names other DCs (or anything else) identifies no
-/// single DC and is refused with a `certificate_unknown` alert whose reason names the rule
-/// (`PeerDcName`) and the names found.
+/// certificate must chain to the CA and name the DC or node dialled), and then the rule the
+/// accepting side applies to clients: the certificate names exactly one DC (or, on the
+/// member link, exactly one node), the one dialled. A certificate that also names others
+/// (or anything else) identifies no single DC or node and is refused with a
+/// `certificate_unknown` alert whose reason names the rule (`PeerDcName`, `PeerNodeName`)
+/// and the names found.
 #[derive(Debug)]
-struct OneDcServerVerifier {
+struct OneNameServerVerifier {
     webpki: Arc<WebPkiServerVerifier>,
+    rule: NameRule,
 }
 
-impl ServerCertVerifier for OneDcServerVerifier {
+impl ServerCertVerifier for OneNameServerVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -117,11 +150,20 @@ impl ServerCertVerifier for OneDcServerVerifier {
             self.webpki.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)?;
         let names = cert_dns_names(end_entity)
             .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadEncoding))?;
-        match (single_dc_name(&names), server_name) {
-            (Some(dc), ServerName::DnsName(dialled)) if dc == dialled.as_ref() => Ok(verified),
-            _ => Err(rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(
-                TlsError::PeerDcName { names: capped(names.iter().copied()) },
-            ))))),
+        let single = match self.rule {
+            NameRule::Dc => single_dc_name(&names),
+            NameRule::Node => single_node_name(&names).map(|node| node.dns_name()),
+        };
+        match (single, server_name) {
+            (Some(name), ServerName::DnsName(dialled)) if name == dialled.as_ref() => Ok(verified),
+            _ => {
+                let names = capped(names.iter().copied());
+                let error = match self.rule {
+                    NameRule::Dc => TlsError::PeerDcName { names },
+                    NameRule::Node => TlsError::PeerNodeName { names },
+                };
+                Err(rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(error)))))
+            }
         }
     }
 

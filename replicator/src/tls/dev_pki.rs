@@ -14,7 +14,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
 use super::pem_file::refuse_existing;
-use super::{validate_dc_name, CaInputError, TlsError, TlsPaths};
+use super::{validate_dc_name, CaInputError, FileRole, NodeName, TlsError, TlsPaths};
 
 /// File name of the development CA certificate written by [`generate_dev_pki`].
 pub const DEV_CA_CERT_FILE: &str = "ca.pem";
@@ -153,6 +153,74 @@ pub fn generate_dc_cert(
     validate_dc_name(dc)?;
     let (rebuilt, ca_key) = dev_ca_from_pem(ca_cert_pem, ca_key_pem, not_before, not_after)?;
     sign_leaf(&rebuilt, &ca_key, dc, &[dc.to_owned()], not_before, not_after)
+}
+
+/// A new certificate for member node `node` of a DC's Raft group, signed by a development
+/// CA, valid from `not_before` to `not_after`. Its only DNS SAN is the node's name
+/// (`n<id>.<dc>.tandem-node`): the member link accepts it, the DC replication link never
+/// does. It allows server and client authentication.
+pub fn generate_node_cert(
+    ca_cert_pem: &str,
+    ca_key_pem: &str,
+    node: &NodeName,
+    not_before: SystemTime,
+    not_after: SystemTime,
+) -> Result<GeneratedCert, TlsError> {
+    validate_dc_name(&node.dc)?;
+    let (rebuilt, ca_key) = dev_ca_from_pem(ca_cert_pem, ca_key_pem, not_before, not_after)?;
+    let name = node.dns_name();
+    sign_leaf(&rebuilt, &ca_key, &name, std::slice::from_ref(&name), not_before, not_after)
+}
+
+/// Where [`generate_dev_node_certs`] writes node `node`'s files in `dir`:
+/// `<node name>.pem` and `.key` beside the CA's `ca.pem` (no DC's files can collide: no DC
+/// name ends with the node names' reserved label).
+pub fn node_cert_paths(dir: &Path, node: &NodeName) -> TlsPaths {
+    let name = node.dns_name();
+    TlsPaths {
+        ca_cert: dir.join(DEV_CA_CERT_FILE),
+        cert: dir.join(format!("{name}.pem")),
+        key: dir.join(format!("{name}.key")),
+    }
+}
+
+/// Writes a certificate and key for each of `nodes` of DC `dc` into `dir`, signed by the
+/// development CA already there (`ca.pem`, `ca.key`, made by [`generate_dev_pki`]), valid
+/// as long as a DC certificate. Without `overwrite`, fails with [`TlsError::Exists`] before
+/// writing anything if any target file exists.
+pub fn generate_dev_node_certs(
+    dir: &Path,
+    dc: &str,
+    nodes: &[u64],
+    overwrite: bool,
+) -> Result<Vec<(NodeName, TlsPaths)>, TlsError> {
+    let named = nodes
+        .iter()
+        .map(|id| NodeName::new(dc, *id).map(|node| (node.clone(), node_cert_paths(dir, &node))))
+        .collect::<Result<Vec<_>, _>>()?;
+    if !overwrite {
+        let targets: Vec<&Path> =
+            named.iter().flat_map(|(_, p)| [p.cert.as_path(), p.key.as_path()]).collect();
+        refuse_existing(&targets)?;
+    }
+    let read = |role: FileRole, path: PathBuf| {
+        fs::read_to_string(&path).map_err(|source| TlsError::Read { role, path, source })
+    };
+    let ca_cert = read(FileRole::CaCert, dir.join(DEV_CA_CERT_FILE))?;
+    let ca_key = read(FileRole::CaKey, dir.join(DEV_CA_KEY_FILE))?;
+    let now = SystemTime::now();
+    let not_before = now.checked_sub(DEV_CLOCK_SKEW_ALLOWANCE).unwrap_or(UNIX_EPOCH);
+    let not_after = now
+        .checked_add(DEV_DC_CERT_VALIDITY)
+        .ok_or(TlsError::InvalidValidity { reason: "certificate expiry overflows the clock" })?;
+    let certs = named
+        .iter()
+        .map(|(node, _)| generate_node_cert(&ca_cert, &ca_key, node, not_before, not_after))
+        .collect::<Result<Vec<_>, _>>()?;
+    for ((_, paths), cert) in named.iter().zip(&certs) {
+        cert.write(&paths.cert, &paths.key, overwrite)?;
+    }
+    Ok(named)
 }
 
 /// A new certificate signed by a development CA, with subject common name `common_name`

@@ -16,12 +16,15 @@ pub enum FileRole {
     Cert,
     /// The DC's private key file ([`TlsPaths::key`](super::TlsPaths::key)).
     Key,
+    /// A development CA's private key file (`ca.key`), read to sign node certificates.
+    CaKey,
 }
 
 impl fmt::Display for FileRole {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             FileRole::CaCert => "CA certificate",
+            FileRole::CaKey => "CA private key",
             FileRole::Cert => "certificate",
             FileRole::Key => "private key",
         })
@@ -72,10 +75,11 @@ pub enum TlsError {
     KeyMismatch { cert: PathBuf, key: PathBuf },
 
     /// The certificate does not carry exactly one DNS subject alternative name that is a
-    /// valid DC name, so it cannot identify a DC. Nothing changed.
+    /// valid DC name (or a node name), so it cannot identify a DC or a node. Nothing changed.
     #[error(
         "certificate file {path} must carry exactly one DNS subject alternative name that is a \
-         valid DC name (lowercase letters, digits, '-', '.'); found {names:?}"
+         valid DC name (lowercase letters, digits, '-', '.') or, for a node, \
+         n<id>.<dc>.tandem-node; found {names:?}"
     )]
     CertDcName { path: PathBuf, names: Vec<String> },
 
@@ -85,9 +89,10 @@ pub enum TlsError {
     #[error("certificate file {cert} is not valid for {usage} under the CA in {ca}: {source}")]
     CertNotTrusted { cert: PathBuf, ca: PathBuf, usage: &'static str, source: webpki::Error },
 
-    /// A reload found a certificate for a different DC than the one in use. A DC's identity
-    /// does not change by rotation; restart with new configuration instead. Nothing changed.
-    #[error("certificate file {path} is for DC {reloaded:?}, but the material in use is for DC {loaded:?}")]
+    /// A reload found a certificate for a different DC (or node) than the one in use. An
+    /// identity does not change by rotation; restart with new configuration instead.
+    /// Nothing changed.
+    #[error("certificate file {path} names {reloaded:?}, but the material in use names {loaded:?}")]
     IdentityChanged { path: PathBuf, loaded: String, reloaded: String },
 
     /// A file to be generated already exists and overwriting was not requested. Nothing was
@@ -174,6 +179,19 @@ pub enum TlsError {
          valid DC name; found {names:?}"
     )]
     PeerDcName { names: Vec<String> },
+
+    /// The peer's certificate does not carry exactly one DNS subject alternative name in
+    /// the node form `n<id>.<dc>.tandem-node`.
+    #[error(
+        "the peer's certificate must carry exactly one DNS subject alternative name of the \
+         form n<id>.<dc>.tandem-node; found {names:?}"
+    )]
+    PeerNodeName { names: Vec<String> },
+
+    /// The material is of the other kind than the link needs: a node's certificate where a
+    /// DC's is needed (the replication link), or a DC's where a node's is (the member link).
+    #[error("{}: {found}, but {link} needs {needed}", path.display())]
+    CertKind { path: PathBuf, found: String, link: &'static str, needed: &'static str },
 
     /// A certificate that is not valid now (expired, or not yet valid), or whose validity
     /// cannot be read: a server would present it and every client would refuse it.

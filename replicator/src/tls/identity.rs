@@ -1,5 +1,11 @@
-//! DC identity: which names are valid DC names, and which DC a certificate (or the peer of
-//! an established connection) identifies — exactly one DNS subject alternative name.
+//! Identity: which names are valid DC names, and which DC a certificate (or the peer of an
+//! established connection) identifies — exactly one DNS subject alternative name; and the
+//! same for a member node of a DC's Raft group, whose one name is `n<id>.<dc>.tandem-node`.
+//!
+//! The two kinds never stand in for each other: the top-level label `tandem-node` is
+//! reserved, so no DC name ends with it ([`validate_dc_name`]) and a node's name is never a
+//! DC's; a DC's name never has the node form. The DC replication link reads DC names only
+//! ([`peer_dc`]), the member link node names only ([`peer_node`]).
 
 use rustls::pki_types::{CertificateDer, ServerName};
 
@@ -7,6 +13,8 @@ use super::TlsError;
 
 /// Longest DC name accepted (a DNS label is at most 63 bytes; a DC name may have dots).
 pub const DC_NAME_BYTES_MAX: usize = 253;
+/// The reserved top-level label of every node name (`n<id>.<dc>.tandem-node`).
+pub const NODE_NAME_SUFFIX: &str = "tandem-node";
 /// At most this many names are copied into an error about a certificate's names.
 const ERROR_NAMES_MAX: usize = 8;
 
@@ -20,6 +28,9 @@ pub fn validate_dc_name(name: &str) -> Result<(), TlsError> {
     }
     if name == "ca" {
         return Err(invalid("\"ca\" is reserved for the CA files"));
+    }
+    if name.rsplit('.').next() == Some(NODE_NAME_SUFFIX) {
+        return Err(invalid("the label \"tandem-node\" is reserved for node certificates"));
     }
     for label in name.split('.') {
         if label.is_empty() || label.len() > 63 {
@@ -54,6 +65,63 @@ pub fn peer_dc(conn: &quinn::Connection) -> Result<String, TlsError> {
     single_dc_name(&names).ok_or_else(|| TlsError::PeerDcName { names: capped(names.iter().copied()) })
 }
 
+/// A member node of a DC's Raft group, as its certificate names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeName {
+    /// The DC the node belongs to (a valid DC name).
+    pub dc: String,
+    /// The node's id in that DC's group.
+    pub id: u64,
+}
+
+impl NodeName {
+    /// Node `id` of DC `dc`; fails if `dc` is not a valid DC name.
+    pub fn new(dc: &str, id: u64) -> Result<NodeName, TlsError> {
+        validate_dc_name(dc)?;
+        Ok(NodeName { dc: dc.to_owned(), id })
+    }
+
+    /// The DNS name a node certificate carries: `n<id>.<dc>.tandem-node`.
+    pub fn dns_name(&self) -> String {
+        format!("n{}.{}.{NODE_NAME_SUFFIX}", self.id, self.dc)
+    }
+
+    /// Reads a node name back: `n<id>` (decimal, no leading zero), a valid DC name, the
+    /// reserved label. Anything else is not a node name.
+    pub fn parse(name: &str) -> Option<NodeName> {
+        let rest = name.strip_suffix(NODE_NAME_SUFFIX)?.strip_suffix('.')?;
+        let (first, dc) = rest.split_once('.')?;
+        let digits = first.strip_prefix('n')?;
+        let id: u64 = digits.parse().ok()?;
+        (id.to_string() == digits && validate_dc_name(dc).is_ok()).then(|| NodeName { dc: dc.to_owned(), id })
+    }
+}
+
+impl std::fmt::Display for NodeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "node {} of {}", self.id, self.dc)
+    }
+}
+
+/// The member node on the other end of an established member-link connection: the single
+/// DNS subject alternative name of the peer's certificate, in the node form. The caller
+/// must still check that it is a configured member of the own DC.
+pub fn peer_node(conn: &quinn::Connection) -> Result<NodeName, TlsError> {
+    let identity = conn.peer_identity().ok_or(TlsError::NoPeerCertificate)?;
+    let chain =
+        identity.downcast::<Vec<CertificateDer<'static>>>().map_err(|_| TlsError::NoPeerCertificate)?;
+    let end_entity = chain.first().ok_or(TlsError::NoPeerCertificate)?;
+    let names = cert_dns_names(end_entity).map_err(|source| TlsError::PeerCertificate { source })?;
+    single_node_name(&names).ok_or_else(|| TlsError::PeerNodeName { names: capped(names.iter().copied()) })
+}
+
+pub(super) fn single_node_name(names: &[&str]) -> Option<NodeName> {
+    match names {
+        [name] => NodeName::parse(name),
+        _ => None,
+    }
+}
+
 pub(super) fn cert_dns_names<'a>(der: &'a CertificateDer<'a>) -> Result<Vec<&'a str>, webpki::Error> {
     let cert = webpki::EndEntityCert::try_from(der)?;
     // Bounded: a name list longer than this cannot identify a single DC anyway.
@@ -81,9 +149,22 @@ mod tests {
             assert!(validate_dc_name(good).is_ok(), "{good:?} refused");
         }
         let too_long = "a".repeat(DC_NAME_BYTES_MAX + 1);
-        for bad in
-            ["", "ca", "DC-A", "dc_a", "-dc", "dc-", "dc..a", ".dc", "dc.", "10.0.0.1", "*.dc", &too_long]
-        {
+        for bad in [
+            "",
+            "ca",
+            "DC-A",
+            "dc_a",
+            "-dc",
+            "dc-",
+            "dc..a",
+            ".dc",
+            "dc.",
+            "10.0.0.1",
+            "*.dc",
+            &too_long,
+            "tandem-node",
+            "n1.dc-a.tandem-node",
+        ] {
             assert!(validate_dc_name(bad).is_err(), "{bad:?} accepted");
         }
     }
@@ -95,5 +176,33 @@ mod tests {
         assert_eq!(single_dc_name(&["dc-a", "dc-b"]), None);
         assert_eq!(single_dc_name(&["*.example"]), None);
         assert_eq!(single_dc_name(&["DC-A"]), None);
+        assert_eq!(single_dc_name(&["n1.dc-a.tandem-node"]), None, "a node's name is never a DC's");
+    }
+
+    #[test]
+    fn a_node_name_round_trips_and_nothing_else_is_one() {
+        for (dc, id) in [("dc-a", 1), ("eu-west-1", 0), ("dc1.example", u64::MAX)] {
+            let node = NodeName::new(dc, id).unwrap();
+            assert_eq!(NodeName::parse(&node.dns_name()), Some(node.clone()));
+            assert_eq!(single_node_name(&[&node.dns_name()]), Some(node));
+        }
+        assert!(NodeName::new("ca", 1).is_err());
+        for bad in [
+            "dc-a",
+            "n1.dc-a",
+            "1.dc-a.tandem-node",
+            "n01.dc-a.tandem-node",
+            "n-1.dc-a.tandem-node",
+            "nx.dc-a.tandem-node",
+            "n1..tandem-node",
+            "n1.DC-A.tandem-node",
+            "n1.ca.tandem-node",
+            "n1.dc-a.tandem-node.x",
+            "n18446744073709551616.dc-a.tandem-node",
+        ] {
+            assert_eq!(NodeName::parse(bad), None, "{bad:?} read as a node name");
+        }
+        assert_eq!(single_node_name(&["n1.dc-a.tandem-node", "n2.dc-a.tandem-node"]), None);
+        assert_eq!(single_node_name(&["dc-a"]), None, "a DC's name is never a node's");
     }
 }

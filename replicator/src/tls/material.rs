@@ -15,7 +15,7 @@ use rustls::sign::CertifiedKey;
 use rustls::RootCertStore;
 
 use super::config::ring_provider;
-use super::identity::{capped, cert_dns_names, single_dc_name};
+use super::identity::{capped, cert_dns_names, single_dc_name, single_node_name, NodeName};
 use super::{FileRole, TlsError};
 
 /// Where a DC's TLS material lives.
@@ -41,6 +41,8 @@ pub struct TlsMaterial {
     pub(super) chain: Vec<CertificateDer<'static>>,
     pub(super) key: PrivateKeyDer<'static>,
     pub(super) dc: String,
+    /// For a node's certificate (the member link): which node it names.
+    pub(super) node: Option<NodeName>,
 }
 
 impl fmt::Debug for TlsMaterial {
@@ -49,6 +51,7 @@ impl fmt::Debug for TlsMaterial {
         f.debug_struct("TlsMaterial")
             .field("paths", &self.paths)
             .field("dc", &self.dc)
+            .field("node", &self.node)
             .field("ca_certs", &self.roots.roots.len())
             .field("chain_len", &self.chain.len())
             .finish_non_exhaustive()
@@ -66,12 +69,18 @@ impl TlsMaterial {
             path: paths.cert.clone(),
             source,
         })?;
-        let dc = single_dc_name(&names).ok_or_else(|| TlsError::CertDcName {
-            path: paths.cert.clone(),
-            names: capped(names.iter().copied()),
-        })?;
+        let (dc, node) = match (single_dc_name(&names), single_node_name(&names)) {
+            (Some(dc), _) => (dc, None),
+            (None, Some(node)) => (node.dc.clone(), Some(node)),
+            (None, None) => {
+                return Err(TlsError::CertDcName {
+                    path: paths.cert.clone(),
+                    names: capped(names.iter().copied()),
+                })
+            }
+        };
         let key = load_key_for(&chain, &paths.cert, &paths.key)?;
-        Ok(TlsMaterial { paths: paths.clone(), roots: Arc::new(roots), chain, key, dc })
+        Ok(TlsMaterial { paths: paths.clone(), roots: Arc::new(roots), chain, key, dc, node })
     }
 
     /// The files this material was read from.
@@ -79,9 +88,45 @@ impl TlsMaterial {
         &self.paths
     }
 
-    /// The DC this material identifies (the DNS SAN of the own certificate).
+    /// The DC this material identifies (the DNS SAN of the own certificate, or the DC of
+    /// the node it names).
     pub fn dc(&self) -> &str {
         &self.dc
+    }
+
+    /// The node this material identifies, for a node's certificate; `None` for a DC's.
+    pub fn node(&self) -> Option<&NodeName> {
+        self.node.as_ref()
+    }
+
+    /// The name the certificate carries: the DC's (`dc-a`) or the node's
+    /// (`n1.dc-a.tandem-node`).
+    pub fn identity(&self) -> String {
+        match &self.node {
+            Some(node) => node.dns_name(),
+            None => self.dc.clone(),
+        }
+    }
+
+    /// Fails unless this is a DC's certificate (the replication link's).
+    pub(crate) fn require_dc(&self) -> Result<(), TlsError> {
+        match self.node {
+            None => Ok(()),
+            Some(_) => Err(self.kind_error("the DC replication link", "a DC certificate")),
+        }
+    }
+
+    /// Fails unless this is a node's certificate (the member link's).
+    pub(crate) fn require_node(&self) -> Result<&NodeName, TlsError> {
+        self.node.as_ref().ok_or_else(|| self.kind_error("the member link", "a node certificate"))
+    }
+
+    fn kind_error(&self, link: &'static str, needed: &'static str) -> TlsError {
+        let found = match &self.node {
+            Some(node) => format!("a certificate of {node}"),
+            None => format!("a certificate of DC {}", self.dc),
+        };
+        TlsError::CertKind { path: self.paths.cert.clone(), found, link, needed }
     }
 
     /// The own end-entity certificate.

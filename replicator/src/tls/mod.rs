@@ -9,6 +9,10 @@
 //!   and no other name: both sides apply the same identity rule, exactly one DC name.
 //! - Tells the caller which DC is on the other end of an established connection
 //!   ([`peer_dc`]): the single DNS subject alternative name of the peer's certificate.
+//! - Does the same for the member link inside a DC ([`peer_node`]): a node's certificate
+//!   names one node, `n<id>.<dc>.tandem-node` ([`NodeName`]). A node's certificate is never
+//!   a DC's and a DC's never a node's, in either direction of either link (the label
+//!   `tandem-node` is reserved, and each link's configs refuse the other kind of material).
 //! - Reloads material without a restart ([`ReloadableTls`]).
 //! - Generates a development PKI ([`generate_dev_pki`]) and single DC certificates
 //!   ([`generate_dc_cert`]) for tests, rotation drills and local setups, and other
@@ -46,7 +50,8 @@
 //! Where things are:
 //! - `material`: loading a DC's PEM files into cross-checked material.
 //! - `config`: the quinn server and client configurations (mutual TLS, TLS 1.3, one ALPN id).
-//! - `identity`: DC names and the peer's DC read from its certificate ([`peer_dc`]).
+//! - `identity`: DC and node names and the peer's identity read from its certificate
+//!   ([`peer_dc`], [`peer_node`]).
 //! - `reload`: [`ReloadableTls`], material re-read while the process runs.
 //! - `dev_pki`: development CA and DC certificate generation.
 //! - `pem_file`: writing generated PEM files (temporary file, then rename or link).
@@ -64,11 +69,13 @@ mod pem_file;
 mod reload;
 
 pub use config::{client_config, client_config_tuned, server_config, server_config_tuned};
+pub(crate) use config::{client_config_with, server_config_with, NameRule};
 pub use dev_pki::{
-    generate_dc_cert, generate_dev_ca, generate_dev_pki, generate_leaf_cert, DevPki, GeneratedCert,
-    DEV_CA_CERT_FILE, DEV_CA_KEY_FILE, DEV_CA_VALIDITY, DEV_CLOCK_SKEW_ALLOWANCE, DEV_DC_CERT_VALIDITY,
+    generate_dc_cert, generate_dev_ca, generate_dev_node_certs, generate_dev_pki, generate_leaf_cert,
+    generate_node_cert, node_cert_paths, DevPki, GeneratedCert, DEV_CA_CERT_FILE, DEV_CA_KEY_FILE,
+    DEV_CA_VALIDITY, DEV_CLOCK_SKEW_ALLOWANCE, DEV_DC_CERT_VALIDITY,
 };
 pub use error::{CaInputError, FileRole, TlsError};
-pub use identity::{peer_dc, validate_dc_name, DC_NAME_BYTES_MAX};
+pub use identity::{peer_dc, peer_node, validate_dc_name, NodeName, DC_NAME_BYTES_MAX, NODE_NAME_SUFFIX};
 pub use material::{load_cert_chain, load_key_for, load_roots, TlsMaterial, TlsPaths};
 pub use reload::ReloadableTls;

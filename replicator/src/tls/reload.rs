@@ -50,12 +50,12 @@ impl ReloadableTls {
     pub fn reload(&self) -> Result<Arc<TlsMaterial>, TlsError> {
         let _reloading = self.reloading.lock();
         let material = load_checked(&self.paths, SystemTime::now())?;
-        let loaded_dc = self.current.lock().dc.clone();
-        if material.dc != loaded_dc {
+        let loaded = self.current.lock().identity();
+        if material.identity() != loaded {
             return Err(TlsError::IdentityChanged {
                 path: self.paths.cert.clone(),
-                loaded: loaded_dc,
-                reloaded: material.dc,
+                loaded,
+                reloaded: material.identity(),
             });
         }
         let material = Arc::new(material);

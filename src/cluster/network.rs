@@ -1,0 +1,284 @@
+//! The Raft group's network: openraft's three RPCs (append entries, vote, install a
+//! snapshot chunk) over the member link (`tandem_replicator::member`: QUIC, mutual TLS with
+//! node certificates, one stream per request).
+//!
+//! The link carries bytes; this module gives them meaning: a [`Request`] and its
+//! [`Answer`], encoded with postcard. The link's ALPN (`tandem-member/1`) versions the
+//! encoding: a member speaking another version fails the handshake.
+//!
+//! Rules:
+//! - A request names the vote it is sent under, and the vote names its node: a request is
+//!   served only if that node is the member the link authenticated, so one member cannot
+//!   speak for another.
+//! - An append that would not fit the link's frame asks openraft to send fewer entries
+//!   (`PayloadTooLarge`); one entry always fits (`ENTRY_BYTES_MAX` leaves room).
+//! - Until this node's Raft exists (it is made after the link it needs), requests are
+//!   answered `Unavailable`, which the caller's openraft retries like a network error.
+
+// openraft's RPC error types are large, and its network trait fixes them.
+#![allow(clippy::result_large_err)]
+
+use std::sync::{Arc, OnceLock};
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
+    Unreachable,
+};
+use openraft::network::{RPCOption, RPCTypes};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, Raft, RaftNetwork, RaftNetworkFactory, Vote};
+use serde::{Deserialize, Serialize};
+use tandem_replicator::member::{CallError, Handler, MemberLink, FRAME_BYTES_MAX};
+
+use super::{NodeId, TypeConfig};
+
+/// One RPC from a member, as the member link carries it.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Request {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+impl Request {
+    fn vote(&self) -> &Vote<NodeId> {
+        match self {
+            Request::Append(rpc) => &rpc.vote,
+            Request::Vote(rpc) => &rpc.vote,
+            Request::Snapshot(rpc) => &rpc.vote,
+        }
+    }
+}
+
+/// The answer to a [`Request`].
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Answer<T, E> {
+    /// The RPC ran: openraft's response.
+    Done(T),
+    /// The RPC ran and openraft refused it (the caller sees a remote error).
+    Refused(RaftError<NodeId, E>),
+    /// The RPC did not run: no Raft here yet, an undecodable request, or a request that
+    /// speaks for another node. The caller sees a network error and retries.
+    Unavailable(String),
+}
+
+type AppendAnswer = Answer<AppendEntriesResponse<NodeId>, openraft::error::Infallible>;
+type VoteAnswer = Answer<VoteResponse<NodeId>, openraft::error::Infallible>;
+type SnapshotAnswer = Answer<InstallSnapshotResponse<NodeId>, InstallSnapshotError>;
+
+/// Serves the other members' RPCs to this node's Raft, once [`RaftService::attach`] gave
+/// it one. The member link's [`Handler`].
+#[derive(Clone, Default)]
+pub struct RaftService {
+    raft: Arc<OnceLock<Raft<TypeConfig>>>,
+}
+
+impl RaftService {
+    /// Serves requests to `raft` from now on (once: a later call changes nothing).
+    pub fn attach(&self, raft: Raft<TypeConfig>) {
+        let _ = self.raft.set(raft);
+    }
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    // postcard fails only on types it cannot encode, which these are not.
+    postcard::to_allocvec(value).unwrap_or_default()
+}
+
+fn unavailable(why: String) -> Vec<u8> {
+    // Every answer type encodes `Unavailable` alike: the variant index, then the text.
+    encode(&VoteAnswer::Unavailable(why))
+}
+
+impl Handler for RaftService {
+    async fn handle(&self, from: u64, request: Vec<u8>) -> Vec<u8> {
+        let request: Request = match postcard::from_bytes(&request) {
+            Ok(request) => request,
+            Err(e) => return unavailable(format!("undecodable request: {e}")),
+        };
+        let claimed = request.vote().leader_id().voted_for();
+        if claimed != Some(from) {
+            return unavailable(format!("a request from node {from} under the vote of {claimed:?}"));
+        }
+        let Some(raft) = self.raft.get() else {
+            return unavailable("this node's Raft is not running yet".into());
+        };
+        match request {
+            Request::Append(rpc) => encode(&match raft.append_entries(rpc).await {
+                Ok(resp) => AppendAnswer::Done(resp),
+                Err(e) => AppendAnswer::Refused(e),
+            }),
+            Request::Vote(rpc) => encode(&match raft.vote(rpc).await {
+                Ok(resp) => VoteAnswer::Done(resp),
+                Err(e) => VoteAnswer::Refused(e),
+            }),
+            Request::Snapshot(rpc) => encode(&match raft.install_snapshot(rpc).await {
+                Ok(resp) => SnapshotAnswer::Done(resp),
+                Err(e) => SnapshotAnswer::Refused(e),
+            }),
+        }
+    }
+}
+
+/// openraft's network factory over the member link.
+#[derive(Clone)]
+pub struct MemberNetwork {
+    link: MemberLink,
+}
+
+impl MemberNetwork {
+    pub fn new(link: MemberLink) -> MemberNetwork {
+        MemberNetwork { link }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for MemberNetwork {
+    type Network = MemberRpc;
+
+    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> MemberRpc {
+        MemberRpc { link: self.link.clone(), target }
+    }
+}
+
+/// The RPCs to one member.
+pub struct MemberRpc {
+    link: MemberLink,
+    target: NodeId,
+}
+
+type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
+
+impl MemberRpc {
+    async fn call<T, E>(&self, action: RPCTypes, request: &[u8], option: &RPCOption) -> Result<T, RpcErr<E>>
+    where
+        T: serde::de::DeserializeOwned,
+        E: std::error::Error + serde::de::DeserializeOwned,
+    {
+        let timeout = option.hard_ttl();
+        let answer = self.link.call(self.target, request, timeout).await.map_err(|e| match e {
+            CallError::Timeout { .. } => {
+                RPCError::Timeout(Timeout { action, id: self.link.me().id, target: self.target, timeout })
+            }
+            e @ (CallError::Unreachable { .. } | CallError::UnknownMember { .. }) => {
+                RPCError::Unreachable(Unreachable::new(&e))
+            }
+            e @ (CallError::Failed { .. } | CallError::TooLarge { .. }) => {
+                RPCError::Network(NetworkError::new(&e))
+            }
+        })?;
+        match postcard::from_bytes::<Answer<T, E>>(&answer) {
+            Ok(Answer::Done(resp)) => Ok(resp),
+            Ok(Answer::Refused(e)) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
+            Ok(Answer::Unavailable(why)) => Err(RPCError::Network(NetworkError::new(
+                &std::io::Error::other(format!("node {}: {why}", self.target)),
+            ))),
+            Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for MemberRpc {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RpcErr> {
+        let entries = rpc.entries.len() as u64;
+        let request = encode(&Request::Append(rpc));
+        if request.len() > FRAME_BYTES_MAX {
+            // Fewer entries per request; one always fits.
+            return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint((entries / 2).max(1))));
+        }
+        self.call(RPCTypes::AppendEntries, &request, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RpcErr<InstallSnapshotError>> {
+        let request = encode(&Request::Snapshot(rpc));
+        self.call(RPCTypes::InstallSnapshot, &request, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RpcErr> {
+        let request = encode(&Request::Vote(rpc));
+        self.call(RPCTypes::Vote, &request, &option).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::error::{Fatal, SnapshotMismatch};
+    use openraft::{LeaderId, LogId, SnapshotSegmentId};
+
+    use super::*;
+
+    fn answer<T: serde::de::DeserializeOwned, E: serde::de::DeserializeOwned>(bytes: &[u8]) -> Answer<T, E> {
+        postcard::from_bytes(bytes).unwrap()
+    }
+
+    #[test]
+    fn unavailable_reads_the_same_as_every_answer_type() {
+        let bytes = unavailable("why".into());
+        assert!(
+            matches!(answer::<AppendEntriesResponse<NodeId>, openraft::error::Infallible>(&bytes), Answer::Unavailable(w) if w == "why")
+        );
+        assert!(
+            matches!(answer::<InstallSnapshotResponse<NodeId>, InstallSnapshotError>(&bytes), Answer::Unavailable(w) if w == "why")
+        );
+    }
+
+    #[test]
+    fn refusals_the_caller_acts_on_survive_the_wire() {
+        let mismatch = SnapshotAnswer::Refused(RaftError::APIError(InstallSnapshotError::SnapshotMismatch(
+            SnapshotMismatch {
+                expect: SnapshotSegmentId { id: "a".into(), offset: 0 },
+                got: SnapshotSegmentId { id: "b".into(), offset: 7 },
+            },
+        )));
+        let read = answer::<InstallSnapshotResponse<NodeId>, InstallSnapshotError>(&encode(&mismatch));
+        assert!(matches!(
+            read,
+            Answer::Refused(RaftError::APIError(InstallSnapshotError::SnapshotMismatch(_)))
+        ));
+        let stopped = AppendAnswer::Refused(RaftError::Fatal(Fatal::Stopped));
+        let read = answer::<AppendEntriesResponse<NodeId>, openraft::error::Infallible>(&encode(&stopped));
+        assert!(matches!(read, Answer::Refused(RaftError::Fatal(Fatal::Stopped))));
+        let higher = VoteAnswer::Done(VoteResponse {
+            vote: Vote::new(3, 2),
+            vote_granted: false,
+            last_log_id: Some(LogId::new(LeaderId::new(2, 1), 40)),
+        });
+        let read = answer::<VoteResponse<NodeId>, openraft::error::Infallible>(&encode(&higher));
+        assert!(matches!(read, Answer::Done(r) if r.vote == Vote::new(3, 2) && !r.vote_granted));
+    }
+
+    #[tokio::test]
+    async fn a_member_cannot_speak_for_another() {
+        let service = RaftService::default();
+        let request = encode(&Request::Vote(VoteRequest { vote: Vote::new(5, 1), last_log_id: None }));
+        // Node 2 sends node 1's candidacy: not served, whether a Raft runs here or not.
+        let read =
+            answer::<VoteResponse<NodeId>, openraft::error::Infallible>(&service.handle(2, request).await);
+        assert!(matches!(read, Answer::Unavailable(w) if w.contains("node 2") && w.contains("Some(1)")));
+        let read = answer::<VoteResponse<NodeId>, openraft::error::Infallible>(
+            &service.handle(1, vec![0xff; 3]).await,
+        );
+        assert!(matches!(read, Answer::Unavailable(w) if w.contains("undecodable")));
+    }
+
+    #[test]
+    fn a_snapshot_chunk_fits_the_link() {
+        // openraft's chunk size by default, with room for the request around it.
+        let chunk = openraft::Config::default().snapshot_max_chunk_size as usize;
+        assert!(chunk + 64 * 1024 <= FRAME_BYTES_MAX, "{chunk}");
+    }
+}
