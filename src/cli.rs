@@ -92,13 +92,18 @@ enum Cmd {
         #[arg(long, default_value_t = 10_000)]
         stale_after_ms: u64,
     },
-    /// Create a development CA and a certificate and key per DC.
+    /// Create a development CA and a certificate and key per DC (the replication link's),
+    /// and with `--nodes` one per node of each DC's Raft group (the member link's).
     Certs {
         #[arg(long, default_value = "certs")]
         out: PathBuf,
         /// DC names (repeat); default dc-a and dc-b.
         #[arg(long = "dc")]
         dcs: Vec<String>,
+        /// Also a node certificate for nodes 1..=N of each DC (`n<id>.<dc>.tandem-node`:
+        /// never accepted as a DC, and a DC's never as a node).
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=NODES_PER_DC_MAX))]
+        nodes: u64,
         /// Replace existing files.
         #[arg(long)]
         force: bool,
@@ -305,7 +310,7 @@ async fn run(cli: Cli) -> ExitCode {
             init_tracing(fmt.as_deref(), None);
             dev(dir, http_port, repl_port, stale_after_ms).await
         }
-        Cmd::Certs { out, dcs, force } => certs(out, dcs, force),
+        Cmd::Certs { out, dcs, nodes, force } => certs(out, dcs, nodes, force),
         Cmd::Acl { cmd: AclCmd::Token { cmd } } => crate::acl::cli::token(cmd_args(cmd)),
         Cmd::Chaos { args } => {
             // Drills start `tandem server` processes from this very binary.
@@ -399,16 +404,38 @@ async fn wait_for_stop(nodes: &[&Node]) {
     tracing::info!("stopping");
 }
 
-fn certs(out: PathBuf, mut dcs: Vec<String>, force: bool) -> anyhow::Result<()> {
+/// Most nodes per DC `tandem certs --nodes` makes certificates for (a Raft group is 3 or
+/// 5 voters; room for learners while members are replaced).
+pub const NODES_PER_DC_MAX: u64 = 9;
+
+fn certs(out: PathBuf, mut dcs: Vec<String>, nodes: u64, force: bool) -> anyhow::Result<()> {
+    use tandem_replicator::tls;
     if dcs.is_empty() {
         dcs = vec!["dc-a".into(), "dc-b".into()];
     }
     let names: Vec<&str> = dcs.iter().map(String::as_str).collect();
-    let pki = tandem_replicator::tls::generate_dev_pki(&out, &names, force)?;
+    let ids: Vec<u64> = (1..=nodes).collect();
+    if !force {
+        // Refuse before writing anything, node files included.
+        let mut existing = Vec::new();
+        for dc in &names {
+            for id in &ids {
+                let paths = tls::node_cert_paths(&out, &tls::NodeName::new(dc, *id)?);
+                existing.extend([paths.cert, paths.key].into_iter().filter(|p| p.exists()));
+            }
+        }
+        if let Some(path) = existing.first() {
+            anyhow::bail!("refusing to overwrite existing file {} (--force replaces it)", path.display());
+        }
+    }
+    let pki = tls::generate_dev_pki(&out, &names, force)?;
     println!("development CA: {}", out.join("ca.pem").display());
     for dc in &names {
         if let Some(p) = pki.paths(dc) {
             println!("{dc}: cert {} key {}", p.cert.display(), p.key.display());
+        }
+        for (node, p) in tls::generate_dev_node_certs(&out, dc, &ids, force)? {
+            println!("{dc} node {}: cert {} key {}", node.id, p.cert.display(), p.key.display());
         }
     }
     Ok(())
@@ -673,4 +700,37 @@ async fn keepalive(
     }
     let _ = client.set_status(ns, svc, &id, StatusName::Draining).await;
     client.deregister(ns, svc, &id).await.map(|v| print_json(&v))
+}
+
+#[cfg(test)]
+mod tests {
+    use tandem_replicator::tls::{NodeName, TlsMaterial};
+
+    use super::*;
+
+    #[test]
+    fn certs_makes_both_kinds_and_overwrites_nothing_without_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("certs");
+        certs(out.clone(), vec!["dc-a".into(), "dc-b".into()], 3, false).unwrap();
+        let dc = TlsMaterial::load(&tandem_replicator::tls::TlsPaths {
+            ca_cert: out.join("ca.pem"),
+            cert: out.join("dc-b.pem"),
+            key: out.join("dc-b.key"),
+        })
+        .unwrap();
+        assert_eq!((dc.dc(), dc.node()), ("dc-b", None));
+        let node = NodeName::new("dc-b", 3).unwrap();
+        let paths = tandem_replicator::tls::node_cert_paths(&out, &node);
+        assert_eq!(TlsMaterial::load(&paths).unwrap().node(), Some(&node));
+        let before = std::fs::read(&paths.cert).unwrap();
+
+        // Only a node file in the way (the DC files moved off): refused before any write.
+        std::fs::remove_file(out.join("dc-a.pem")).unwrap();
+        let refused = certs(out.clone(), vec!["dc-a".into()], 1, false).unwrap_err();
+        assert!(refused.to_string().contains("n1.dc-a.tandem-node.pem"), "{refused}");
+        assert!(!out.join("dc-a.pem").exists(), "nothing was written");
+        certs(out.clone(), vec!["dc-a".into(), "dc-b".into()], 3, true).unwrap();
+        assert_ne!(std::fs::read(&paths.cert).unwrap(), before, "--force replaced it");
+    }
 }

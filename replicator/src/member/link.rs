@@ -298,7 +298,9 @@ impl MemberLink {
             let _ = task.await;
         }
         self.inner.slots.write().clear();
-        let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
+        // The close frames go out at once; a peer that misses them learns by a stateless reset
+        // or its idle timeout, and redials.
+        let _ = tokio::time::timeout(Duration::from_millis(300), endpoint.wait_idle()).await;
         drop(endpoint);
         if let Some(addr) = addr {
             for _ in 0..150 {
