@@ -187,7 +187,9 @@ impl Node {
                         Committed::Unretired { origin } => {
                             l.retired.remove(origin);
                         }
-                        Committed::Local { .. } | Committed::PurgedRemoteTombstones { .. } => {}
+                        Committed::Local { .. }
+                        | Committed::PurgedRemoteTombstones { .. }
+                        | Committed::Replaced { .. } => {}
                     }
                 }
                 cb_view.apply(n.index, n.changes());

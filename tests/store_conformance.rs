@@ -360,6 +360,7 @@ async fn committer_reports_every_kind_of_write() {
             Committed::PurgedRemoteTombstones { .. } => "purged-remote",
             Committed::Retired { .. } => "retired",
             Committed::Unretired { .. } => "unretired",
+            Committed::Replaced { .. } => "replaced",
         })
         .collect();
     assert_eq!(kinds, ["local", "remote", "purged-own", "remote", "purged-remote"]);

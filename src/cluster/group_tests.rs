@@ -23,10 +23,16 @@ use tempfile::TempDir;
 use super::sm_tests::{dump, export, write_of, DC, EPOCH};
 use super::tests::{open_store, Router, WITHIN};
 use super::*;
+use crate::registry::{ViewCell, ViewIndex};
+use crate::store::CommitNotice;
+use tandem_replicator::log::EventLog;
 
 struct Member {
     raft: Raft<TypeConfig>,
     sm: RegistryStateMachine,
+    /// The member's in-memory view, loaded from its state at start and fed by its applies
+    /// (as the node's view is fed by the committer).
+    view: Arc<ViewCell>,
     /// The member's link, on the QUIC network.
     link: Option<MemberLink>,
 }
@@ -95,11 +101,18 @@ async fn start(id: NodeId, dir: &Path, net: &Net) -> Member {
             Err(e) => panic!("open the state machine in {}: {e}", dir.display()),
         }
     };
+    let view = ViewCell::new(DC, sm.applied_index(), Arc::default());
+    view.load(sm.with_log(|log| log.instances()).unwrap());
+    let fed = view.clone();
+    sm.on_apply(Box::new(move |notice: &CommitNotice| match notice.changes() {
+        [] => fed.advance(notice.index),
+        changes => fed.apply(notice.index, changes),
+    }));
     match net {
         Net::InProcess(router) => {
             let raft = Raft::new(id, config(), router.clone(), store, sm.clone()).await.unwrap();
             router.members.write().insert(id, raft.clone());
-            Member { raft, sm, link: None }
+            Member { raft, sm, view, link: None }
         }
         Net::Quic { certs, addrs, .. } => {
             let tls = Arc::new(ReloadableTls::load(certs[&id].clone()).unwrap());
@@ -115,7 +128,7 @@ async fn start(id: NodeId, dir: &Path, net: &Net) -> Member {
             let network = MemberNetwork::new(link.clone());
             let raft = Raft::new(id, config(), network, store, sm.clone()).await.unwrap();
             service.attach(raft.clone());
-            Member { raft, sm, link: Some(link) }
+            Member { raft, sm, view, link: Some(link) }
         }
     }
 }
@@ -182,6 +195,15 @@ fn same_state_everywhere(group: &BTreeMap<NodeId, Member>, answered: &[u64]) {
     let seqs: Vec<u64> = state.events.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, answered, "the log holds exactly the answered seqs");
     assert_eq!(seqs, (1..=state.own.seq).collect::<Vec<_>>(), "gapless from 1");
+    // Every member's view, fed by its applies (and a snapshot install), holds exactly its
+    // state, at the index of the applied Raft index: the same on every member.
+    let applied: Vec<u64> = group.values().map(|m| m.sm.applied_index()).collect();
+    for (id, m) in group {
+        let loaded = ViewCell::new(DC, 0, Arc::default());
+        loaded.load(m.sm.with_log(|log| log.instances()).unwrap());
+        assert_eq!(m.view.records(), loaded.records(), "member {id}'s view is not its state");
+        assert_eq!(m.view.index(), ViewIndex::from_durable(applied[0]).0, "member {id}: applied {applied:?}");
+    }
 }
 
 #[test]
@@ -247,6 +269,13 @@ fn leader_change_and_restart(net: Net) {
         converge(&group, last).await;
         same_state_everywhere(&group, &answered);
         assert_eq!(group[&leader].sm.counters().snapshots_installed.load(Ordering::Relaxed), 1);
+
+        // Entries that mint nothing (a membership change to the same voters) still move
+        // every member's index alike, and wake no service.
+        let voters: std::collections::BTreeSet<NodeId> = group.keys().copied().collect();
+        group[&last].raft.change_membership(voters, false).await.unwrap();
+        converge(&group, last).await;
+        same_state_everywhere(&group, &answered);
 
         for (id, m) in group {
             net.stop(id, m).await;

@@ -34,6 +34,7 @@
 // bytes, and the traits fix it.
 #![allow(clippy::result_large_err)]
 
+use std::collections::BTreeMap;
 use std::io::Cursor;
 use std::num::NonZeroU64;
 use std::path::Path;
@@ -46,13 +47,13 @@ use openraft::{
     StorageIOError, StoredMembership,
 };
 use parking_lot::Mutex;
-use tandem_replicator::log::{check_local_sequence, EventLog, LogError};
-use tandem_schemas::{ChangeEvent, Mark};
+use tandem_replicator::log::{check_local_sequence, EventLog, LogError, StateChange};
+use tandem_schemas::{ChangeEvent, InstanceKey, InstanceRecord, Mark};
 
 use super::write::LocalWrite;
 use super::{Applied, NodeId, RaftEntry, TypeConfig, WriteOutcome};
 use crate::registry::{Minted, Overlay};
-use crate::store::{OpenError, RocksLog};
+use crate::store::{CommitNotice, Committed, OnCommit, OpenError, RocksLog};
 
 /// Largest snapshot built or installed (its export of the state): about a million
 /// instances of ~300 bytes with their tombstones and log. Building past it fails (the
@@ -97,6 +98,8 @@ fn add(c: &AtomicU64, n: u64) {
 
 struct Inner {
     log: RocksLog,
+    /// Told every synced batch, in order (see [`RegistryStateMachine::on_apply`]).
+    on_apply: Option<OnCommit>,
     applied: Option<LogId<NodeId>>,
     membership: Membership,
     /// A snapshot was built or installed since the state was opened: openraft has one to
@@ -125,8 +128,27 @@ impl RegistryStateMachine {
             Some(bytes) => decode_applied(&bytes).map_err(|e| OpenError::Log(LogError::Corrupt(e)))?,
             None => (None, Membership::default()),
         };
-        let inner = Inner { log, applied, membership, snapshot_made: false };
+        let inner = Inner { log, on_apply: None, applied, membership, snapshot_made: false };
         Ok(RegistryStateMachine { inner: Arc::new(Mutex::new(inner)), counters: Arc::default() })
+    }
+
+    /// Calls `hook` after every synced batch of an apply or a snapshot install, in order,
+    /// before openraft learns the entries are applied (so before a write's caller is
+    /// answered): what the node's in-memory view follows on every member, leader or not.
+    /// The notice's `index` is the applied Raft index of the batch's last entry, the same
+    /// on every member for the same entries; its changes are `Committed::Local` for
+    /// applied entries and `Committed::Replaced` for an installed snapshot (the difference
+    /// between the state before and after). It runs under the state's lock, on a blocking
+    /// thread: it must be quick and must not wait for the state machine. Replaces an
+    /// earlier hook.
+    pub fn on_apply(&self, hook: OnCommit) {
+        self.inner.lock().on_apply = Some(hook);
+    }
+
+    /// The applied Raft index (0 before anything was applied): the watch index a view
+    /// loaded from this state starts at.
+    pub fn applied_index(&self) -> u64 {
+        self.inner.lock().applied.map_or(0, |l| l.index)
     }
 
     /// The state machine's counters (shared by its clones).
@@ -237,10 +259,16 @@ impl Inner {
         let fail = |e: String| StorageIOError::write_state_machine(AnyError::error(e));
         let bytes = encode_applied(&applied, membership).map_err(fail)?;
         let Minting { events, owners, .. } = std::mem::take(pending);
-        self.log.append_local_applied(&events, &owners, &bytes).map_err(|e| fail(e.to_string()))?;
+        let changes =
+            self.log.append_local_applied(&events, &owners, &bytes).map_err(|e| fail(e.to_string()))?;
         self.applied = applied;
         self.membership = membership.clone();
         add(&counters.batches, 1);
+        let own_mark = self.log.own_mark();
+        if let Some(hook) = self.on_apply.as_mut() {
+            let index = applied.map_or(0, |l| l.index);
+            hook(&CommitNotice { index, own_mark, committed: Committed::Local { events, changes } });
+        }
         Ok(())
     }
 
@@ -327,13 +355,46 @@ impl Inner {
             return Err(refuse(format!("{} bytes, at most {SNAPSHOT_BYTES_MAX}", data.len())));
         }
         let applied = encode_applied(&meta.last_log_id, &meta.last_membership).map_err(&refuse)?;
+        // What the view held before, to tell it what changed (only when one follows).
+        let before = match self.on_apply {
+            Some(_) => Some(self.log.instances().map_err(|e| refuse(e.to_string()))?),
+            None => None,
+        };
         self.log.replace_state(data, &applied).map_err(|e| refuse(e.to_string()))?;
         self.applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         self.snapshot_made = true;
         add(&counters.snapshots_installed, 1);
+        if let Some(before) = before {
+            let after = self.log.instances().map_err(|e| {
+                StorageIOError::read_state_machine(AnyError::error(format!("the installed state: {e}")))
+            })?;
+            let own_mark = self.log.own_mark();
+            let index = self.applied.map_or(0, |l| l.index);
+            let changes = difference(before, after);
+            if let Some(hook) = self.on_apply.as_mut() {
+                hook(&CommitNotice { index, own_mark, committed: Committed::Replaced { changes } });
+            }
+        }
         Ok(())
     }
+}
+
+/// The changes that turn the live records `before` into `after`: a removal for each key
+/// gone, a put for each key new or held at another seq; by key.
+pub(super) fn difference(
+    before: Vec<(u64, InstanceRecord)>,
+    after: Vec<(u64, InstanceRecord)>,
+) -> Vec<StateChange> {
+    let mut gone: BTreeMap<InstanceKey, u64> = before.into_iter().map(|(seq, r)| (r.key, seq)).collect();
+    let mut changes = Vec::new();
+    for (seq, record) in after {
+        if gone.remove(&record.key) != Some(seq) {
+            changes.push(StateChange::Put { seq, record });
+        }
+    }
+    changes.extend(gone.into_keys().map(|key| StateChange::Remove { key }));
+    changes
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for RegistryStateMachine {

@@ -321,6 +321,32 @@ impl ViewCell {
         self.global.send_replace(idx);
     }
 
+    /// Moves the global index to `durable_writes`'s (if that is ahead) for a durable write
+    /// that changed no instance (a Raft entry that minted nothing: an election's blank
+    /// entry, a membership change), so that every member of a DC's group stands at the
+    /// same index for the same applied entries. No service's index moves, no service
+    /// watcher wakes.
+    pub fn advance(&self, durable_writes: u64) {
+        let mut v = self.view.write();
+        let idx = ViewIndex::from_durable(durable_writes).0;
+        if idx <= v.index {
+            return;
+        }
+        v.index = idx;
+        drop(v);
+        self.global.send_replace(idx);
+    }
+
+    /// Every live record the view holds, by key, with its seq (tests compare views).
+    #[cfg(test)]
+    pub(crate) fn records(&self) -> std::collections::BTreeMap<InstanceKey, (u64, InstanceRecord)> {
+        let v = self.view.read();
+        v.services
+            .values()
+            .flat_map(|svc| svc.instances.iter().map(|(k, h)| (k.clone(), (h.seq, (*h.record).clone()))))
+            .collect()
+    }
+
     /// Bumps a service's index without a durable write (failover switched) and wakes
     /// its watchers.
     pub(super) fn bump(&self, sid: &ServiceId) {

@@ -228,6 +228,9 @@ pub enum Committed {
     Retired { origin: String, at_ms: u64, changes: Vec<StateChange> },
     /// A retirement was lifted.
     Unretired { origin: String },
+    /// The whole state was replaced (a Raft snapshot installed on a member of a DC's
+    /// group): `changes` turn the state before into the state after.
+    Replaced { changes: Vec<StateChange> },
 }
 
 impl CommitNotice {
@@ -236,7 +239,7 @@ impl CommitNotice {
         match &self.committed {
             Committed::Local { changes, .. } => changes,
             Committed::Remote { report, .. } | Committed::Snapshot { report, .. } => &report.changes,
-            Committed::Retired { changes, .. } => changes,
+            Committed::Retired { changes, .. } | Committed::Replaced { changes } => changes,
             Committed::PurgedOwn { .. }
             | Committed::PurgedRemoteTombstones { .. }
             | Committed::Unretired { .. } => &[],
