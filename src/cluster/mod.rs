@@ -150,6 +150,8 @@ fn varint_len(n: usize) -> usize {
 #[cfg(test)]
 mod group_tests;
 #[cfg(test)]
+mod sim_tests;
+#[cfg(test)]
 mod sm_tests;
 #[cfg(test)]
 mod tests;
