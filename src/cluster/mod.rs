@@ -38,7 +38,7 @@ pub use state_machine::{
     RegistryStateMachine, StateMachineCounters, APPLIED_FORMAT_V1, APPLY_EVENTS_PER_BATCH_MAX,
     SNAPSHOT_BYTES_MAX,
 };
-pub use write::{Change, LocalWrite, WRITE_FORMAT_V1};
+pub use write::{Change, GroupWrite, LocalWrite, Write, GROUP_WRITE_FORMAT_V1, WRITE_FORMAT_V1};
 
 /// A member of a DC's Raft group.
 pub type NodeId = u64;
@@ -138,8 +138,28 @@ pub enum WriteOutcome {
     /// The instance is not live: no event.
     Gone,
     /// Its event would break the schema's rules or names another DC's instance (the
-    /// leader's checks should have refused it): no event, on every member alike.
+    /// leader's checks should have refused it), or a group write was refused by the
+    /// log's rules: no event, nothing changed, on every member alike.
     Refused { reason: String },
+    /// A [`GroupWrite`] was applied.
+    Group(GroupOutcome),
+}
+
+/// What applying a [`GroupWrite`] did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GroupOutcome {
+    /// A remote batch or snapshot merged (a chunk that installed one too): the origin's
+    /// mark after it, how many changes it made to live state, and the refusal that
+    /// stopped it part way, if any.
+    Merged { mark: Option<tandem_schemas::Mark>, changes: u64, refusal: Option<String> },
+    /// A snapshot chunk staged (not the last one).
+    Staged,
+    /// The own log purged: the purge floor after it.
+    PurgedOwn { floor: u64 },
+    /// A retirement: whether it was new (a second one changes nothing).
+    Retired { newly: bool },
+    /// A tombstone purge, a peer acknowledgement or a lifted retirement.
+    Done,
 }
 
 fn varint_len(n: usize) -> usize {

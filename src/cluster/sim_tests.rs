@@ -1,7 +1,8 @@
 //! The group under faults (issue 17's simulation of a 3-node origin): three members, each
 //! on its own `RaftLogStore` and `RegistryStateMachine` (RocksDB in a tempdir), joined by
 //! an in-process network that can cut any directed link, and a seeded schedule of faults
-//! while a writer proposes rounds to whoever leads: the leader cut off while it keeps
+//! while a writer proposes rounds (local writes, and a peer DC's batches) to whoever
+//! leads: the leader cut off while it keeps
 //! running (a deposed leader), a minority cut off, one direction of a link cut (requests
 //! or only their answers lost: the request took effect), a member killed and started again
 //! from its disk; everything healed at the end.
@@ -37,10 +38,11 @@ use openraft::{BasicNode, Raft, RaftNetwork, RaftNetworkFactory};
 use parking_lot::{Mutex, RwLock};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tandem_replicator::log::EventLog;
 use tempfile::TempDir;
 use uuid::Uuid;
 
-use super::sm_tests::{dump, export, write_of, DC, EPOCH};
+use super::sm_tests::{dump, export, peer_event, write_of, DC, EPOCH};
 use super::tests::{open_store, WITHIN};
 use super::*;
 
@@ -185,7 +187,7 @@ async fn writer(
     seed: u64,
 ) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
-    let mut n = 0u64;
+    let (mut n, mut peer_seq) = (0u64, 0u64);
     while stop.load(Ordering::Relaxed) == 0 {
         let members: Vec<Raft<TypeConfig>> = group.read().values().cloned().collect();
         let Some(any) = members.first().cloned() else {
@@ -200,6 +202,27 @@ async fn writer(
             })
             .cloned()
             .unwrap_or(any);
+        if rng.gen_ratio(1, 5) {
+            // A peer DC's batch through the log, as its sender ships it: from the mark the
+            // last answer gave, so an unanswered batch is sent again (applied twice, it is
+            // a duplicate the merge skips).
+            let k = (peer_seq % 4) as u8;
+            let write = GroupWrite::Remote {
+                channel_dc: "dc2".into(),
+                events: vec![peer_event(peer_seq + 1, k, peer_seq % 3 == 2)],
+            };
+            let round = Round::of_group_write(&write).unwrap();
+            if let Ok(Ok(answer)) =
+                tokio::time::timeout(Duration::from_secs(1), leader.client_write(round)).await
+            {
+                if let [WriteOutcome::Group(GroupOutcome::Merged { mark: Some(mark), .. })] =
+                    &answer.data.outcomes[..]
+                {
+                    peer_seq = mark.seq;
+                }
+            }
+            continue;
+        }
         let writes: Vec<LocalWrite> = (0..rng.gen_range(1..=3))
             .map(|_| {
                 n += 1;
@@ -378,13 +401,14 @@ fn run(seed: u64) -> String {
             assert_eq!(at, Some(*id), "seed {seed}: acknowledged write {id} is not at seq {seq} after {faults:?}");
         }
         assert!(!acked.is_empty(), "seed {seed}: nothing was acknowledged");
+        let peer_mark = members[&1].sm.with_log(|log| log.mark_of("dc2")).map_or(0, |m| m.seq);
         let snapshots: u64 =
             members.values().map(|m| m.sm.counters().snapshots_installed.load(Ordering::Relaxed)).sum();
         for (_, m) in members {
             m.raft.shutdown().await.unwrap();
         }
         format!(
-            "{} acknowledged of {} events, {} answers lost, {snapshots} snapshots installed; faults {faults:?}",
+            "{} acknowledged of {} events, the peer's mark at {peer_mark}, {} answers lost, {snapshots} snapshots installed; faults {faults:?}",
             acked.len(),
             state.events.len(),
             wires.lost_answers.load(Ordering::Relaxed)

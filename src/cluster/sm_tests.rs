@@ -19,7 +19,7 @@ use proptest::prelude::*;
 use serde_bytes::ByteBuf;
 use tandem_replicator::log::{EventLog, StateChange};
 use tandem_schemas::{
-    ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Status, Tombstone,
+    ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Op, Status, Tombstone,
 };
 use tempfile::TempDir;
 use uuid::Uuid;
@@ -97,6 +97,10 @@ pub(super) struct Dump {
     instances: Vec<(u64, InstanceRecord)>,
     tombstones: Vec<Tombstone>,
     owners: Vec<(InstanceKey, Arc<str>)>,
+    floor: u64,
+    marks: BTreeMap<String, Mark>,
+    peer_acks: BTreeMap<String, Mark>,
+    retired: BTreeMap<String, u64>,
 }
 
 pub(super) fn dump(log: &RocksLog) -> Dump {
@@ -106,7 +110,80 @@ pub(super) fn dump(log: &RocksLog) -> Dump {
         instances: log.instances().unwrap(),
         tombstones: log.tombstones().unwrap(),
         owners: log.owners().unwrap(),
+        floor: log.purge_floor(),
+        marks: log.marks(),
+        peer_acks: log.peer_acks(),
+        retired: log.retired(),
     }
+}
+
+/// The peer DC of the group-write tests.
+const PEER: &str = "dc2";
+
+/// Event `seq` of the peer's origin: a registration of its instance `k`, or its
+/// deregistration.
+pub(super) fn peer_event(seq: u64, k: u8, deregister: bool) -> ChangeEvent {
+    let key = InstanceKey { owner_dc: PEER.into(), ..key(k) };
+    let op = if deregister {
+        Op::Deregister { key, reason: DeregisterReason::Explicit }
+    } else {
+        Op::Register(InstanceRecord { key, ..record(k, 3000 + u16::from(k)) })
+    };
+    ChangeEvent {
+        event_id: Uuid::from_u128(0xdc2 << 64 | u128::from(seq)),
+        origin_dc: PEER.into(),
+        origin_epoch: 5,
+        seq,
+        commit_time_ms: 2_000_000 + seq,
+        op,
+    }
+}
+
+/// One step of a group-write history: a round of local writes or one group write.
+#[derive(Clone, Debug)]
+enum Step {
+    Local(Vec<LocalWrite>),
+    Group(GroupWrite),
+}
+
+/// A history from random tuples: local rounds, the peer's batches (seqs continuing, so
+/// some after a retirement or a purge are refused or superseded), acknowledgements,
+/// purges, retirements and their lifting.
+fn history(picks: &[(u8, u8, u8)]) -> Vec<Step> {
+    let (mut n, mut peer_seq) = (0u64, 0u64);
+    picks
+        .iter()
+        .map(|&(kind, a, b)| match kind % 10 {
+            0..=3 => Step::Local(
+                (0..=a % 3)
+                    .map(|i| {
+                        n += 1;
+                        write_of(n, a.wrapping_add(i), b % 5, b)
+                    })
+                    .collect(),
+            ),
+            4 => {
+                let events = (0..=a % 2)
+                    .map(|i| {
+                        peer_seq += 1;
+                        peer_event(peer_seq, b.wrapping_add(i) % 4, a.wrapping_add(i) % 3 == 2)
+                    })
+                    .collect();
+                Step::Group(GroupWrite::Remote { channel_dc: PEER.into(), events })
+            }
+            5 => Step::Group(GroupWrite::PeerAck {
+                peer: PEER.into(),
+                mark: Mark { epoch: EPOCH.get(), seq: u64::from(a % 10) },
+            }),
+            6 => Step::Group(GroupWrite::PurgeOwn { upto_seq: u64::from(a % 8) }),
+            7 => Step::Group(GroupWrite::PurgeRemoteTombstones {
+                origin: PEER.into(),
+                upto_seq: u64::from(b % 8),
+            }),
+            8 => Step::Group(GroupWrite::Retire { dc: PEER.into(), at_ms: 1_000 + u64::from(a) }),
+            _ => Step::Group(GroupWrite::Unretire { dc: PEER.into() }),
+        })
+        .collect()
 }
 
 /// Every stored byte of the state (the snapshot export).
@@ -300,6 +377,12 @@ fn a_snapshot_installs_identical_state_and_bad_ones_change_nothing() {
 /// builder minting like the registry's (`src/registry/write.rs`, without leases and ACLs)
 /// against a view that `on_commit` feeds.
 fn reference(dir: &Path, rounds: &[Vec<LocalWrite>]) -> Dump {
+    let steps: Vec<Step> = rounds.iter().cloned().map(Step::Local).collect();
+    reference_steps(dir, &steps)
+}
+
+/// [`reference`] with group writes: each one the committer's request of the same kind.
+fn reference_steps(dir: &Path, steps: &[Step]) -> Dump {
     let log = RocksLog::create_with_epoch(dir, DC, EPOCH).unwrap();
     let view: Arc<Mutex<HashMap<InstanceKey, InstanceRecord>>> = Arc::default();
     let fed = view.clone();
@@ -314,7 +397,17 @@ fn reference(dir: &Path, rounds: &[Vec<LocalWrite>]) -> Dump {
     });
     let (mut inline, handle) = Committer::inline(log, on_commit, CommitterLimits::default());
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    for round in rounds {
+    for step in steps {
+        let round = match step {
+            Step::Local(round) => round,
+            Step::Group(write) => {
+                // The answer is ignored: refusals change nothing on either side.
+                let request = group_request(write.clone());
+                rt.block_on(handle.send(request)).unwrap();
+                inline.run_until_idle();
+                continue;
+            }
+        };
         let (round, view) = (round.clone(), view.clone());
         let build: BuildEvents = Box::new(move |mark: Mark| {
             let mut overlay = Overlay::default();
@@ -391,6 +484,125 @@ proptest! {
         prop_assert_eq!(seqs, (1..=state.own.seq).collect::<Vec<_>>());
         prop_assert_eq!(state, reference(dirs[2].path(), &writes));
     }
+}
+
+/// The committer's request for a group write, its answer dropped.
+fn group_request(write: GroupWrite) -> Request {
+    fn reply<T>() -> crate::store::Reply<T> {
+        tokio::sync::oneshot::channel().0
+    }
+    match write {
+        GroupWrite::Remote { channel_dc, events } => {
+            Request::RemoteApply { channel_dc, events, reply: reply() }
+        }
+        GroupWrite::RemoteSnapshot { channel_dc, snapshot } => {
+            Request::InstallSnapshot { channel_dc, snapshot, reply: reply() }
+        }
+        GroupWrite::StageChunk { channel_dc, chunk } => {
+            Request::StageChunk { channel_dc, chunk, reply: reply() }
+        }
+        GroupWrite::PurgeOwn { upto_seq } => Request::PurgeOwn { upto_seq, reply: reply() },
+        GroupWrite::PurgeRemoteTombstones { origin, upto_seq } => {
+            Request::PurgeRemoteTombstones { origin, upto_seq, reply: reply() }
+        }
+        GroupWrite::PeerAck { peer, mark } => Request::PeerAck { peer, mark, reply: reply() },
+        GroupWrite::Retire { dc, at_ms } => Request::Retire { dc, at_ms, reply: reply() },
+        GroupWrite::Unretire { dc } => Request::Unretire { dc, reply: reply() },
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// Histories of local rounds and group writes (the peer's batches, acknowledgements,
+    /// purges, retirements) applied on two state machines, one entry per call and all in
+    /// one call, give byte-identical state; the same state (events, instances, tombstones,
+    /// owners, purge floor, marks, acknowledgements, retirements) as the committer serving
+    /// the same requests; and after a reopen the applied id of the last entry, so nothing
+    /// is applied twice.
+    #[test]
+    fn group_writes_apply_as_the_committer_serves_them(
+        picks in prop::collection::vec((0u8..10, any::<u8>(), any::<u8>()), 1..24),
+    ) {
+        let steps = history(&picks);
+        let mut entries = vec![membership(1)];
+        for step in &steps {
+            let index = entries.len() as u64 + 1;
+            entries.push(match step {
+                Step::Local(writes) => normal(index, writes),
+                Step::Group(write) => entry(index, EntryPayload::Normal(Round::of_group_write(write).unwrap())),
+            });
+        }
+        let dirs: Vec<TempDir> = (0..3).map(|_| TempDir::new().unwrap()).collect();
+        let (a, b) = (open(dirs[0].path()), open(dirs[1].path()));
+        for e in &entries {
+            apply(&a, vec![e.clone()]).unwrap();
+        }
+        apply(&b, entries.clone()).unwrap();
+        prop_assert_eq!(export(&a), export(&b));
+        prop_assert_eq!(a.with_log(dump), reference_steps(dirs[2].path(), &steps));
+        drop(a);
+        let reopened = open(dirs[0].path());
+        let (applied, _) = block(reopened.clone().applied_state()).unwrap();
+        prop_assert_eq!(applied.map(|l| l.index), Some(entries.len() as u64));
+    }
+}
+
+/// A group write in a round with others is refused whole, the same on every member; a
+/// refused group write (a peer batch on the own channel) still advances the applied id,
+/// and the hook hears of every applied group write.
+#[test]
+fn a_group_write_is_alone_in_its_round_and_a_refused_one_changes_nothing() {
+    let dir = TempDir::new().unwrap();
+    let sm = open(dir.path());
+    let heard: Arc<Mutex<Vec<(u64, String)>>> = Arc::default();
+    let ear = heard.clone();
+    sm.on_apply(Box::new(move |n: &CommitNotice| {
+        let kind = match &n.committed {
+            crate::store::Committed::Local { .. } => "local",
+            crate::store::Committed::Remote { .. } => "remote",
+            crate::store::Committed::Retired { .. } => "retired",
+            _ => "other",
+        };
+        ear.lock().push((n.index, kind.to_owned()));
+    }));
+    let remote = GroupWrite::Remote { channel_dc: PEER.into(), events: vec![peer_event(1, 0, false)] };
+    let mixed = Round::new([write_of(1, 0, 0, 0).encode(), remote.encode()]);
+    let own_channel = GroupWrite::Remote { channel_dc: DC.into(), events: vec![peer_event(1, 0, false)] };
+    let group = |index, w: &GroupWrite| entry(index, EntryPayload::Normal(Round::of_group_write(w).unwrap()));
+    let answers = apply(
+        &sm,
+        vec![
+            entry(1, EntryPayload::Normal(mixed)),
+            group(2, &own_channel),
+            group(3, &remote),
+            group(4, &GroupWrite::Retire { dc: PEER.into(), at_ms: 5 }),
+        ],
+    )
+    .unwrap();
+    let outcomes: Vec<Vec<WriteOutcome>> = answers.into_iter().map(|a| a.outcomes).collect();
+    assert!(
+        matches!(&outcomes[0][..], [WriteOutcome::Refused { reason }, WriteOutcome::Refused { .. }] if reason.contains("alone"))
+    );
+    assert!(matches!(&outcomes[1][..], [WriteOutcome::Refused { .. }]), "{outcomes:?}");
+    assert!(
+        matches!(
+            &outcomes[2][..],
+            [WriteOutcome::Group(GroupOutcome::Merged { changes: 1, refusal: None, .. })]
+        ),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[3], vec![WriteOutcome::Group(GroupOutcome::Retired { newly: true })]);
+    let state = sm.with_log(dump);
+    assert_eq!(state.own.seq, 0, "the refused round minted nothing");
+    assert!(state.instances.is_empty(), "the retirement removed the peer's copy");
+    assert_eq!(state.retired.get(PEER), Some(&5));
+    assert_eq!(sm.applied_index(), 4);
+    let heard = heard.lock().clone();
+    assert_eq!(
+        heard,
+        vec![(1, "local".into()), (2, "local".into()), (3, "remote".into()), (4, "retired".into())]
+    );
 }
 
 proptest! {

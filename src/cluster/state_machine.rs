@@ -47,11 +47,14 @@ use openraft::{
     StorageIOError, StoredMembership,
 };
 use parking_lot::Mutex;
-use tandem_replicator::log::{check_local_sequence, EventLog, LogError, StateChange};
+use tandem_replicator::log::{
+    check_local_sequence, ApplyReport, ChunkOutcome, EventLog, LogError, StateChange,
+};
+use tandem_replicator::merge::Refusal;
 use tandem_schemas::{ChangeEvent, InstanceKey, InstanceRecord, Mark};
 
-use super::write::LocalWrite;
-use super::{Applied, NodeId, RaftEntry, TypeConfig, WriteOutcome};
+use super::write::{GroupWrite, LocalWrite, Write};
+use super::{Applied, GroupOutcome, NodeId, RaftEntry, TypeConfig, WriteOutcome};
 use crate::registry::{Minted, Overlay};
 use crate::store::{CommitNotice, Committed, OnCommit, OpenError, RocksLog};
 
@@ -84,6 +87,9 @@ pub struct StateMachineCounters {
     pub writes_unchanged: AtomicU64,
     pub writes_gone: AtomicU64,
     pub writes_refused: AtomicU64,
+    /// Group writes applied (remote batches and snapshots, purges, acknowledgements,
+    /// retirements); refused ones count in `writes_refused`.
+    pub writes_group: AtomicU64,
     /// Writes that did not decode (each stopped the member).
     pub writes_corrupt: AtomicU64,
     pub snapshots_built: AtomicU64,
@@ -213,12 +219,41 @@ impl Inner {
                 EntryPayload::Membership(m) => membership = StoredMembership::new(Some(log_id), m),
                 EntryPayload::Normal(round) => {
                     answer.writes = round.writes.len() as u64;
-                    for bytes in &round.writes {
-                        let write = LocalWrite::decode(bytes).map_err(|e| {
+                    let writes = round
+                        .writes
+                        .iter()
+                        .map(|bytes| Write::decode(bytes))
+                        .collect::<Result<Vec<Write>, String>>()
+                        .map_err(|e| {
                             add(&counters.writes_corrupt, 1);
                             tracing::error!(?log_id, error = %e, "a Raft entry's write does not decode; stopping");
                             StorageIOError::apply(log_id, AnyError::error(e))
                         })?;
+                    let groups = writes.iter().filter(|w| matches!(w, Write::Group(_))).count();
+                    if groups > 0 && writes.len() > 1 {
+                        // Refused whole, the same on every member: nothing of it applies.
+                        add(&counters.writes_refused, writes.len() as u64);
+                        let reason =
+                            format!("a group write is alone in its round, this one holds {}", writes.len());
+                        answer.outcomes = vec![WriteOutcome::Refused { reason }; writes.len()];
+                    }
+                    if groups == 1 && writes.len() == 1 {
+                        let Some(Write::Group(write)) = writes.into_iter().next() else { unreachable!() };
+                        // What the earlier entries of this call minted goes first, with
+                        // their applied id; this write then carries its own.
+                        if unwritten > 0 {
+                            self.write(counters, &mut pending, applied, &membership)?;
+                            add(&counters.entries_applied, std::mem::take(&mut unwritten));
+                        }
+                        answer.outcomes.push(self.apply_group(counters, log_id, &membership, write)?);
+                        applied = Some(log_id);
+                        add(&counters.entries_applied, 1);
+                        out.push(answer);
+                        continue;
+                    }
+                    let locals = if groups == 0 { writes } else { Vec::new() };
+                    for write in locals {
+                        let Write::Local(write) = write else { continue };
                         let outcome = self
                             .mint(&mut pending, write)
                             .map_err(|e| StorageIOError::apply(log_id, AnyError::new(&e)))?;
@@ -227,6 +262,7 @@ impl Inner {
                             WriteOutcome::Unchanged => &counters.writes_unchanged,
                             WriteOutcome::Gone => &counters.writes_gone,
                             WriteOutcome::Refused { .. } => &counters.writes_refused,
+                            WriteOutcome::Group(_) => &counters.writes_group,
                         };
                         add(c, 1);
                         answer.outcomes.push(outcome);
@@ -270,6 +306,44 @@ impl Inner {
             hook(&CommitNotice { index, own_mark, committed: Committed::Local { events, changes } });
         }
         Ok(())
+    }
+
+    /// Applies one group write with `log_id` as the applied id in its own synced batch,
+    /// as the committer serves the same request (the retired-DC guards included), and
+    /// tells the hook what it changed.
+    fn apply_group(
+        &mut self,
+        counters: &StateMachineCounters,
+        log_id: LogId<NodeId>,
+        membership: &Membership,
+        write: GroupWrite,
+    ) -> SmResult<WriteOutcome> {
+        let bytes = encode_applied(&Some(log_id), membership)
+            .map_err(|e| StorageIOError::write_state_machine(AnyError::error(e)))?;
+        let result = self
+            .log
+            .with_applied(&bytes, |log| group_op(log, write))
+            .map_err(|e| StorageIOError::apply(log_id, AnyError::new(&e)))?;
+        self.applied = Some(log_id);
+        self.membership = membership.clone();
+        add(&counters.batches, 1);
+        let (outcome, committed) = match result {
+            Ok((outcome, committed)) => {
+                add(&counters.writes_group, 1);
+                (WriteOutcome::Group(outcome), committed)
+            }
+            Err(e) => {
+                add(&counters.writes_refused, 1);
+                (WriteOutcome::Refused { reason: e.to_string() }, None)
+            }
+        };
+        let own_mark = self.log.own_mark();
+        if let Some(hook) = self.on_apply.as_mut() {
+            // Nothing to report still moves the index (an empty local notice).
+            let committed = committed.unwrap_or(Committed::Local { events: Vec::new(), changes: Vec::new() });
+            hook(&CommitNotice { index: log_id.index, own_mark, committed });
+        }
+        Ok(outcome)
     }
 
     /// Mints one write's event against the state applied so far and the pending batch.
@@ -378,6 +452,73 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// One group write on the log, with the committer's guards: a retired DC's batches,
+/// tombstone purges and acknowledgements change nothing, its snapshots are refused. The
+/// outcome, and what to tell the view (`None`: nothing changed in it).
+fn group_op(log: &mut RocksLog, write: GroupWrite) -> Result<(GroupOutcome, Option<Committed>), LogError> {
+    let retired = |log: &RocksLog, dc: &str| log.retired().contains_key(dc);
+    let merged = |report: &ApplyReport| GroupOutcome::Merged {
+        mark: report.mark,
+        changes: report.changes.len() as u64,
+        refusal: report.refusal.as_ref().map(ToString::to_string),
+    };
+    Ok(match write {
+        GroupWrite::Remote { channel_dc, .. } if retired(log, &channel_dc) => {
+            let refusal = Some(Refusal::Retired { dc: channel_dc }.to_string());
+            (GroupOutcome::Merged { mark: None, changes: 0, refusal }, None)
+        }
+        GroupWrite::RemoteSnapshot { channel_dc, .. } | GroupWrite::StageChunk { channel_dc, .. }
+            if retired(log, &channel_dc) =>
+        {
+            return Err(LogError::Refused(Refusal::Retired { dc: channel_dc }));
+        }
+        GroupWrite::PurgeRemoteTombstones { origin: dc, .. } | GroupWrite::PeerAck { peer: dc, .. }
+            if retired(log, &dc) =>
+        {
+            (GroupOutcome::Done, None)
+        }
+        GroupWrite::Remote { channel_dc, events } => {
+            let report = log.apply_remote(&channel_dc, &events)?;
+            (merged(&report), Some(Committed::Remote { origin: channel_dc, report }))
+        }
+        GroupWrite::RemoteSnapshot { channel_dc, snapshot } => {
+            let report = log.install_snapshot(&channel_dc, &snapshot)?;
+            (merged(&report), Some(Committed::Snapshot { origin: channel_dc, report }))
+        }
+        GroupWrite::StageChunk { channel_dc, chunk } => {
+            match log.stage_snapshot_chunk(&channel_dc, &chunk)? {
+                ChunkOutcome::Staged(_) => (GroupOutcome::Staged, None),
+                ChunkOutcome::Installed(report) => {
+                    (merged(&report), Some(Committed::Snapshot { origin: channel_dc, report }))
+                }
+            }
+        }
+        GroupWrite::PurgeOwn { upto_seq } => {
+            let tombstones_removed = log.purge_own_reporting(upto_seq)?;
+            let floor = log.purge_floor();
+            (GroupOutcome::PurgedOwn { floor }, Some(Committed::PurgedOwn { floor, tombstones_removed }))
+        }
+        GroupWrite::PurgeRemoteTombstones { origin, upto_seq } => {
+            let tombstones_removed = log.purge_remote_tombstones_reporting(&origin, upto_seq)?;
+            (GroupOutcome::Done, Some(Committed::PurgedRemoteTombstones { origin, tombstones_removed }))
+        }
+        GroupWrite::PeerAck { peer, mark } => {
+            log.record_peer_ack(&peer, mark)?;
+            (GroupOutcome::Done, None)
+        }
+        GroupWrite::Retire { dc, at_ms } => {
+            let r = log.retire_origin(&dc, at_ms)?;
+            let committed =
+                r.newly.then_some(Committed::Retired { origin: dc, at_ms: r.at_ms, changes: r.changes });
+            (GroupOutcome::Retired { newly: r.newly }, committed)
+        }
+        GroupWrite::Unretire { dc } => {
+            let lifted = log.unretire_origin(&dc)?;
+            (GroupOutcome::Done, lifted.then_some(Committed::Unretired { origin: dc }))
+        }
+    })
 }
 
 /// The changes that turn the live records `before` into `after`: a removal for each key

@@ -21,7 +21,9 @@
 //! (openraft's `StorageError`), it is never skipped.
 
 use serde::{Deserialize, Serialize};
-use tandem_schemas::{DeregisterReason, Health, InstanceKey, InstanceRecord, Status};
+use tandem_schemas::{
+    ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Snapshot, SnapshotChunk, Status,
+};
 use uuid::Uuid;
 
 use super::{Round, RoundError, ENTRY_BYTES_MAX};
@@ -100,7 +102,82 @@ impl LocalWrite {
     }
 }
 
+/// The format byte of an encoded [`GroupWrite`] of this version.
+pub const GROUP_WRITE_FORMAT_V1: u8 = 2;
+
+/// One write of the DC's other kinds, as the Raft log carries it: what the committer
+/// serves besides local appends, each applied by the same RocksLog operation on every
+/// member (the replication merge, purges, peer acknowledgements, retirements are
+/// deterministic given the state), with the applied id in the operation's own synced
+/// batch (`RocksLog::with_applied`). A group write is alone in its round: a round that
+/// mixes it with others is refused whole, the same way on every member.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum GroupWrite {
+    /// A peer DC's batch, received over the channel of `channel_dc`
+    /// (`EventLog::apply_remote`).
+    Remote { channel_dc: String, events: Vec<ChangeEvent> },
+    /// A peer DC's snapshot in one piece (`EventLog::install_snapshot`).
+    RemoteSnapshot { channel_dc: String, snapshot: Snapshot },
+    /// One chunk of a peer DC's snapshot (`EventLog::stage_snapshot_chunk`); the last
+    /// installs it.
+    StageChunk { channel_dc: String, chunk: SnapshotChunk },
+    /// Purge the own log up to `upto_seq` (the purge rule decided it on the leader).
+    PurgeOwn { upto_seq: u64 },
+    /// Purge a remote origin's tombstones up to `upto_seq`.
+    PurgeRemoteTombstones { origin: String, upto_seq: u64 },
+    /// `peer` durably holds the own origin up to `mark`.
+    PeerAck { peer: String, mark: Mark },
+    /// Retire DC `dc` (its copies go) at the leader's wall-clock `at_ms`.
+    Retire { dc: String, at_ms: u64 },
+    /// Lift a retirement.
+    Unretire { dc: String },
+}
+
+impl GroupWrite {
+    /// `[GROUP_WRITE_FORMAT_V1] ++ postcard(self)`.
+    pub fn encode(&self) -> Vec<u8> {
+        // Plain data: postcard does not fail on it.
+        postcard::to_extend(self, vec![GROUP_WRITE_FORMAT_V1]).unwrap_or_default()
+    }
+}
+
+/// A decoded write of a round: a local change or one of the group's other writes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
+    Local(LocalWrite),
+    Group(GroupWrite),
+}
+
+impl Write {
+    /// Decodes one write by its format byte: [`WRITE_FORMAT_V1`] is a [`LocalWrite`],
+    /// [`GROUP_WRITE_FORMAT_V1`] a [`GroupWrite`]; at most an entry's bytes, nothing after.
+    pub fn decode(bytes: &[u8]) -> Result<Write, String> {
+        match bytes.first() {
+            Some(&GROUP_WRITE_FORMAT_V1) => {
+                let body = &bytes[1..];
+                if body.len() > ENTRY_BYTES_MAX {
+                    return Err(format!("a write of {} bytes, at most {ENTRY_BYTES_MAX}", body.len()));
+                }
+                let (write, rest) =
+                    postcard::take_from_bytes(body).map_err(|e| format!("a group write: {e}"))?;
+                if !rest.is_empty() {
+                    return Err(format!("{} bytes after a group write", rest.len()));
+                }
+                Ok(Write::Group(write))
+            }
+            _ => LocalWrite::decode(bytes).map(Write::Local),
+        }
+    }
+}
+
 impl Round {
+    /// A round of one group write, checked against the limits.
+    pub fn of_group_write(write: &GroupWrite) -> Result<Round, RoundError> {
+        let round = Round::new([write.encode()]);
+        round.check()?;
+        Ok(round)
+    }
+
     /// A round of these writes, checked against the limits ([`Round::check`]).
     pub fn of_writes<'a>(writes: impl IntoIterator<Item = &'a LocalWrite>) -> Result<Round, RoundError> {
         let round = Round::new(writes.into_iter().map(LocalWrite::encode));

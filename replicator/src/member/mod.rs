@@ -7,7 +7,7 @@
 //! RPCs in them), so this crate stays free of Raft, and the root crate free of quinn.
 //!
 //! Identity: a node's certificate names one node, `n<id>.<dc>.tandem-node`
-//! ([`NodeName`]). The link starts only with a node's certificate and speaks only its own
+//! ([`NodeName`](crate::tls::NodeName)). The link starts only with a node's certificate and speaks only its own
 //! ALPN ([`ALPN`]); the dialer accepts only the node it dialed, the listener only a
 //! configured member of its own DC. A DC's certificate is refused on both sides (it names
 //! no node), and a node's certificate is refused by the DC replication link (it names no

@@ -170,6 +170,9 @@ pub struct RocksLog {
     index: u64,
     /// Written with the next synced batch, then becomes `index`.
     pending_index: Option<u64>,
+    /// The Raft state machine's applied state, written with the next synced batch (see
+    /// `RocksLog::with_applied`).
+    pending_applied: Option<Vec<u8>>,
     sync_writes: u64,
     /// Set when a write failed: the outcome on disk is unknown, so the in-memory marks may
     /// be wrong and every later write is refused until the log is reopened.
@@ -260,6 +263,7 @@ impl RocksLog {
             scopes: BTreeMap::new(),
             index: 0,
             pending_index: None,
+            pending_applied: None,
             sync_writes: 0,
             poisoned: false,
         };
@@ -617,6 +621,11 @@ impl RocksLog {
         let index = if sync { self.pending_index } else { None };
         if let Some(idx) = index {
             batch.put_cf(self.cf(CF_META)?, META_INDEX, idx.to_be_bytes());
+        }
+        if sync {
+            if let Some(applied) = self.pending_applied.take() {
+                batch.put_cf(self.cf(CF_META)?, raft_state::META_RAFT_APPLIED, applied);
+            }
         }
         let mut opts = WriteOptions::default();
         opts.set_sync(sync);

@@ -30,7 +30,7 @@ use super::{
 use crate::store::keys::{decode_u64, encode_key, KEY_BYTES_MAX};
 
 /// The meta key of the Raft state machine's applied state.
-const META_RAFT_APPLIED: &[u8] = b"raft_applied";
+pub(super) const META_RAFT_APPLIED: &[u8] = b"raft_applied";
 
 /// Largest applied state (log id and membership) stored or read back; a membership of five
 /// members with their addresses is well under 1 KiB.
@@ -73,6 +73,44 @@ impl RocksLog {
             }
         }
         Ok(value)
+    }
+
+    /// Runs `op`, one of this log's writes (each makes at most one synced batch: a remote
+    /// batch, a snapshot or one of its chunks, a purge, a peer ack, a retirement), with the
+    /// Raft state machine's applied state `applied` in that same batch, so the write and
+    /// its applied id never part; when `op` made no synced batch (it changed nothing, or
+    /// its write is not synced), `applied` is then written alone, synced.
+    ///
+    /// `op`'s error comes back as the inner result. A refusal (`Refused`, `Invalid`,
+    /// `Purged`, `OutOfSequence`, `EpochNotAbove`: the same on every member) still writes
+    /// `applied`, the entry having been applied as a refusal; a storage or corruption error
+    /// is the outer error, and nothing of `applied` is written by this call then.
+    pub fn with_applied<R>(
+        &mut self,
+        applied: &[u8],
+        op: impl FnOnce(&mut RocksLog) -> Result<R, LogError>,
+    ) -> Result<Result<R, LogError>, LogError> {
+        self.check_writable()?;
+        if applied.len() > RAFT_APPLIED_BYTES_MAX {
+            return Err(LogError::Invalid(format!(
+                "applied state of {} bytes, at most {RAFT_APPLIED_BYTES_MAX}",
+                applied.len()
+            )));
+        }
+        self.pending_applied = Some(applied.to_vec());
+        let result = op(self);
+        let left = self.pending_applied.take();
+        match result {
+            Err(e @ (LogError::Storage(_) | LogError::Corrupt(_))) => Err(e),
+            result => {
+                if let Some(applied) = left {
+                    let mut batch = WriteBatch::default();
+                    batch.put_cf(self.cf(CF_META)?, META_RAFT_APPLIED, applied);
+                    self.commit(batch)?;
+                }
+                Ok(result)
+            }
+        }
     }
 
     /// [`append_local_owned`](Self::append_local_owned) that also writes `applied` (the Raft
