@@ -335,7 +335,7 @@ async fn ids_with_hash_signs_work_in_paths() {
 
 #[test]
 fn the_annotated_example_config_is_valid() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tandem.toml");
+    let path = manifest_dir().join("examples/tandem.toml");
     let cfg = tandem::config::Config::load(&path).unwrap();
     assert_eq!(cfg.dc, "dc-a");
     assert_eq!(cfg.replication.as_ref().unwrap().peers[0].dc, "dc-b");
@@ -604,4 +604,13 @@ async fn a_reload_that_changes_answers_moves_the_index_and_drops_cached_answers(
     .await;
     assert!(woke.is_ok(), "the watcher at the old index woke");
     node.shutdown().await;
+}
+
+/// The package's directory, read when the test runs (cargo sets it) rather than when it
+/// was compiled: a test binary reused from another checkout's build (one shared target
+/// dir) reads this checkout's files.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }

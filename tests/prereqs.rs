@@ -16,7 +16,7 @@ fn decide(files: &[&str], libclang_path: Option<&str>) -> (String, tempfile::Tem
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, b"").unwrap();
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/libclang.sh");
+    let script = manifest_dir().join(".ci/libclang.sh");
     let mut cmd = Command::new("bash");
     cmd.arg("-c")
         .arg(format!(". '{}' && libclang_decision", script.display()))
@@ -102,7 +102,7 @@ fn fake_target(files: &[(&str, bool, u32)]) -> tempfile::TempDir {
 
 /// Runs `call` (a function of `.ci/target-space.sh`) with `ROOT` standing for the target dir.
 fn target_space(root: &Path, call: &str, env: &[(&str, &str)]) -> std::process::Output {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/target-space.sh");
+    let script = manifest_dir().join(".ci/target-space.sh");
     let call = call.replace("ROOT", &format!("'{}'", root.display()));
     let mut cmd = Command::new("bash");
     cmd.arg("-c").arg(format!("set -euo pipefail; . '{}' && {call}", script.display()));
@@ -206,4 +206,13 @@ fn low_space_takes_young_artifacts_too_and_too_little_stops_with_a_message() {
     // With enough space only the old ones went.
     assert!(root.path().join("debug/deps/sdk-00000000000000bb").exists());
     assert!(!root.path().join("debug/deps/sdk-00000000000000aa").exists());
+}
+
+/// The package's directory, read when the test runs (cargo sets it) rather than when it
+/// was compiled: a test binary reused from another checkout's build (one shared target
+/// dir) reads this checkout's files.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }

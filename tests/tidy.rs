@@ -11,7 +11,7 @@ use std::process::Command;
 use serde_json::Value;
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    manifest_dir()
 }
 
 /// Every file git tracks (plus untracked, not ignored ones), relative to the root.
@@ -275,4 +275,13 @@ fn nothing_cites_files_outside_the_repository() {
         }
     }
     assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+/// The package's directory, read when the test runs (cargo sets it) rather than when it
+/// was compiled: a test binary reused from another checkout's build (one shared target
+/// dir) reads this checkout's files.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }

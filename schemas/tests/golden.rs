@@ -92,7 +92,7 @@ fn vectors() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden")
+    manifest_dir().join("golden")
 }
 
 #[test]
@@ -183,4 +183,13 @@ fn events_that_touch_another_owner_are_invalid() {
     ev.origin_dc = "dc-b".into();
     let bytes = encode_event(&ev);
     assert!(matches!(decode_event(&bytes), Err(DecodeError::Invalid(_))));
+}
+
+/// The package's directory, read when the test runs (cargo sets it) rather than when it
+/// was compiled: a test binary reused from another checkout's build (one shared target
+/// dir) reads this checkout's files.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }

@@ -66,7 +66,7 @@ fn vectors() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden")
+    manifest_dir().join("golden")
 }
 
 #[test]
@@ -131,4 +131,13 @@ fn a_chunk_with_entries_of_two_owners_or_past_its_cut_is_refused() {
     chunk.instances[0].seq = 41;
     let bytes = encode_frame(&Frame::SnapshotChunk { batch_id: 1, chunk });
     assert!(matches!(decode_frame(&bytes, FRAME_BYTES_MAX), Err(DecodeError::Invalid(_))));
+}
+
+/// The package's directory, read when the test runs (cargo sets it) rather than when it
+/// was compiled: a test binary reused from another checkout's build (one shared target
+/// dir) reads this checkout's files.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
