@@ -23,8 +23,9 @@ pub mod snapshot;
 
 pub use snapshot::{ChunkOutcome, SharedReader, SnapshotReader};
 
-/// Errors of a log implementation.
-#[derive(Debug, thiserror::Error)]
+/// Errors of a log implementation. Serializable: a DC group's state machine answers a
+/// refused write with the same error the committer would.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum LogError {
     /// The request was refused by the merge rules; nothing changed.
     #[error("refused: {0}")]
@@ -53,7 +54,7 @@ pub enum LogError {
 }
 
 /// What applying a remote batch did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ApplyReport {
     pub applied: usize,
     pub superseded: usize,
@@ -72,7 +73,7 @@ pub struct ApplyReport {
 }
 
 /// A change to the materialized state, reported so that in-memory views follow the log.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum StateChange {
     Put { seq: u64, record: InstanceRecord },
     Remove { key: InstanceKey },

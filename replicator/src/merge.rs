@@ -46,7 +46,7 @@ pub enum Effect {
 }
 
 /// Why an event or snapshot is refused. A refusal changes no state.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum Refusal {
     #[error("event of origin {origin} arrived over the channel of {channel}")]
     WrongChannel { channel: String, origin: String },

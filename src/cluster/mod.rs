@@ -138,27 +138,33 @@ pub enum WriteOutcome {
     /// The instance is not live: no event.
     Gone,
     /// Its event would break the schema's rules or names another DC's instance (the
-    /// leader's checks should have refused it), or a group write was refused by the
-    /// log's rules: no event, nothing changed, on every member alike.
+    /// leader's checks should have refused it), or it broke a round's rule (a group
+    /// write not alone in its round): no event, nothing changed, on every member alike.
     Refused { reason: String },
     /// A [`GroupWrite`] was applied.
     Group(GroupOutcome),
+    /// A [`GroupWrite`] was refused by the log's rules (a batch on the own channel, a
+    /// retired DC's snapshot, a purged range, ...): the log's error, as the committer
+    /// answers it; nothing changed, on every member alike.
+    GroupRefused(tandem_replicator::log::LogError),
 }
 
-/// What applying a [`GroupWrite`] did.
+/// What applying a [`GroupWrite`] did: the answer the committer gives for the same
+/// request, with the changes to live state left out (every member's view hears of them
+/// through the state machine's hook, not through the answer).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum GroupOutcome {
-    /// A remote batch or snapshot merged (a chunk that installed one too): the origin's
-    /// mark after it, how many changes it made to live state, and the refusal that
-    /// stopped it part way, if any.
-    Merged { mark: Option<tandem_schemas::Mark>, changes: u64, refusal: Option<String> },
-    /// A snapshot chunk staged (not the last one).
-    Staged,
+    /// A remote batch or snapshot merged: the log's report.
+    Merged(tandem_replicator::log::ApplyReport),
+    /// A snapshot chunk staged, or (the last) installed.
+    Chunk(tandem_replicator::log::ChunkOutcome),
     /// The own log purged: the purge floor after it.
     PurgedOwn { floor: u64 },
-    /// A retirement: whether it was new (a second one changes nothing).
-    Retired { newly: bool },
-    /// A tombstone purge, a peer acknowledgement or a lifted retirement.
+    /// A retirement (a second one is not `newly` and changes nothing).
+    Retired(crate::store::Retirement),
+    /// A lifted retirement: whether there was one.
+    Unretired { lifted: bool },
+    /// A tombstone purge or a peer acknowledgement.
     Done,
 }
 

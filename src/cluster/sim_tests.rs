@@ -215,10 +215,10 @@ async fn writer(
             if let Ok(Ok(answer)) =
                 tokio::time::timeout(Duration::from_secs(1), leader.client_write(round)).await
             {
-                if let [WriteOutcome::Group(GroupOutcome::Merged { mark: Some(mark), .. })] =
-                    &answer.data.outcomes[..]
-                {
-                    peer_seq = mark.seq;
+                if let [WriteOutcome::Group(GroupOutcome::Merged(report))] = &answer.data.outcomes[..] {
+                    if let Some(mark) = report.mark {
+                        peer_seq = mark.seq;
+                    }
                 }
             }
             continue;

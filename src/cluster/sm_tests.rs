@@ -17,7 +17,7 @@ use openraft::{BasicNode, Entry, EntryPayload, Membership, RaftSnapshotBuilder, 
 use parking_lot::Mutex;
 use proptest::prelude::*;
 use serde_bytes::ByteBuf;
-use tandem_replicator::log::{EventLog, StateChange};
+use tandem_replicator::log::{ApplyReport, EventLog, LogError, StateChange};
 use tandem_schemas::{
     ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Op, Status, Tombstone,
 };
@@ -584,15 +584,22 @@ fn a_group_write_is_alone_in_its_round_and_a_refused_one_changes_nothing() {
     assert!(
         matches!(&outcomes[0][..], [WriteOutcome::Refused { reason }, WriteOutcome::Refused { .. }] if reason.contains("alone"))
     );
-    assert!(matches!(&outcomes[1][..], [WriteOutcome::Refused { .. }]), "{outcomes:?}");
+    // The committer's own answers: the log's error, the report (its changes left out).
     assert!(
         matches!(
-            &outcomes[2][..],
-            [WriteOutcome::Group(GroupOutcome::Merged { changes: 1, refusal: None, .. })]
+            &outcomes[1][..],
+            [WriteOutcome::GroupRefused(LogError::Refused(
+                tandem_replicator::merge::Refusal::WrongChannel { .. }
+            ))]
         ),
         "{outcomes:?}"
     );
-    assert_eq!(outcomes[3], vec![WriteOutcome::Group(GroupOutcome::Retired { newly: true })]);
+    let merged = ApplyReport { applied: 1, mark: Some(Mark { epoch: 5, seq: 1 }), ..ApplyReport::default() };
+    assert_eq!(outcomes[2], vec![WriteOutcome::Group(GroupOutcome::Merged(merged))]);
+    assert!(
+        matches!(&outcomes[3][..], [WriteOutcome::Group(GroupOutcome::Retired(r))] if r.newly && r.at_ms == 5 && r.changes.is_empty()),
+        "{outcomes:?}"
+    );
     let state = sm.with_log(dump);
     assert_eq!(state.own.seq, 0, "the refused round minted nothing");
     assert!(state.instances.is_empty(), "the retirement removed the peer's copy");

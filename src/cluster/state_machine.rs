@@ -261,7 +261,9 @@ impl Inner {
                             WriteOutcome::Written { .. } => &counters.writes_written,
                             WriteOutcome::Unchanged => &counters.writes_unchanged,
                             WriteOutcome::Gone => &counters.writes_gone,
-                            WriteOutcome::Refused { .. } => &counters.writes_refused,
+                            WriteOutcome::Refused { .. } | WriteOutcome::GroupRefused(_) => {
+                                &counters.writes_refused
+                            }
                             WriteOutcome::Group(_) => &counters.writes_group,
                         };
                         add(c, 1);
@@ -334,7 +336,7 @@ impl Inner {
             }
             Err(e) => {
                 add(&counters.writes_refused, 1);
-                (WriteOutcome::Refused { reason: e.to_string() }, None)
+                (WriteOutcome::GroupRefused(e), None)
             }
         };
         let own_mark = self.log.own_mark();
@@ -459,15 +461,12 @@ impl Inner {
 /// outcome, and what to tell the view (`None`: nothing changed in it).
 fn group_op(log: &mut RocksLog, write: GroupWrite) -> Result<(GroupOutcome, Option<Committed>), LogError> {
     let retired = |log: &RocksLog, dc: &str| log.retired().contains_key(dc);
-    let merged = |report: &ApplyReport| GroupOutcome::Merged {
-        mark: report.mark,
-        changes: report.changes.len() as u64,
-        refusal: report.refusal.as_ref().map(ToString::to_string),
-    };
+    // The answer leaves the changes out: the view hears them through the notice.
+    let lean = |report: &ApplyReport| ApplyReport { changes: Vec::new(), ..report.clone() };
     Ok(match write {
         GroupWrite::Remote { channel_dc, .. } if retired(log, &channel_dc) => {
-            let refusal = Some(Refusal::Retired { dc: channel_dc }.to_string());
-            (GroupOutcome::Merged { mark: None, changes: 0, refusal }, None)
+            let refusal = Some(Refusal::Retired { dc: channel_dc });
+            (GroupOutcome::Merged(ApplyReport { refusal, ..ApplyReport::default() }), None)
         }
         GroupWrite::RemoteSnapshot { channel_dc, .. } | GroupWrite::StageChunk { channel_dc, .. }
             if retired(log, &channel_dc) =>
@@ -481,18 +480,19 @@ fn group_op(log: &mut RocksLog, write: GroupWrite) -> Result<(GroupOutcome, Opti
         }
         GroupWrite::Remote { channel_dc, events } => {
             let report = log.apply_remote(&channel_dc, &events)?;
-            (merged(&report), Some(Committed::Remote { origin: channel_dc, report }))
+            (GroupOutcome::Merged(lean(&report)), Some(Committed::Remote { origin: channel_dc, report }))
         }
         GroupWrite::RemoteSnapshot { channel_dc, snapshot } => {
             let report = log.install_snapshot(&channel_dc, &snapshot)?;
-            (merged(&report), Some(Committed::Snapshot { origin: channel_dc, report }))
+            (GroupOutcome::Merged(lean(&report)), Some(Committed::Snapshot { origin: channel_dc, report }))
         }
         GroupWrite::StageChunk { channel_dc, chunk } => {
             match log.stage_snapshot_chunk(&channel_dc, &chunk)? {
-                ChunkOutcome::Staged(_) => (GroupOutcome::Staged, None),
-                ChunkOutcome::Installed(report) => {
-                    (merged(&report), Some(Committed::Snapshot { origin: channel_dc, report }))
-                }
+                ChunkOutcome::Staged(staged) => (GroupOutcome::Chunk(ChunkOutcome::Staged(staged)), None),
+                ChunkOutcome::Installed(report) => (
+                    GroupOutcome::Chunk(ChunkOutcome::Installed(lean(&report))),
+                    Some(Committed::Snapshot { origin: channel_dc, report }),
+                ),
             }
         }
         GroupWrite::PurgeOwn { upto_seq } => {
@@ -510,13 +510,16 @@ fn group_op(log: &mut RocksLog, write: GroupWrite) -> Result<(GroupOutcome, Opti
         }
         GroupWrite::Retire { dc, at_ms } => {
             let r = log.retire_origin(&dc, at_ms)?;
-            let committed =
-                r.newly.then_some(Committed::Retired { origin: dc, at_ms: r.at_ms, changes: r.changes });
-            (GroupOutcome::Retired { newly: r.newly }, committed)
+            let committed = r.newly.then(|| Committed::Retired {
+                origin: dc,
+                at_ms: r.at_ms,
+                changes: r.changes.clone(),
+            });
+            (GroupOutcome::Retired(crate::store::Retirement { changes: Vec::new(), ..r }), committed)
         }
         GroupWrite::Unretire { dc } => {
             let lifted = log.unretire_origin(&dc)?;
-            (GroupOutcome::Done, lifted.then_some(Committed::Unretired { origin: dc }))
+            (GroupOutcome::Unretired { lifted }, lifted.then_some(Committed::Unretired { origin: dc }))
         }
     })
 }

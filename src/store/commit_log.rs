@@ -65,7 +65,7 @@ pub trait CommitLog: EventLog {
 }
 
 /// What retiring a DC did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Retirement {
     /// When the DC was retired (the earlier time when it already was).
     pub at_ms: u64,

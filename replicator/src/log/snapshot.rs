@@ -181,7 +181,7 @@ pub fn read_whole(reader: &mut dyn SnapshotReader, origin_dc: &str) -> Result<Sn
 }
 
 /// What staging a chunk did.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ChunkOutcome {
     /// The chunk is durably staged (or was already): the staging now holds this.
     Staged(StagedSnapshot),
