@@ -189,7 +189,8 @@ impl Node {
                         }
                         Committed::Local { .. }
                         | Committed::PurgedRemoteTombstones { .. }
-                        | Committed::Replaced { .. } => {}
+                        | Committed::Replaced { .. }
+                        | Committed::Rescoped { .. } => {}
                     }
                 }
                 cb_view.apply(n.index, n.changes());

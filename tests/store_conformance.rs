@@ -361,6 +361,7 @@ async fn committer_reports_every_kind_of_write() {
             Committed::Retired { .. } => "retired",
             Committed::Unretired { .. } => "unretired",
             Committed::Replaced { .. } => "replaced",
+            Committed::Rescoped { .. } => "rescoped",
         })
         .collect();
     assert_eq!(kinds, ["local", "remote", "purged-own", "remote", "purged-remote"]);

@@ -203,7 +203,7 @@ pub struct MemLog {
 
 /// What changing an origin's replication scope did ([`MemLog::rescope`], and the RocksDB
 /// log's).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Rescope {
     /// The removals of its live copies outside the new scope, in key order.
     pub changes: Vec<StateChange>,

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use tandem_schemas::Snapshot;
 
 /// The namespaces a peer DC may replicate into this DC.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Scope {
     /// Every namespace (the default: no `namespaces` configured for the peer).
     #[default]

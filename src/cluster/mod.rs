@@ -164,6 +164,10 @@ pub enum GroupOutcome {
     Retired(crate::store::Retirement),
     /// A lifted retirement: whether there was one.
     Unretired { lifted: bool },
+    /// The own mark after an epoch request (a new epoch, or the one already above).
+    Epoch { own: tandem_schemas::Mark },
+    /// A peer's scope recorded (its removals left out).
+    Rescoped(tandem_replicator::log::Rescope),
     /// A tombstone purge or a peer acknowledgement.
     Done,
 }

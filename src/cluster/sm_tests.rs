@@ -18,6 +18,7 @@ use parking_lot::Mutex;
 use proptest::prelude::*;
 use serde_bytes::ByteBuf;
 use tandem_replicator::log::{ApplyReport, EventLog, LogError, StateChange};
+use tandem_replicator::scope::Scope;
 use tandem_schemas::{
     ChangeEvent, DeregisterReason, Health, InstanceKey, InstanceRecord, Mark, Op, Status, Tombstone,
 };
@@ -101,6 +102,7 @@ pub(super) struct Dump {
     marks: BTreeMap<String, Mark>,
     peer_acks: BTreeMap<String, Mark>,
     retired: BTreeMap<String, u64>,
+    peer_scope: Scope,
 }
 
 pub(super) fn dump(log: &RocksLog) -> Dump {
@@ -114,6 +116,7 @@ pub(super) fn dump(log: &RocksLog) -> Dump {
         marks: log.marks(),
         peer_acks: log.peer_acks(),
         retired: log.retired(),
+        peer_scope: log.scope_of(PEER),
     }
 }
 
@@ -181,6 +184,13 @@ fn history(picks: &[(u8, u8, u8)]) -> Vec<Step> {
                 upto_seq: u64::from(b % 8),
             }),
             8 => Step::Group(GroupWrite::Retire { dc: PEER.into(), at_ms: 1_000 + u64::from(a) }),
+            9 if a % 3 == 0 => {
+                Step::Group(GroupWrite::BeginEpoch { above: u64::from(b % 12), tiebreak: u64::from(a) })
+            }
+            9 if a % 3 == 1 => Step::Group(GroupWrite::Rescope {
+                origin: PEER.into(),
+                scope: if b % 2 == 0 { Scope::All } else { Scope::only(["other"]) },
+            }),
             _ => Step::Group(GroupWrite::Unretire { dc: PEER.into() }),
         })
         .collect()
@@ -508,6 +518,19 @@ fn group_request(write: GroupWrite) -> Request {
         GroupWrite::PeerAck { peer, mark } => Request::PeerAck { peer, mark, reply: reply() },
         GroupWrite::Retire { dc, at_ms } => Request::Retire { dc, at_ms, reply: reply() },
         GroupWrite::Unretire { dc } => Request::Unretire { dc, reply: reply() },
+        // What the node asks of its committer for these (its `begin_epoch`, and the
+        // rescope at start, which runs on the log before the committer).
+        GroupWrite::BeginEpoch { above, tiebreak } => {
+            Request::WithLog(Box::new(move |log: &mut RocksLog| {
+                let own = log.own_mark();
+                if own.epoch <= above {
+                    let _ = log.begin_epoch(tandem_replicator::epoch::above(above.max(own.epoch), tiebreak));
+                }
+            }))
+        }
+        GroupWrite::Rescope { origin, scope } => Request::WithLog(Box::new(move |log: &mut RocksLog| {
+            let _ = log.rescope(&origin, &scope);
+        })),
     }
 }
 
@@ -515,7 +538,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
 
     /// Histories of local rounds and group writes (the peer's batches, acknowledgements,
-    /// purges, retirements) applied on two state machines, one entry per call and all in
+    /// purges, retirements, epoch changes, scopes) applied on two state machines, one entry per call and all in
     /// one call, give byte-identical state; the same state (events, instances, tombstones,
     /// owners, purge floor, marks, acknowledgements, retirements) as the committer serving
     /// the same requests; and after a reopen the applied id of the last entry, so nothing

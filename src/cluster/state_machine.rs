@@ -48,7 +48,7 @@ use openraft::{
 };
 use parking_lot::Mutex;
 use tandem_replicator::log::{
-    check_local_sequence, ApplyReport, ChunkOutcome, EventLog, LogError, StateChange,
+    check_local_sequence, ApplyReport, ChunkOutcome, EventLog, LogError, Rescope, StateChange,
 };
 use tandem_replicator::merge::Refusal;
 use tandem_schemas::{ChangeEvent, InstanceKey, InstanceRecord, Mark};
@@ -520,6 +520,19 @@ fn group_op(log: &mut RocksLog, write: GroupWrite) -> Result<(GroupOutcome, Opti
         GroupWrite::Unretire { dc } => {
             let lifted = log.unretire_origin(&dc)?;
             (GroupOutcome::Unretired { lifted }, lifted.then_some(Committed::Unretired { origin: dc }))
+        }
+        GroupWrite::BeginEpoch { above, tiebreak } => {
+            let own = log.own_mark();
+            if own.epoch <= above {
+                log.begin_epoch(tandem_replicator::epoch::above(above.max(own.epoch), tiebreak))?;
+            }
+            (GroupOutcome::Epoch { own: log.own_mark() }, None)
+        }
+        GroupWrite::Rescope { origin, scope } => {
+            let r = log.rescope(&origin, &scope)?;
+            let committed = (!r.changes.is_empty())
+                .then(|| Committed::Rescoped { origin: origin.clone(), changes: r.changes.clone() });
+            (GroupOutcome::Rescoped(Rescope { changes: Vec::new(), ..r }), committed)
         }
     })
 }

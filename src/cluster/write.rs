@@ -131,6 +131,13 @@ pub enum GroupWrite {
     Retire { dc: String, at_ms: u64 },
     /// Lift a retirement.
     Unretire { dc: String },
+    /// Start a new history of the own origin unless the own epoch is already above
+    /// `above`: the epoch after the higher of `above` and the own one, with `tiebreak`
+    /// (`epoch::above`), as the gateway asks when a peer holds a newer history of ours.
+    BeginEpoch { above: u64, tiebreak: u64 },
+    /// Record the replication scope of peer `origin` (`EventLog::rescope`): copies outside
+    /// it go; a wider one resets the peer's mark so it resyncs.
+    Rescope { origin: String, scope: tandem_replicator::scope::Scope },
 }
 
 impl GroupWrite {

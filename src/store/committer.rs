@@ -231,6 +231,9 @@ pub enum Committed {
     /// The whole state was replaced (a Raft snapshot installed on a member of a DC's
     /// group): `changes` turn the state before into the state after.
     Replaced { changes: Vec<StateChange> },
+    /// A peer's replication scope was recorded (on a member of a DC's group): `changes`
+    /// remove its live copies outside the new scope.
+    Rescoped { origin: String, changes: Vec<StateChange> },
 }
 
 impl CommitNotice {
@@ -239,7 +242,9 @@ impl CommitNotice {
         match &self.committed {
             Committed::Local { changes, .. } => changes,
             Committed::Remote { report, .. } | Committed::Snapshot { report, .. } => &report.changes,
-            Committed::Retired { changes, .. } | Committed::Replaced { changes } => changes,
+            Committed::Retired { changes, .. }
+            | Committed::Replaced { changes }
+            | Committed::Rescoped { changes, .. } => changes,
             Committed::PurgedOwn { .. }
             | Committed::PurgedRemoteTombstones { .. }
             | Committed::Unretired { .. } => &[],
