@@ -26,6 +26,7 @@ use super::*;
 use crate::registry::{ViewCell, ViewIndex};
 use crate::store::CommitNotice;
 use tandem_replicator::log::EventLog;
+use tandem_schemas::InstanceKey;
 
 struct Member {
     raft: Raft<TypeConfig>,
@@ -277,6 +278,75 @@ fn leader_change_and_restart(net: Net) {
         converge(&group, last).await;
         same_state_everywhere(&group, &answered);
 
+        for (id, m) in group {
+            net.stop(id, m).await;
+        }
+    });
+}
+
+/// The committer over a [`GroupLog`] on the leader of a three-member group serves a
+/// history of local rounds and group writes (the peer's batches, acknowledgements, purges,
+/// retirements, scopes) with the same outcome as today's committer on one RocksLog: the
+/// same state, on every member.
+#[test]
+fn the_committer_over_the_group_log_serves_like_the_single_node() {
+    use super::sm_tests::{builder, group_request, history, reference_steps, Step};
+    use crate::store::{Committer, CommitterLimits, Request};
+    use rand::{Rng, SeedableRng};
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    let picks: Vec<(u8, u8, u8)> = (0..60).map(|_| (rng.gen_range(0..10), rng.gen(), rng.gen())).collect();
+    // A group changes its epoch through the log, not through the committer's log.
+    let steps: Vec<Step> = history(&picks)
+        .into_iter()
+        .filter(|s| !matches!(s, Step::Group(GroupWrite::BeginEpoch { .. })))
+        .collect();
+    let reference_dir = TempDir::new().unwrap();
+    let want = reference_steps(reference_dir.path(), &steps);
+    assert!(want.own.seq >= 20, "a history that writes little: own {:?}", want.own);
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let net = Net::InProcess(Router::default());
+    let dirs: Vec<TempDir> = (0..3).map(|_| TempDir::new().unwrap()).collect();
+    let (group, leader) = rt.block_on(async {
+        let mut group = BTreeMap::new();
+        for (id, dir) in (1..=3).zip(&dirs) {
+            group.insert(id, start(id, dir.path(), &net).await);
+        }
+        let nodes: BTreeMap<NodeId, BasicNode> = (1..=3).map(|id| (id, BasicNode::new(id))).collect();
+        group[&1].raft.initialize(nodes).await.unwrap();
+        let leader = agreed_leader(&group).await;
+        (group, leader)
+    });
+    let sm = group[&leader].sm.clone();
+    let log = GroupLog::new(group[&leader].raft.clone(), sm.clone(), rt.handle().clone());
+    let handle =
+        Committer::spawn_with_limits(log, Box::new(|_: &CommitNotice| {}), CommitterLimits::default())
+            .unwrap();
+    rt.block_on(async {
+        for step in &steps {
+            match step {
+                Step::Local(round) => {
+                    let state = sm.clone();
+                    let base =
+                        move |k: &InstanceKey| state.with_log(|l| l.instance(k).unwrap()).map(|(_, r)| r);
+                    let (reply, answer) = tokio::sync::oneshot::channel();
+                    let build = builder(round.clone(), base);
+                    handle.send(Request::LocalAppend { build, settle: None, reply }).await.unwrap();
+                    answer.await.unwrap().unwrap();
+                }
+                Step::Group(write) => handle.send(group_request(write.clone())).await.unwrap(),
+            }
+        }
+        // Everything sent has been served once this runs.
+        handle.with_log(|_| ()).await.unwrap();
+        converge(&group, leader).await;
+    });
+    assert_eq!(sm.with_log(dump), want, "the group's state is not the single node's");
+    let exports: Vec<Vec<u8>> = group.values().map(|m| export(&m.sm)).collect();
+    assert!(exports.iter().all(|e| *e == exports[0]), "members' states differ");
+    rt.block_on(async {
+        handle.shutdown().await;
         for (id, m) in group {
             net.stop(id, m).await;
         }

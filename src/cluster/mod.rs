@@ -23,6 +23,7 @@
 //!   proposed ([`Round::check`]) and again when the log store writes or reads it.
 
 mod counting;
+mod group_log;
 mod network;
 mod state_machine;
 mod write;
@@ -33,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
 pub use counting::{CountingStateMachine, COUNTING_SNAPSHOT_BYTES_MAX};
+pub use group_log::{GroupLog, PROPOSE_TIMEOUT};
 pub use network::{Answer, MemberNetwork, MemberRpc, RaftService, Request};
 pub use state_machine::{
     RegistryStateMachine, StateMachineCounters, APPLIED_FORMAT_V1, APPLY_EVENTS_PER_BATCH_MAX,

@@ -91,7 +91,7 @@ fn normal(index: u64, writes: &[LocalWrite]) -> RaftEntry {
 }
 
 /// What the state holds, as replication and the registry read it.
-#[derive(Debug, PartialEq)]
+#[derive(Debug, PartialEq, Clone)]
 pub(super) struct Dump {
     pub(super) own: Mark,
     pub(super) events: Vec<ChangeEvent>,
@@ -144,7 +144,7 @@ pub(super) fn peer_event(seq: u64, k: u8, deregister: bool) -> ChangeEvent {
 
 /// One step of a group-write history: a round of local writes or one group write.
 #[derive(Clone, Debug)]
-enum Step {
+pub(super) enum Step {
     Local(Vec<LocalWrite>),
     Group(GroupWrite),
 }
@@ -152,7 +152,7 @@ enum Step {
 /// A history from random tuples: local rounds, the peer's batches (seqs continuing, so
 /// some after a retirement or a purge are refused or superseded), acknowledgements,
 /// purges, retirements and their lifting.
-fn history(picks: &[(u8, u8, u8)]) -> Vec<Step> {
+pub(super) fn history(picks: &[(u8, u8, u8)]) -> Vec<Step> {
     let (mut n, mut peer_seq) = (0u64, 0u64);
     picks
         .iter()
@@ -165,7 +165,8 @@ fn history(picks: &[(u8, u8, u8)]) -> Vec<Step> {
                     })
                     .collect(),
             ),
-            4 => {
+            // Retirements are rare: after one, the peer's later batches are refused.
+            4 | 8 if kind % 10 == 4 || a % 4 != 0 => {
                 let events = (0..=a % 2)
                     .map(|i| {
                         peer_seq += 1;
@@ -383,6 +384,34 @@ fn a_snapshot_installs_identical_state_and_bad_ones_change_nothing() {
     }
 }
 
+/// A builder of one round of writes as the registry's (`src/registry/write.rs`, without
+/// leases and ACLs): each write's patch minted against `base` (the view) and the round's
+/// own overlay.
+pub(super) fn builder(
+    round: Vec<LocalWrite>,
+    base: impl Fn(&InstanceKey) -> Option<InstanceRecord> + Send + 'static,
+) -> BuildEvents {
+    Box::new(move |mark: Mark| {
+        let mut overlay = Overlay::default();
+        let (mut built, mut seq) = (Built::default(), mark.seq);
+        for w in round {
+            let (event_id, commit_time_ms) = (w.event_id, w.time_ms);
+            let (key, patch, owner) = w.into_patch();
+            let judged = patch.judged();
+            if let Minted::Op(op) = patch.apply(&key, &mut overlay, seq + 1, &base, judged) {
+                seq += 1;
+                if let Some(o) = owner {
+                    built.owners.push((seq, o.into()));
+                }
+                let origin_dc = DC.to_owned();
+                let origin_epoch = mark.epoch;
+                built.events.push(ChangeEvent { event_id, origin_dc, origin_epoch, seq, commit_time_ms, op });
+            }
+        }
+        built
+    })
+}
+
 /// Today's single-node path for the same rounds: one committer round per Raft round, its
 /// builder minting like the registry's (`src/registry/write.rs`, without leases and ACLs)
 /// against a view that `on_commit` feeds.
@@ -392,7 +421,7 @@ fn reference(dir: &Path, rounds: &[Vec<LocalWrite>]) -> Dump {
 }
 
 /// [`reference`] with group writes: each one the committer's request of the same kind.
-fn reference_steps(dir: &Path, steps: &[Step]) -> Dump {
+pub(super) fn reference_steps(dir: &Path, steps: &[Step]) -> Dump {
     let log = RocksLog::create_with_epoch(dir, DC, EPOCH).unwrap();
     let view: Arc<Mutex<HashMap<InstanceKey, InstanceRecord>>> = Arc::default();
     let fed = view.clone();
@@ -418,34 +447,8 @@ fn reference_steps(dir: &Path, steps: &[Step]) -> Dump {
                 continue;
             }
         };
-        let (round, view) = (round.clone(), view.clone());
-        let build: BuildEvents = Box::new(move |mark: Mark| {
-            let mut overlay = Overlay::default();
-            let (mut built, mut seq) = (Built::default(), mark.seq);
-            for w in round {
-                let (event_id, commit_time_ms) = (w.event_id, w.time_ms);
-                let (key, patch, owner) = w.into_patch();
-                let judged = patch.judged();
-                let base = |k: &InstanceKey| view.lock().get(k).cloned();
-                if let Minted::Op(op) = patch.apply(&key, &mut overlay, seq + 1, base, judged) {
-                    seq += 1;
-                    if let Some(o) = owner {
-                        built.owners.push((seq, o.into()));
-                    }
-                    let origin_dc = DC.to_owned();
-                    let origin_epoch = mark.epoch;
-                    built.events.push(ChangeEvent {
-                        event_id,
-                        origin_dc,
-                        origin_epoch,
-                        seq,
-                        commit_time_ms,
-                        op,
-                    });
-                }
-            }
-            built
-        });
+        let view = view.clone();
+        let build = builder(round.clone(), move |k: &InstanceKey| view.lock().get(k).cloned());
         let (reply, answer) = tokio::sync::oneshot::channel();
         rt.block_on(handle.send(Request::LocalAppend { build, settle: None, reply })).unwrap();
         inline.run_until_idle();
@@ -497,7 +500,7 @@ proptest! {
 }
 
 /// The committer's request for a group write, its answer dropped.
-fn group_request(write: GroupWrite) -> Request {
+pub(super) fn group_request<L: crate::store::CommitLog + 'static>(write: GroupWrite) -> Request<L> {
     fn reply<T>() -> crate::store::Reply<T> {
         tokio::sync::oneshot::channel().0
     }
@@ -520,15 +523,13 @@ fn group_request(write: GroupWrite) -> Request {
         GroupWrite::Unretire { dc } => Request::Unretire { dc, reply: reply() },
         // What the node asks of its committer for these (its `begin_epoch`, and the
         // rescope at start, which runs on the log before the committer).
-        GroupWrite::BeginEpoch { above, tiebreak } => {
-            Request::WithLog(Box::new(move |log: &mut RocksLog| {
-                let own = log.own_mark();
-                if own.epoch <= above {
-                    let _ = log.begin_epoch(tandem_replicator::epoch::above(above.max(own.epoch), tiebreak));
-                }
-            }))
-        }
-        GroupWrite::Rescope { origin, scope } => Request::WithLog(Box::new(move |log: &mut RocksLog| {
+        GroupWrite::BeginEpoch { above, tiebreak } => Request::WithLog(Box::new(move |log: &mut L| {
+            let own = log.own_mark();
+            if own.epoch <= above {
+                let _ = log.begin_epoch(tandem_replicator::epoch::above(above.max(own.epoch), tiebreak));
+            }
+        })),
+        GroupWrite::Rescope { origin, scope } => Request::WithLog(Box::new(move |log: &mut L| {
             let _ = log.rescope(&origin, &scope);
         })),
     }
