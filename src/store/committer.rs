@@ -15,8 +15,9 @@
 //! what changed, then the callers get their answers: an in-memory view fed by `on_commit`
 //! is never behind an acknowledged write.
 //!
-//! This is the one boundary that sequences a DC's writes; a Raft group can later replace
-//! what stands behind it.
+//! This is the one boundary that sequences a DC's writes. On a DC's Raft group, the
+//! leader's committer runs over a `cluster::GroupLog`: each of its writes becomes one Raft
+//! entry, applied on every member by the state machine (docs/cluster.md).
 //!
 //! A failed write (a full disk, an I/O error, too few descriptors) leaves the log not
 //! writable: its outcome on disk is unknown. From then on every write is refused at once
