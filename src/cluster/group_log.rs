@@ -58,6 +58,8 @@ pub struct GroupLog {
     ready_term: Option<u64>,
     /// Entries proposed and applied (this log's synced writes: each is fsynced on a quorum).
     proposals: u64,
+    /// How long one proposal (or the wait to lead) may take.
+    timeout: Duration,
 }
 
 impl GroupLog {
@@ -65,7 +67,22 @@ impl GroupLog {
     /// thread is no runtime thread and blocks on it).
     pub fn new(raft: Raft<TypeConfig>, sm: RegistryStateMachine, rt: tokio::runtime::Handle) -> GroupLog {
         let dc = sm.with_log(|log| log.local_dc().to_owned());
-        GroupLog { raft, sm, rt, dc, writable: true, ready_term: None, proposals: 0 }
+        GroupLog {
+            raft,
+            sm,
+            rt,
+            dc,
+            writable: true,
+            ready_term: None,
+            proposals: 0,
+            timeout: PROPOSE_TIMEOUT,
+        }
+    }
+
+    /// The same log with another proposal timeout (tests use a short one).
+    pub fn with_timeout(mut self, timeout: Duration) -> GroupLog {
+        self.timeout = timeout;
+        self
     }
 
     /// Waits (bounded) until this node leads with every entry of earlier terms applied.
@@ -74,18 +91,16 @@ impl GroupLog {
         if self.ready_term == Some(term) {
             return Ok(());
         }
-        let raft = self.raft.clone();
+        let (raft, timeout) = (self.raft.clone(), self.timeout);
         // The timer is made inside the runtime: this thread is none of its own.
-        match self
-            .rt
-            .block_on(async move { tokio::time::timeout(PROPOSE_TIMEOUT, raft.ensure_linearizable()).await })
+        match self.rt.block_on(async move { tokio::time::timeout(timeout, raft.ensure_linearizable()).await })
         {
             Ok(Ok(_)) => {
                 self.ready_term = Some(term);
                 Ok(())
             }
             Ok(Err(e)) => Err(LogError::Storage(format!("this node does not lead the group: {e}"))),
-            Err(_) => Err(LogError::Storage(format!("no quorum within {PROPOSE_TIMEOUT:?}"))),
+            Err(_) => Err(LogError::Storage(format!("no quorum within {:?}", self.timeout))),
         }
     }
 
@@ -99,11 +114,8 @@ impl GroupLog {
             self.writable = false;
             return Err(e);
         }
-        let raft = self.raft.clone();
-        match self
-            .rt
-            .block_on(async move { tokio::time::timeout(PROPOSE_TIMEOUT, raft.client_write(round)).await })
-        {
+        let (raft, timeout) = (self.raft.clone(), self.timeout);
+        match self.rt.block_on(async move { tokio::time::timeout(timeout, raft.client_write(round)).await }) {
             Ok(Ok(answer)) => {
                 self.proposals += 1;
                 Ok(answer.data.outcomes)
@@ -114,7 +126,7 @@ impl GroupLog {
             }
             Err(_) => {
                 self.writable = false;
-                Err(LogError::Storage(format!("the entry was not applied within {PROPOSE_TIMEOUT:?}")))
+                Err(LogError::Storage(format!("the entry was not applied within {:?}", self.timeout)))
             }
         }
     }

@@ -415,3 +415,116 @@ fn run(seed: u64) -> String {
         )
     })
 }
+
+/// A local write whose entry the leader appended but never committed (it was cut off, and
+/// the new leader's entries took its index and its seqs) is answered as not written once
+/// the old leader leads again and settles it, never as written: settled by its event id,
+/// not by its seq.
+#[test]
+fn a_write_lost_with_its_leader_is_not_acknowledged_when_that_node_leads_again() {
+    use super::sm_tests::builder;
+    use crate::store::{CommitError, CommitNotice, Committer, CommitterLimits, Request};
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let dirs: BTreeMap<NodeId, TempDir> = (1..=MEMBERS).map(|id| (id, TempDir::new().unwrap())).collect();
+    let wires = Arc::new(Wires::default());
+    let members = rt.block_on(async {
+        let mut members = BTreeMap::new();
+        for (id, dir) in &dirs {
+            members.insert(*id, start(*id, dir.path(), &wires).await);
+        }
+        let nodes: BTreeMap<NodeId, BasicNode> = (1..=MEMBERS).map(|id| (id, BasicNode::new(id))).collect();
+        members[&1].raft.initialize(nodes).await.unwrap();
+        members
+    });
+    let leader_of = |members: &BTreeMap<NodeId, Member>| {
+        members.values().find_map(|m| {
+            let metrics = m.raft.metrics().borrow().clone();
+            (metrics.current_leader == Some(metrics.id)).then_some(metrics.id)
+        })
+    };
+    let wait = |what: &str, mut done: Box<dyn FnMut() -> bool + '_>| {
+        let deadline = Instant::now() + WITHIN;
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}: not within {WITHIN:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait("a leader", Box::new(|| leader_of(&members).is_some()));
+    let a = leader_of(&members).unwrap();
+    let sm = members[&a].sm.clone();
+    let log = GroupLog::new(members[&a].raft.clone(), sm.clone(), rt.handle().clone())
+        .with_timeout(Duration::from_millis(400));
+    let limits = CommitterLimits {
+        recovery_backoff_initial: Duration::from_millis(50),
+        recovery_backoff_max: Duration::from_millis(200),
+        ..CommitterLimits::default()
+    };
+    let handle = Committer::spawn_with_limits(log, Box::new(|_: &CommitNotice| {}), limits).unwrap();
+    let append = |n: u64, k: u8| {
+        let state = sm.clone();
+        let base = move |key: &tandem_schemas::InstanceKey| {
+            state.with_log(|l| l.instance(key).unwrap()).map(|(_, r)| r)
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let build = builder(vec![write_of(n, 0, k, 1)], base);
+        rt.block_on(handle.send(Request::LocalAppend { build, settle: None, reply })).unwrap();
+        answer
+    };
+    let first = rt.block_on(append(1, 0)).unwrap().unwrap();
+    assert_eq!(first[0].seq, 1);
+
+    // Cut the leader off; its next write is appended there only, and its outcome unknown.
+    for other in (1..=MEMBERS).filter(|o| *o != a) {
+        wires.cut.write().extend([(a, other), (other, a)]);
+    }
+    let lost = append(2, 1);
+    // The others elect a leader and write: their entries take the lost one's index, and
+    // its seq.
+    wait(
+        "a new leader",
+        Box::new(|| {
+            members.iter().any(|(id, m)| *id != a && m.raft.metrics().borrow().current_leader == Some(*id))
+        }),
+    );
+    let b = *members
+        .keys()
+        .find(|id| **id != a && members[id].raft.metrics().borrow().current_leader == Some(**id))
+        .unwrap();
+    let taken = Round::of_writes(&[write_of(3, 0, 2, 1)]).unwrap();
+    let answer = rt.block_on(members[&b].raft.client_write(taken)).unwrap();
+    assert_eq!(answer.data.outcomes, vec![WriteOutcome::Written { seq: 2 }]);
+
+    // Heal; the old leader leads again (it is told to stand, once every member agrees on
+    // who leads), recovers and settles.
+    wires.cut.write().clear();
+    let agreed = |members: &BTreeMap<NodeId, Member>| {
+        let seen: BTreeSet<Option<NodeId>> =
+            members.values().map(|m| m.raft.metrics().borrow().current_leader).collect();
+        (seen.len() == 1).then(|| seen.into_iter().next().flatten()).flatten()
+    };
+    wait("the old leader steps down", Box::new(|| agreed(&members).is_some_and(|l| l != a)));
+    let deadline = Instant::now() + WITHIN;
+    while agreed(&members) != Some(a) {
+        assert!(Instant::now() < deadline, "node {a} did not lead again");
+        let _ = rt.block_on(members[&a].raft.trigger().elect());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let settled =
+        rt.block_on(async { tokio::time::timeout(WITHIN, lost).await }).expect("the lost write was settled");
+    match settled.unwrap() {
+        Err(CommitError::Unwritable { .. }) => {}
+        other => panic!("a write that never committed was answered {other:?}"),
+    }
+    let events = sm.with_log(dump).events;
+    assert!(
+        events.iter().all(|e| e.event_id != write_of(2, 0, 1, 1).event_id),
+        "the lost write is in the log"
+    );
+    rt.block_on(async {
+        handle.shutdown().await;
+        for (_, m) in members {
+            m.raft.shutdown().await.unwrap();
+        }
+    });
+}

@@ -285,8 +285,17 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
             InDoubt::Nothing => None,
             InDoubt::Local { events, members } => {
                 let own = self.log.own_mark();
-                let landed =
-                    events.last().is_some_and(|last| own.epoch == last.origin_epoch && own.seq >= last.seq);
+                // Landed: its last event is the log's at its seq. By event id, not by seq
+                // alone: on a DC's group another leader's entries may have taken the seqs
+                // of an entry that was never committed. (Purged since: the seq says it.)
+                let landed = events.last().is_some_and(|last| {
+                    own.epoch == last.origin_epoch
+                        && own.seq >= last.seq
+                        && match self.log.own_event_id(last.seq) {
+                            Ok(Some(id)) => id == last.event_id,
+                            Ok(None) | Err(_) => last.seq <= self.log.purge_floor(),
+                        }
+                });
                 tracing::warn!(events = events.len(), landed, "settled the local write that failed");
                 if !landed {
                     for (_, reply) in members {
