@@ -504,11 +504,20 @@ fn a_write_lost_with_its_leader_is_not_acknowledged_when_that_node_leads_again()
         (seen.len() == 1).then(|| seen.into_iter().next().flatten()).flatten()
     };
     wait("the old leader steps down", Box::new(|| agreed(&members).is_some_and(|l| l != a)));
-    let deadline = Instant::now() + WITHIN;
+    // Its log must first take the new leader's entries (its own stray one is cut), or no
+    // member votes for it: a candidate's log must be as up to date as the voter's.
+    let caught_up = |members: &BTreeMap<NodeId, Member>| {
+        let applied: BTreeSet<Option<u64>> =
+            members.values().map(|m| m.raft.metrics().borrow().last_applied.map(|l| l.index)).collect();
+        applied.len() == 1
+    };
+    let deadline = Instant::now() + 2 * WITHIN;
     while agreed(&members) != Some(a) {
         assert!(Instant::now() < deadline, "node {a} did not lead again");
-        let _ = rt.block_on(members[&a].raft.trigger().elect());
-        std::thread::sleep(Duration::from_millis(300));
+        if agreed(&members).is_some() && caught_up(&members) {
+            let _ = rt.block_on(members[&a].raft.trigger().elect());
+        }
+        std::thread::sleep(Duration::from_millis(500));
     }
     let settled =
         rt.block_on(async { tokio::time::timeout(WITHIN, lost).await }).expect("the lost write was settled");

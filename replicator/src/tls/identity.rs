@@ -57,12 +57,23 @@ pub fn validate_dc_name(name: &str) -> Result<(), TlsError> {
 /// this module make that mandatory on both sides); this function only reads the name.
 /// The caller must still check the name against its configured peers.
 pub fn peer_dc(conn: &quinn::Connection) -> Result<String, TlsError> {
+    peer_names(conn, |names| {
+        single_dc_name(names).ok_or_else(|| TlsError::PeerDcName { names: capped(names.iter().copied()) })
+    })
+}
+
+/// Runs `read` on the DNS names of the peer's end-entity certificate (verified against
+/// the CA in the handshake).
+fn peer_names<T>(
+    conn: &quinn::Connection,
+    read: impl FnOnce(&[&str]) -> Result<T, TlsError>,
+) -> Result<T, TlsError> {
     let identity = conn.peer_identity().ok_or(TlsError::NoPeerCertificate)?;
     let chain =
         identity.downcast::<Vec<CertificateDer<'static>>>().map_err(|_| TlsError::NoPeerCertificate)?;
     let end_entity = chain.first().ok_or(TlsError::NoPeerCertificate)?;
     let names = cert_dns_names(end_entity).map_err(|source| TlsError::PeerCertificate { source })?;
-    single_dc_name(&names).ok_or_else(|| TlsError::PeerDcName { names: capped(names.iter().copied()) })
+    read(&names)
 }
 
 /// A member node of a DC's Raft group, as its certificate names it.
@@ -107,12 +118,9 @@ impl std::fmt::Display for NodeName {
 /// DNS subject alternative name of the peer's certificate, in the node form. The caller
 /// must still check that it is a configured member of the own DC.
 pub fn peer_node(conn: &quinn::Connection) -> Result<NodeName, TlsError> {
-    let identity = conn.peer_identity().ok_or(TlsError::NoPeerCertificate)?;
-    let chain =
-        identity.downcast::<Vec<CertificateDer<'static>>>().map_err(|_| TlsError::NoPeerCertificate)?;
-    let end_entity = chain.first().ok_or(TlsError::NoPeerCertificate)?;
-    let names = cert_dns_names(end_entity).map_err(|source| TlsError::PeerCertificate { source })?;
-    single_node_name(&names).ok_or_else(|| TlsError::PeerNodeName { names: capped(names.iter().copied()) })
+    peer_names(conn, |names| {
+        single_node_name(names).ok_or_else(|| TlsError::PeerNodeName { names: capped(names.iter().copied()) })
+    })
 }
 
 pub(super) fn single_node_name(names: &[&str]) -> Option<NodeName> {
