@@ -20,8 +20,8 @@ use tandem_replicator::member::{MemberConfig, MemberLink};
 use tandem_replicator::tls::{self, ReloadableTls, TlsPaths};
 use tempfile::TempDir;
 
-use super::sm_tests::{dump, export, write_of, DC, EPOCH};
-use super::tests::{open_store, Router, WITHIN};
+use super::sm_tests::{dump, export, write_of, DC};
+use super::tests::{open_sm, open_store, Router, WITHIN};
 use super::*;
 use crate::registry::{ViewCell, ViewIndex};
 use crate::store::CommitNotice;
@@ -94,14 +94,7 @@ fn config() -> Arc<openraft::Config> {
 /// last handles to let go of its RocksDBs.
 async fn start(id: NodeId, dir: &Path, net: &Net) -> Member {
     let store = open_store(&dir.join("raft")).await;
-    let deadline = Instant::now() + WITHIN;
-    let sm = loop {
-        match RegistryStateMachine::open(&dir.join("sm"), DC, EPOCH) {
-            Ok(sm) => break sm,
-            Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
-            Err(e) => panic!("open the state machine in {}: {e}", dir.display()),
-        }
-    };
+    let sm = open_sm(&dir.join("sm")).await;
     let view = ViewCell::new(DC, sm.applied_index(), Arc::default());
     view.load(sm.with_log(|log| log.instances()).unwrap());
     let fed = view.clone();
@@ -132,6 +125,18 @@ async fn start(id: NodeId, dir: &Path, net: &Net) -> Member {
             Member { raft, sm, view, link: Some(link) }
         }
     }
+}
+
+/// Starts members 1 to 3 in `dirs`, initializes the group and returns it with its leader.
+async fn start_group(dirs: &[TempDir], net: &Net) -> (BTreeMap<NodeId, Member>, NodeId) {
+    let mut group = BTreeMap::new();
+    for (id, dir) in (1..=3).zip(dirs) {
+        group.insert(id, start(id, dir.path(), net).await);
+    }
+    let nodes: BTreeMap<NodeId, BasicNode> = (1..=3).map(|id| (id, BasicNode::new(id))).collect();
+    group[&1].raft.initialize(nodes).await.unwrap();
+    let leader = agreed_leader(&group).await;
+    (group, leader)
 }
 
 /// The leader every running member agrees on.
@@ -221,14 +226,7 @@ fn leader_change_and_restart(net: Net) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let dirs: Vec<TempDir> = (0..3).map(|_| TempDir::new().unwrap()).collect();
-        let mut group = BTreeMap::new();
-        for (id, dir) in (1..=3).zip(&dirs) {
-            group.insert(id, start(id, dir.path(), &net).await);
-        }
-        let nodes: BTreeMap<NodeId, BasicNode> = (1..=3).map(|id| (id, BasicNode::new(id))).collect();
-        group[&1].raft.initialize(nodes).await.unwrap();
-
-        let leader = agreed_leader(&group).await;
+        let (mut group, leader) = start_group(&dirs, &net).await;
         let mut answered = write_rounds(&group[&leader].raft, 0, 12).await;
         converge(&group, leader).await;
         same_state_everywhere(&group, &answered);
@@ -308,16 +306,7 @@ fn the_committer_over_the_group_log_serves_like_the_single_node() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let net = Net::InProcess(Router::default());
     let dirs: Vec<TempDir> = (0..3).map(|_| TempDir::new().unwrap()).collect();
-    let (group, leader) = rt.block_on(async {
-        let mut group = BTreeMap::new();
-        for (id, dir) in (1..=3).zip(&dirs) {
-            group.insert(id, start(id, dir.path(), &net).await);
-        }
-        let nodes: BTreeMap<NodeId, BasicNode> = (1..=3).map(|id| (id, BasicNode::new(id))).collect();
-        group[&1].raft.initialize(nodes).await.unwrap();
-        let leader = agreed_leader(&group).await;
-        (group, leader)
-    });
+    let (group, leader) = rt.block_on(start_group(&dirs, &net));
     let sm = group[&leader].sm.clone();
     let log = GroupLog::new(group[&leader].raft.clone(), sm.clone(), rt.handle().clone());
     let handle =

@@ -42,8 +42,8 @@ use tandem_replicator::log::EventLog;
 use tempfile::TempDir;
 use uuid::Uuid;
 
-use super::sm_tests::{dump, export, peer_event, write_of, DC, EPOCH};
-use super::tests::{open_store, WITHIN};
+use super::sm_tests::{dump, export, peer_event, write_of};
+use super::tests::{open_sm, open_store, WITHIN};
 use super::*;
 
 const MEMBERS: u64 = 3;
@@ -161,14 +161,7 @@ fn config() -> Arc<openraft::Config> {
 
 async fn start(id: NodeId, dir: &Path, wires: &Arc<Wires>) -> Member {
     let store = open_store(&dir.join("raft")).await;
-    let deadline = Instant::now() + WITHIN;
-    let sm = loop {
-        match RegistryStateMachine::open(&dir.join("sm"), DC, EPOCH) {
-            Ok(sm) => break sm,
-            Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
-            Err(e) => panic!("open the state machine in {}: {e}", dir.display()),
-        }
-    };
+    let sm = open_sm(&dir.join("sm")).await;
     let factory = Factory { from: id, wires: wires.clone() };
     let raft = Raft::new(id, config(), factory, store, sm.clone()).await.unwrap();
     wires.members.write().insert(id, raft.clone());

@@ -214,6 +214,17 @@ fn apply(sm: &RegistryStateMachine, entries: Vec<RaftEntry>) -> Result<Vec<Appli
     block(sm.clone().apply(entries))
 }
 
+/// `entries` applied on two state machines in `dirs[0]` and `dirs[1]`: one entry per call
+/// on the first, all in one call on the second.
+fn apply_on_two(dirs: &[TempDir], entries: &[RaftEntry]) -> (RegistryStateMachine, RegistryStateMachine) {
+    let (a, b) = (open(dirs[0].path()), open(dirs[1].path()));
+    for e in entries {
+        apply(&a, vec![e.clone()]).unwrap();
+    }
+    apply(&b, entries.to_vec()).unwrap();
+    (a, b)
+}
+
 fn sync_writes(sm: &RegistryStateMachine) -> u64 {
     sm.with_log(RocksLog::sync_writes)
 }
@@ -486,11 +497,7 @@ proptest! {
             entries.push(normal(entries.len() as u64 + 1, round));
         }
         let dirs: Vec<TempDir> = (0..3).map(|_| TempDir::new().unwrap()).collect();
-        let (a, b) = (open(dirs[0].path()), open(dirs[1].path()));
-        for e in &entries {
-            apply(&a, vec![e.clone()]).unwrap();
-        }
-        apply(&b, entries.clone()).unwrap();
+        let (a, b) = apply_on_two(&dirs, &entries);
         prop_assert_eq!(export(&a), export(&b));
         let state = a.with_log(dump);
         let seqs: Vec<u64> = state.events.iter().map(|e| e.seq).collect();
@@ -558,11 +565,7 @@ proptest! {
             });
         }
         let dirs: Vec<TempDir> = (0..3).map(|_| TempDir::new().unwrap()).collect();
-        let (a, b) = (open(dirs[0].path()), open(dirs[1].path()));
-        for e in &entries {
-            apply(&a, vec![e.clone()]).unwrap();
-        }
-        apply(&b, entries.clone()).unwrap();
+        let (a, b) = apply_on_two(&dirs, &entries);
         prop_assert_eq!(export(&a), export(&b));
         prop_assert_eq!(a.with_log(dump), reference_steps(dirs[2].path(), &steps));
         drop(a);

@@ -123,6 +123,21 @@ pub(super) async fn open_store(dir: &Path) -> RaftLogStore {
     }
 }
 
+/// Opens a member's registry state machine of the test DC (`sm_tests::DC`, `EPOCH`),
+/// waiting (bounded) for a stopped member's last handles to let go of its RocksDB.
+pub(super) async fn open_sm(dir: &Path) -> RegistryStateMachine {
+    let deadline = std::time::Instant::now() + WITHIN;
+    loop {
+        match RegistryStateMachine::open(dir, super::sm_tests::DC, super::sm_tests::EPOCH) {
+            Ok(sm) => return sm,
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("open the state machine in {}: {e}", dir.display()),
+        }
+    }
+}
+
 async fn start(dirs: &[TempDir], router: &Router) -> Vec<(Raft<TypeConfig>, CountingStateMachine)> {
     let config = openraft::Config {
         heartbeat_interval: 50,
