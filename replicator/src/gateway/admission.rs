@@ -123,6 +123,42 @@ impl Admission {
     }
 }
 
+/// What the admission decided for one incoming connection, before any TLS work. Returned
+/// once per incoming connection and matched at once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+pub enum Screened {
+    /// Its source is not admitted: dropped without an answer.
+    Dropped,
+    /// Its source has not proven its address: a QUIC Retry was sent (no state kept).
+    Retried,
+    /// `handshakes_max` handshakes are running: refused at once.
+    Busy,
+    /// Go on with the handshake.
+    Admitted(quinn::Incoming),
+}
+
+impl Admission {
+    /// Screens `incoming` with `running` handshakes in flight: its source, address
+    /// validation, the handshake cap. The listeners of both links (the replication
+    /// gateway's and the member link's) count and log what it decides.
+    pub fn screen(&self, incoming: quinn::Incoming, running: u64) -> Screened {
+        if !self.admits(incoming.remote_address().ip()) {
+            incoming.ignore();
+            return Screened::Dropped;
+        }
+        if !incoming.remote_address_validated() && incoming.may_retry() {
+            // Fails only if a retry was already sent for this connection attempt.
+            let _ = incoming.retry();
+            return Screened::Retried;
+        }
+        if running >= self.handshakes_max as u64 {
+            incoming.refuse();
+            return Screened::Busy;
+        }
+        Screened::Admitted(incoming)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -33,7 +33,7 @@ use crate::log::{ApplyReport, ChunkOutcome, EventLog, LogError, SharedReader};
 use crate::protocol::{Sender, SenderEvent, StreamError, StreamTuning};
 use crate::tls::{self, ReloadableTls};
 
-pub use admission::{Admission, SourceRule, HANDSHAKES_MAX_DEFAULT};
+pub use admission::{Admission, Screened, SourceRule, HANDSHAKES_MAX_DEFAULT};
 pub use receive::{CLOSE_NO_STREAM, CLOSE_REPLACED};
 pub use stats::{GatewayStats, LagRing, PeerLink};
 pub use transport::{TransportTuning, RECEIVE_WINDOW_BYTES, STREAMS_BIDI_MAX, STREAM_OPEN_TIMEOUT};

@@ -12,7 +12,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::admission::Admission;
+use super::admission::{Admission, Screened};
 use super::transport::STREAM_OPEN_TIMEOUT;
 use super::{
     close_refused, now_ms, read_frame, tls, wall_ms, write_frame, GatewayConfig, GatewayStats, ReplicaStore,
@@ -146,31 +146,29 @@ fn admit(
     samplers: &Samplers,
 ) -> Option<(quinn::Incoming, Running)> {
     let source = incoming.remote_address();
-    if !admission.admits(source.ip()) {
-        stats.refused_source.fetch_add(1, Ordering::Relaxed);
-        if let Some(held_back) = samplers.source.admit() {
-            warn!(%source, held_back, "dropped a replication handshake from a source not in accept_from (sampled: one line per 10 s)");
+    let incoming = match admission.screen(incoming, stats.handshakes_in_flight.load(Ordering::Relaxed)) {
+        Screened::Admitted(incoming) => incoming,
+        Screened::Dropped => {
+            stats.refused_source.fetch_add(1, Ordering::Relaxed);
+            if let Some(held_back) = samplers.source.admit() {
+                warn!(%source, held_back, "dropped a replication handshake from a source not in accept_from (sampled: one line per 10 s)");
+            }
+            return None;
         }
-        incoming.ignore();
-        return None;
-    }
-    if !incoming.remote_address_validated() && incoming.may_retry() {
-        stats.retries_sent.fetch_add(1, Ordering::Relaxed);
-        // Fails only if a retry was already sent for this connection attempt.
-        let _ = incoming.retry();
-        return None;
-    }
-    let running = stats.handshakes_in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        Screened::Retried => {
+            stats.retries_sent.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Screened::Busy => {
+            stats.refused_handshakes_busy.fetch_add(1, Ordering::Relaxed);
+            if let Some(held_back) = samplers.busy.admit() {
+                warn!(%source, limit = admission.handshakes_max, held_back, "refused a replication handshake: handshakes_max are running (sampled: one line per 10 s)");
+            }
+            return None;
+        }
+    };
+    stats.handshakes_in_flight.fetch_add(1, Ordering::Relaxed);
     let guard = Running(stats.clone());
-    if running > admission.handshakes_max as u64 {
-        drop(guard);
-        stats.refused_handshakes_busy.fetch_add(1, Ordering::Relaxed);
-        if let Some(held_back) = samplers.busy.admit() {
-            warn!(%source, limit = admission.handshakes_max, held_back, "refused a replication handshake: handshakes_max are running (sampled: one line per 10 s)");
-        }
-        incoming.refuse();
-        return None;
-    }
     Some((incoming, guard))
 }
 

@@ -15,7 +15,7 @@ use super::{
     CallError, Handler, MemberConfig, MemberStats, ALPN, CONNECTION_WINDOW_BYTES, DIAL_TIMEOUT,
     FRAME_BYTES_MAX, STREAMS_MAX, STREAM_WINDOW_BYTES,
 };
-use crate::gateway::{Admission, TransportTuning};
+use crate::gateway::{Admission, Screened, TransportTuning};
 use crate::sampled::LogSampler;
 use crate::tls::{self, NameRule, NodeName, ReloadableTls, TlsError, TlsMaterial};
 
@@ -340,23 +340,17 @@ async fn accept_loop<H: Handler>(
         let Some(incoming) = incoming else { return };
         let stats = &inner.stats;
         let source = incoming.remote_address();
-        if !admission.admits(source.ip()) {
-            stats.refused_admission.fetch_add(1, Ordering::Relaxed);
-            if let Some(held_back) = samplers.admission.admit() {
-                warn!(%source, held_back, "dropped a member handshake from a source not admitted (sampled)");
+        let incoming = match admission.screen(incoming, stats.handshakes_in_flight.load(Ordering::Relaxed)) {
+            Screened::Admitted(incoming) => incoming,
+            Screened::Retried => continue,
+            Screened::Dropped | Screened::Busy => {
+                stats.refused_admission.fetch_add(1, Ordering::Relaxed);
+                if let Some(held_back) = samplers.admission.admit() {
+                    warn!(%source, held_back, "refused a member handshake: source not admitted or too many handshakes (sampled)");
+                }
+                continue;
             }
-            incoming.ignore();
-            continue;
-        }
-        if !incoming.remote_address_validated() && incoming.may_retry() {
-            let _ = incoming.retry();
-            continue;
-        }
-        if stats.handshakes_in_flight.load(Ordering::Relaxed) >= admission.handshakes_max as u64 {
-            stats.refused_admission.fetch_add(1, Ordering::Relaxed);
-            incoming.refuse();
-            continue;
-        }
+        };
         stats.handshakes_in_flight.fetch_add(1, Ordering::Relaxed);
         let inner = inner.clone();
         let handler = handler.clone();
