@@ -406,7 +406,7 @@ async fn wait_for_stop(nodes: &[&Node]) {
 
 /// Most nodes per DC `tandem certs --nodes` makes certificates for (a Raft group is 3 or
 /// 5 voters; room for learners while members are replaced).
-pub const NODES_PER_DC_MAX: u64 = 9;
+pub const NODES_PER_DC_MAX: u64 = crate::config::MEMBERS_MAX as u64;
 
 fn certs(out: PathBuf, mut dcs: Vec<String>, nodes: u64, force: bool) -> anyhow::Result<()> {
     use tandem_replicator::tls;

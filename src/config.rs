@@ -12,9 +12,11 @@ use tandem_replicator::gateway::SourceRule;
 
 use crate::failover::PolicyConfig;
 
+mod cluster;
 mod https;
 mod limits;
 use crate::health::HealthConfig;
+pub use cluster::{ClusterSection, MemberSection, MEMBERS_MAX};
 pub use https::{ClientCerts, HttpTlsSection, HANDSHAKE_TIMEOUT_MS_DEFAULT};
 pub use limits::{LimitsSection, NamespaceQuota, Quota};
 
@@ -34,6 +36,9 @@ pub struct Config {
     pub protection: ProtectionSection,
     #[serde(default)]
     pub replication: Option<ReplicationSection>,
+    /// This node's DC group (absent: the DC is this one node); see docs/cluster.md.
+    #[serde(default)]
+    pub cluster: Option<ClusterSection>,
     #[serde(default)]
     pub failover: PolicyConfig,
     #[serde(default)]
@@ -447,6 +452,7 @@ impl Config {
             health: Default::default(),
             protection: Default::default(),
             replication: None,
+            cluster: None,
             failover: Default::default(),
             log: Default::default(),
             store: Default::default(),
@@ -582,6 +588,16 @@ impl Config {
                 return Err(inv(
                     "[replication] accept_from",
                     "must name at least one source (\"peers\" is the default; \"any\" opts out)",
+                ));
+            }
+        }
+        if let Some(c) = &self.cluster {
+            c.validate().map_err(|(key, reason)| inv(key, reason))?;
+            if self.replication.is_some() {
+                return Err(inv(
+                    "[cluster]",
+                    "a DC group does not replicate to other DCs yet (the gateway on the leader comes next, \
+                     docs/cluster.md); run [replication] on single-node DCs",
                 ));
             }
         }

@@ -47,6 +47,20 @@ impl ApiError {
 /// The stable code of [`ApiError::log_unwritable`].
 pub const LOG_UNWRITABLE: &str = "log_unwritable";
 
+/// A DC group has no leader this node knows of (an election is under way, or this node
+/// is cut off from a quorum), or its leader has not taken over yet: 503 with
+/// `Retry-After: 1`. Nothing was written.
+pub const NO_LEADER: &str = "no_leader";
+
+/// A write forwarded to the leader did not get an answer (the leader died or was cut off
+/// meanwhile): 503 with `Retry-After: 1`. The write may or may not have been made;
+/// registrations and deregistrations are safe to retry.
+pub const LEADER_UNREACHABLE: &str = "leader_unreachable";
+
+/// A write forwarded to a node that no longer leads (it is forwarded once, never on):
+/// 503 with `Retry-After: 1`. Nothing was written.
+pub const NOT_LEADER: &str = "not_leader";
+
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} ({}): {}", self.status.as_u16(), self.code, self.message)
@@ -70,7 +84,7 @@ pub struct ErrorCode(pub &'static str);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let retry = self.code == LOG_UNWRITABLE;
+        let retry = matches!(self.code, LOG_UNWRITABLE | NO_LEADER | LEADER_UNREACHABLE | NOT_LEADER);
         let code = self.code;
         let mut r = (self.status, axum::Json(ErrorBody::new(self.code, self.message))).into_response();
         r.extensions_mut().insert(ErrorCode(code));

@@ -31,6 +31,7 @@ use crate::shared::NodeShared;
 
 pub mod audit;
 pub mod auth;
+pub mod forward;
 pub mod limits;
 pub mod listener;
 pub mod rate;
@@ -59,6 +60,9 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .route("/v1/admin/unretire-dc", post(unretire_dc))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
+        // Innermost: on a DC group's follower, a write goes to the leader (every check
+        // around it ran here first).
+        .layer(axum::middleware::from_fn_with_state(node.clone(), forward::writes))
         .layer(DefaultBodyLimit::max(REQUEST_BODY_BYTES_MAX))
         .layer(axum::middleware::from_fn_with_state(node.clone(), limits::guard))
         // After authentication, before everything else: the request rates.

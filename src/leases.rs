@@ -105,11 +105,23 @@ impl LeaseBook {
             .with_registration(version)
     }
 
-    /// At start: a lease for every live local ephemeral instance of the loaded state.
+    /// At start, and when a node starts leading its DC's group: a lease for every live
+    /// local ephemeral instance of `held` (the state as loaded or applied), each from its
+    /// record's published health with a full TTL of grace, replacing whatever the table
+    /// held (a lease without a record goes).
     pub fn rebuild<'a>(&self, held: impl Iterator<Item = (u64, &'a InstanceRecord)>) {
         let mut table = self.table.lock();
-        for (seq, r) in held.filter(|(_, r)| self.leased(r)) {
-            table.insert(r.key.clone(), self.lease_for(r, seq));
+        let fresh: Vec<(InstanceKey, Lease)> = held
+            .filter(|(_, r)| self.leased(r))
+            .map(|(seq, r)| (r.key.clone(), self.lease_for(r, seq)))
+            .collect();
+        let kept: std::collections::HashSet<&InstanceKey> = fresh.iter().map(|(k, _)| k).collect();
+        let gone: Vec<InstanceKey> = table.keys().filter(|k| !kept.contains(k)).cloned().collect();
+        for k in gone {
+            table.remove(&k);
+        }
+        for (k, lease) in fresh {
+            table.insert(k, lease);
         }
     }
 

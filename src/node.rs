@@ -17,13 +17,18 @@ use tandem_replicator::tls::{ReloadableTls, TlsPaths};
 use tandem_schemas::{ChangeEvent, Mark, Snapshot, SnapshotChunk};
 use tokio::sync::watch;
 
-use crate::config::Config;
+use crate::cluster::GroupLog;
+use crate::config::{ClusterSection, Config};
 use crate::http::listener::{self, ListenerLimits};
 use crate::registry::{Counters, Registry, ViewCell};
 pub use crate::shared::{AnswerCache, LiveMarks, NodeShared};
 use crate::store::{CommitError, CommitLog, CommitNotice, Committed, Committer, CommitterHandle, RocksLog};
+use committer::NodeCommitter;
+use group::Group;
 
+pub mod committer;
 pub mod data_dir;
+pub mod group;
 mod metrics;
 pub mod status;
 
@@ -43,20 +48,25 @@ pub struct Node {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
-/// The gateway's view of the committer.
-#[derive(Clone)]
-struct NodeStore {
-    committer: CommitterHandle,
+/// The gateway's view of the committer (over either kind of log).
+struct NodeStore<L: CommitLog + Send + 'static = RocksLog> {
+    committer: CommitterHandle<L>,
     /// Updated by commit notices; a new epoch (no commit notice) updates it here.
     live: Arc<parking_lot::RwLock<LiveMarks>>,
 }
 
-impl ReplicaStore for NodeStore {
+impl<L: CommitLog + Send + 'static> Clone for NodeStore<L> {
+    fn clone(&self) -> Self {
+        NodeStore { committer: self.committer.clone(), live: self.live.clone() }
+    }
+}
+
+impl<L: CommitLog + Send + 'static> ReplicaStore for NodeStore<L> {
     async fn with_log<R: Send + 'static>(
         &self,
         f: Box<dyn FnOnce(&dyn EventLog) -> R + Send>,
     ) -> Result<R, LogError> {
-        self.committer.with_log(move |log: &mut RocksLog| f(&*log)).await.map_err(log_err)
+        self.committer.with_log(move |log: &mut L| f(&*log)).await.map_err(log_err)
     }
     async fn apply_remote(
         &self,
@@ -87,21 +97,14 @@ impl ReplicaStore for NodeStore {
     }
     async fn mark_of(&self, origin: String) -> Result<(Option<Mark>, Option<uuid::Uuid>), LogError> {
         self.committer
-            .with_log(move |log: &mut RocksLog| (log.mark_of(&origin), log.mark_event_id(&origin)))
+            .with_log(move |log: &mut L| (log.mark_of(&origin), log.mark_event_id(&origin)))
             .await
             .map_err(log_err)
     }
     async fn begin_epoch(&self, above: u64, tiebreak: u64) -> Result<Mark, LogError> {
         let own = self
             .committer
-            .with_log(move |log: &mut RocksLog| -> Result<Mark, LogError> {
-                let own = log.own_mark();
-                if own.epoch > above {
-                    return Ok(own);
-                }
-                log.begin_epoch(tandem_replicator::epoch::above(above.max(own.epoch), tiebreak))?;
-                Ok(log.own_mark())
-            })
+            .with_log(move |log: &mut L| log.begin_epoch_above(above, tiebreak))
             .await
             .map_err(log_err)??;
         let mut l = self.live.write();
@@ -116,6 +119,142 @@ impl ReplicaStore for NodeStore {
         self.live.read().retired.contains_key(dc)
     }
 }
+
+/// Follows one durable write in the marks every reader sees without the committer.
+fn note_marks(l: &mut LiveMarks, n: &CommitNotice) {
+    l.own = n.own_mark;
+    match &n.committed {
+        Committed::Remote { origin, report } | Committed::Snapshot { origin, report } => {
+            if let Some(m) = report.mark {
+                l.remote.insert(origin.clone(), m);
+            }
+        }
+        Committed::PurgedOwn { floor, .. } => l.floor = *floor,
+        Committed::Retired { origin, at_ms, .. } => {
+            l.remote.remove(origin);
+            l.retired.insert(origin.clone(), *at_ms);
+        }
+        Committed::Unretired { origin } => {
+            l.retired.remove(origin);
+        }
+        Committed::Local { .. }
+        | Committed::PurgedRemoteTombstones { .. }
+        | Committed::Replaced { .. }
+        | Committed::Rescoped { .. } => {}
+    }
+}
+
+/// What opening the node's state gives the rest of its start.
+struct Opened {
+    committer: NodeCommitter,
+    view: Arc<ViewCell>,
+    live: Arc<parking_lot::RwLock<LiveMarks>>,
+    owners: Vec<(tandem_schemas::InstanceKey, Arc<str>)>,
+    invalid_records: Arc<crate::store::InvalidRecords>,
+    group: Option<Arc<Group>>,
+}
+
+fn live_marks(log: &RocksLog) -> Arc<parking_lot::RwLock<LiveMarks>> {
+    Arc::new(parking_lot::RwLock::new(LiveMarks {
+        own: log.own_mark(),
+        floor: log.purge_floor(),
+        remote: log.marks(),
+        retired: log.retired(),
+    }))
+}
+
+/// A single node's state: its RocksLog in the data dir, its committer over it.
+fn open_single(cfg: &Config, counters: &Arc<Counters>) -> anyhow::Result<Opened> {
+    let mut log =
+        RocksLog::open_tuned(&cfg.data_dir, &cfg.dc, cfg.store.write_buffer_mib, cfg.store.max_open_files)
+            .with_context(|| format!("cannot open the event log in {}", cfg.data_dir.display()))?;
+    // A restart is a durable write of the watch index, so the index moves past anything
+    // an earlier run showed (see registry::ViewIndex).
+    log.bump_index().context("cannot write to the event log")?;
+    // Before anything reads the state: each peer's replication scope as configured
+    // (copies outside it go; a wider one resyncs the peer).
+    for peer in cfg.replication.iter().flat_map(|r| &r.peers) {
+        log.rescope(&peer.dc, &peer.scope())
+            .with_context(|| format!("cannot record the replication scope of {}", peer.dc))?;
+    }
+    let own = log.own_mark();
+    let invalid_records = log.invalid_records();
+    tracing::info!(dc = %cfg.dc, epoch = own.epoch, seq = own.seq, dir = %cfg.data_dir.display(), "event log open");
+    let view = ViewCell::new(&cfg.dc, log.index(), counters.clone());
+    view.load(log.instances()?);
+    let owners = log.owners().context("cannot read the instance owners")?;
+    let live = live_marks(&log);
+    let (cb_view, cb_live) = (view.clone(), live.clone());
+    let committer = Committer::spawn_with_limits(
+        log,
+        Box::new(move |n: &CommitNotice| {
+            note_marks(&mut cb_live.write(), n);
+            cb_view.apply(n.index, n.changes());
+        }),
+        cfg.store.committer_limits(),
+    )
+    .context("cannot start the committer thread")?;
+    Ok(Opened {
+        committer: NodeCommitter::Single(committer),
+        view,
+        live,
+        owners,
+        invalid_records,
+        group: None,
+    })
+}
+
+/// A group member's state: the state machine, fed to the view and the marks by every
+/// apply (leader or not), the member's Raft, and a committer over the group's log (its
+/// writes succeed only while this node leads).
+async fn open_group(
+    cfg: &Config,
+    section: &ClusterSection,
+    counters: &Arc<Counters>,
+) -> anyhow::Result<Opened> {
+    let sm = group::open_state(cfg)?;
+    let (view, live, owners, invalid_records) = sm.with_log(|log| -> anyhow::Result<_> {
+        let own = log.own_mark();
+        tracing::info!(dc = %cfg.dc, epoch = own.epoch, seq = own.seq, dir = %cfg.data_dir.display(), "group state open");
+        let view = ViewCell::new(&cfg.dc, 0, counters.clone());
+        view.load(log.instances()?);
+        let owners = log.owners().context("cannot read the instance owners")?;
+        Ok((view, live_marks(log), owners, log.invalid_records()))
+    })?;
+    // The watch index is the applied Raft index: the same on every member.
+    view.advance(sm.applied_index());
+    let (cb_view, cb_live) = (view.clone(), live.clone());
+    sm.on_apply(Box::new(move |n: &CommitNotice| {
+        note_marks(&mut cb_live.write(), n);
+        match n.changes() {
+            [] => cb_view.advance(n.index),
+            changes => cb_view.apply(n.index, changes),
+        }
+    }));
+    let secret = data_dir::reset_secret(&cfg.data_dir).context("cannot load the stateless-reset secret")?;
+    let group = Arc::new(Group::start(cfg, section, sm.clone(), secret).await?);
+    let log = GroupLog::new(group.raft.clone(), sm, tokio::runtime::Handle::current());
+    let mut limits = cfg.store.committer_limits();
+    // Recovery here is "lead again": look often.
+    limits.recovery_backoff_max = limits.recovery_backoff_max.min(GROUP_RECOVERY_BACKOFF_MAX);
+    limits.recovery_backoff_initial = limits.recovery_backoff_initial.min(limits.recovery_backoff_max);
+    // The state machine's hook told the view and the marks; the committer's notices
+    // carry no changes and tell nothing new.
+    let committer = Committer::spawn_with_limits(log, Box::new(|_: &CommitNotice| {}), limits)
+        .context("cannot start the committer thread")?;
+    Ok(Opened {
+        committer: NodeCommitter::Group(committer),
+        view,
+        live,
+        owners,
+        invalid_records,
+        group: Some(group),
+    })
+}
+
+/// Longest wait between two attempts of a group member's committer to write again after
+/// it lost the lead (each attempt asks whether this node leads).
+pub const GROUP_RECOVERY_BACKOFF_MAX: Duration = Duration::from_millis(200);
 
 impl Node {
     /// Starts a node. `config_path` is re-read on reload (SIGHUP or POST /v1/admin/reload).
@@ -136,72 +275,18 @@ impl Node {
             )),
             None => None,
         };
-        let mut log = RocksLog::open_tuned(
-            &cfg.data_dir,
-            &cfg.dc,
-            cfg.store.write_buffer_mib,
-            cfg.store.max_open_files,
-        )
-        .with_context(|| format!("cannot open the event log in {}", cfg.data_dir.display()))?;
-        // A restart is a durable write of the watch index, so the index moves past anything
-        // an earlier run showed (see registry::ViewIndex).
-        log.bump_index().context("cannot write to the event log")?;
-        // Before anything reads the state: each peer's replication scope as configured
-        // (copies outside it go; a wider one resyncs the peer).
-        for peer in cfg.replication.iter().flat_map(|r| &r.peers) {
-            log.rescope(&peer.dc, &peer.scope())
-                .with_context(|| format!("cannot record the replication scope of {}", peer.dc))?;
-        }
-        let own = log.own_mark();
-        let invalid_records = log.invalid_records();
-        tracing::info!(dc = %cfg.dc, epoch = own.epoch, seq = own.seq, dir = %cfg.data_dir.display(), "event log open");
         let counters = Arc::new(Counters::default());
-        let view = ViewCell::new(&cfg.dc, log.index(), counters.clone());
-        view.load(log.instances()?);
-        let owners = log.owners().context("cannot read the instance owners")?;
-        let live = Arc::new(parking_lot::RwLock::new(LiveMarks {
-            own: log.own_mark(),
-            floor: log.purge_floor(),
-            remote: log.marks(),
-            retired: log.retired(),
-        }));
-        let cb_view = view.clone();
-        let cb_live = live.clone();
-        let committer = Committer::spawn_with_limits(
-            log,
-            Box::new(move |n: &CommitNotice| {
-                {
-                    let mut l = cb_live.write();
-                    l.own = n.own_mark;
-                    match &n.committed {
-                        Committed::Remote { origin, report } | Committed::Snapshot { origin, report } => {
-                            if let Some(m) = report.mark {
-                                l.remote.insert(origin.clone(), m);
-                            }
-                        }
-                        Committed::PurgedOwn { floor, .. } => l.floor = *floor,
-                        Committed::Retired { origin, at_ms, .. } => {
-                            l.remote.remove(origin);
-                            l.retired.insert(origin.clone(), *at_ms);
-                        }
-                        Committed::Unretired { origin } => {
-                            l.retired.remove(origin);
-                        }
-                        Committed::Local { .. }
-                        | Committed::PurgedRemoteTombstones { .. }
-                        | Committed::Replaced { .. }
-                        | Committed::Rescoped { .. } => {}
-                    }
-                }
-                cb_view.apply(n.index, n.changes());
-            }),
-            cfg.store.committer_limits(),
-        )
-        .context("cannot start the committer thread")?;
+        let Opened { committer, view, live, owners, invalid_records, group } = match &cfg.cluster {
+            Some(section) => open_group(&cfg, section, &counters).await?,
+            None => open_single(&cfg, &counters)?,
+        };
         let cfg = Arc::new(cfg);
         let registry = Registry::new(
             cfg.clone(),
-            Arc::new(committer.clone()),
+            match &committer {
+                NodeCommitter::Single(c) => Arc::new(c.clone()) as Arc<dyn crate::store::AppendLocal>,
+                NodeCommitter::Group(c) => Arc::new(c.clone()),
+            },
             view,
             counters,
             Arc::new(crate::clock::SystemClock::new()),
@@ -242,9 +327,17 @@ impl Node {
                         r.handshakes_max,
                     ),
                 };
-                let store = NodeStore { committer: committer.clone(), live: live.clone() };
-                let gw = Gateway::start(gcfg, Arc::new(tls), store)
-                    .context("cannot start the replication gateway")?;
+                let tls = Arc::new(tls);
+                let live = live.clone();
+                let gw = match &committer {
+                    NodeCommitter::Single(c) => {
+                        Gateway::start(gcfg, tls, NodeStore { committer: c.clone(), live })
+                    }
+                    NodeCommitter::Group(c) => {
+                        Gateway::start(gcfg, tls, NodeStore { committer: c.clone(), live })
+                    }
+                }
+                .context("cannot start the replication gateway")?;
                 let addr = gw.local_addr().ok();
                 (Some(gw), addr)
             }
@@ -268,6 +361,8 @@ impl Node {
         let shared = Arc::new(NodeShared {
             registry: registry.clone(),
             committer: committer.clone(),
+            group: group.clone(),
+            forward_stats: Default::default(),
             live,
             gateway_stats,
             answers: Mutex::new(Default::default()),
@@ -284,47 +379,49 @@ impl Node {
             reloading: Mutex::new(()),
         });
 
-        // Lease checker.
+        // Lease checker (in a group: on the leader that took over, only).
         {
             let reg = registry.clone();
             let mut shut = shut_rx.clone();
             let every = Duration::from_millis(cfg.health.check_interval_ms);
+            let group = group.clone();
             tasks.push(tokio::spawn(async move {
                 let mut tick = tokio::time::interval(every);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tokio::select! {
-                        _ = tick.tick() => reg.check_leases().await,
-                        _ = shut.changed() => return,
-                    }
-                }
-            }));
-        }
-        // Purge: own log entries and tombstones every peer acked and older than the grace.
-        {
-            let committer = committer.clone();
-            let peers: Vec<String> = cfg
-                .replication
-                .as_ref()
-                .map(|r| r.peers.iter().map(|p| p.dc.clone()).collect())
-                .unwrap_or_default();
-            let grace_ms = cfg.replication.as_ref().map_or(3_600_000, |r| r.purge_grace_ms);
-            let mut shut = shut_rx.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut tick =
-                    tokio::time::interval(Duration::from_millis((grace_ms / 4).clamp(200, 60_000)));
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tokio::select! {
                         _ = tick.tick() => {
-                            if let Err(e) = purge_once(&committer, &peers, grace_ms, gateway::wall_ms()).await {
-                                tracing::warn!(error = %e, "purge pass failed");
+                            if group.as_ref().is_none_or(|g| g.serving()) {
+                                reg.check_leases().await;
                             }
                         }
                         _ = shut.changed() => return,
                     }
                 }
             }));
+        }
+        // Taking over as the group's leader (and giving up when another leads).
+        if let Some(g) = &group {
+            tasks.push(tokio::spawn(group::lead(g.clone(), registry.clone(), shut_rx.clone())));
+        }
+        // Purge: own log entries and tombstones every peer acked and older than the grace.
+        {
+            let peers: Vec<String> = cfg
+                .replication
+                .as_ref()
+                .map(|r| r.peers.iter().map(|p| p.dc.clone()).collect())
+                .unwrap_or_default();
+            let grace_ms = cfg.replication.as_ref().map_or(3_600_000, |r| r.purge_grace_ms);
+            let every = Duration::from_millis((grace_ms / 4).clamp(200, 60_000));
+            let shut = shut_rx.clone();
+            tasks.push(match &committer {
+                NodeCommitter::Single(c) => {
+                    tokio::spawn(purge_task(c.clone(), None, peers, grace_ms, every, shut))
+                }
+                NodeCommitter::Group(c) => {
+                    tokio::spawn(purge_task(c.clone(), group.clone(), peers, grace_ms, every, shut))
+                }
+            });
         }
 
         // HTTP.
@@ -333,6 +430,12 @@ impl Node {
             .with_context(|| format!("cannot bind the HTTP API on {}", cfg.http_addr))?;
         let http_addr = tcp.local_addr()?;
         let app = crate::http::router(shared.clone());
+        if let Some(g) = &group {
+            let (app, g2, shared) = (app.clone(), g.clone(), shared.clone());
+            g.serve_forwarded(Arc::new(move |write| {
+                Box::pin(crate::http::forward::serve(app.clone(), g2.clone(), shared.clone(), write))
+            }));
+        }
         tracing::info!(
             connections_max = limits.connections,
             per_address = limits.per_address,
@@ -376,6 +479,35 @@ impl Node {
             gw.shutdown().await;
         }
         self.shared.committer.shutdown().await;
+        if let Some(g) = &self.shared.group {
+            g.shutdown().await;
+        }
+    }
+}
+
+/// The purge task: a pass every `every` (in a group: on the leader that took over, only).
+async fn purge_task<L: CommitLog + Send + 'static>(
+    committer: CommitterHandle<L>,
+    group: Option<Arc<Group>>,
+    peers: Vec<String>,
+    grace_ms: u64,
+    every: Duration,
+    mut shut: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if group.as_ref().is_some_and(|g| !g.serving()) {
+                    continue;
+                }
+                if let Err(e) = purge_once(&committer, &peers, grace_ms, gateway::wall_ms()).await {
+                    tracing::warn!(error = %e, "purge pass failed");
+                }
+            }
+            _ = shut.changed() => return,
+        }
     }
 }
 

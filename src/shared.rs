@@ -13,8 +13,9 @@ use tandem_schemas::Mark;
 use tokio::sync::watch;
 
 use crate::config::{Config, ConfigError};
+use crate::node::committer::NodeCommitter;
+use crate::node::group::Group;
 use crate::registry::Registry;
-use crate::store::CommitterHandle;
 
 /// Marks and floors as of the last durable write, readable without the committer.
 #[derive(Debug)]
@@ -32,7 +33,11 @@ pub type AnswerCache = std::collections::HashMap<(String, String, String), (u64,
 /// What the HTTP handlers and the background tasks share.
 pub struct NodeShared {
     pub registry: Arc<Registry>,
-    pub committer: CommitterHandle,
+    pub committer: NodeCommitter,
+    /// This node's member of its DC's group (`[cluster]`), if it has one.
+    pub group: Option<Arc<Group>>,
+    /// What forwarding writes to the group's leader did.
+    pub forward_stats: crate::http::forward::ForwardStats,
     pub live: Arc<parking_lot::RwLock<LiveMarks>>,
     pub gateway_stats: Option<Arc<GatewayStats>>,
     /// Encoded discovery answers by (namespace, service, filter), with their index.
@@ -99,6 +104,9 @@ impl NodeShared {
         }
         if new.acl.enabled != old.acl.enabled {
             return Err(ReloadError::Immutable { key: "[acl] enabled" });
+        }
+        if new.cluster != old.cluster {
+            return Err(ReloadError::Immutable { key: "[cluster]" });
         }
         if scope_changed(&old, &new) {
             return Err(ReloadError::Immutable { key: "[replication] peers.namespaces" });

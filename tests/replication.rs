@@ -140,18 +140,33 @@ async fn a_replayed_old_batch_changes_nothing() {
     .await;
     // Replay dc-a's whole log into dc-b's committer, as a replayed batch would arrive.
     let node_a = p.a.as_ref().unwrap();
-    let events = node_a.shared.committer.with_log(|log| log.read_own(0, 100).unwrap()).await.unwrap();
+    let events = node_a
+        .shared
+        .committer
+        .single()
+        .unwrap()
+        .with_log(|log| log.read_own(0, 100).unwrap())
+        .await
+        .unwrap();
     assert_eq!(events.len(), 2);
     let node_b = p.b.as_ref().unwrap();
-    let report = node_b.shared.committer.apply_remote("dc-a".into(), events.clone()).await.unwrap();
+    let report =
+        node_b.shared.committer.single().unwrap().apply_remote("dc-a".into(), events.clone()).await.unwrap();
     assert_eq!(report.duplicates, 2);
     assert_eq!(report.applied, 0);
     // Only the stale REGISTER, alone: still a duplicate, nothing resurrects.
-    let report = node_b.shared.committer.apply_remote("dc-a".into(), vec![events[0].clone()]).await.unwrap();
+    let report = node_b
+        .shared
+        .committer
+        .single()
+        .unwrap()
+        .apply_remote("dc-a".into(), vec![events[0].clone()])
+        .await
+        .unwrap();
     assert_eq!(report.duplicates, 1);
     assert!(all_ids(&b, "r").await.is_empty());
     // dc-a's events over a channel claiming to be dc-c are refused.
-    let report = node_b.shared.committer.apply_remote("dc-c".into(), events).await.unwrap();
+    let report = node_b.shared.committer.single().unwrap().apply_remote("dc-c".into(), events).await.unwrap();
     assert!(report.refusal.is_some());
     p.stop().await;
 }

@@ -363,4 +363,11 @@ impl CommitLog for GroupLog {
             other => Err(self.differs(format!("lifting a retirement answered {other:?}"))),
         }
     }
+    /// Through the log: every member begins the same epoch at the same entry.
+    fn begin_epoch_above(&mut self, above: u64, tiebreak: u64) -> Result<Mark, LogError> {
+        match self.group(GroupWrite::BeginEpoch { above, tiebreak })? {
+            GroupOutcome::Epoch { own } => Ok(own),
+            other => Err(self.differs(format!("an epoch request answered {other:?}"))),
+        }
+    }
 }

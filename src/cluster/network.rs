@@ -12,13 +12,21 @@
 //!   speak for another.
 //! - An append that would not fit the link's frame asks openraft to send fewer entries
 //!   (`PayloadTooLarge`); one entry always fits (`ENTRY_BYTES_MAX` leaves room).
+//! - A write a follower received is forwarded to the leader as a [`Forwarded`] request
+//!   (the client's HTTP request, the identity its follower authenticated); the leader
+//!   serves it like its own client's and answers a [`ForwardAnswer`]. Only members send
+//!   them (the link authenticates every member), so the leader trusts the client identity
+//!   the follower vouches for.
 //! - Until this node's Raft exists (it is made after the link it needs), requests are
 //!   answered `Unavailable`, which the caller's openraft retries like a network error.
 
 // openraft's RPC error types are large, and its network trait fixes them.
 #![allow(clippy::result_large_err)]
 
+use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
+
+use futures::future::BoxFuture;
 
 use openraft::error::{
     InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
@@ -31,6 +39,7 @@ use openraft::raft::{
 };
 use openraft::{BasicNode, Raft, RaftNetwork, RaftNetworkFactory, Vote};
 use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
 use tandem_replicator::member::{CallError, Handler, MemberLink, FRAME_BYTES_MAX};
 
 use super::{NodeId, TypeConfig};
@@ -41,17 +50,53 @@ pub enum Request {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// A client's write a follower forwards to the leader.
+    Forward(Forwarded),
 }
 
 impl Request {
-    fn vote(&self) -> &Vote<NodeId> {
+    /// The vote a Raft RPC is sent under (none for a forwarded write).
+    fn vote(&self) -> Option<&Vote<NodeId>> {
         match self {
-            Request::Append(rpc) => &rpc.vote,
-            Request::Vote(rpc) => &rpc.vote,
-            Request::Snapshot(rpc) => &rpc.vote,
+            Request::Append(rpc) => Some(&rpc.vote),
+            Request::Vote(rpc) => Some(&rpc.vote),
+            Request::Snapshot(rpc) => Some(&rpc.vote),
+            Request::Forward(_) => None,
         }
     }
 }
+
+/// A client's HTTP request as the follower that received it forwards it to the leader:
+/// what the leader needs to serve it as its own (the identity the follower authenticated
+/// travels as the same credentials: the token header, or the client certificate's name).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Forwarded {
+    pub method: String,
+    /// Path and query.
+    pub uri: String,
+    /// The headers the leader's handling reads (authorization, content type, host), as
+    /// received.
+    pub headers: Vec<(String, ByteBuf)>,
+    /// The name of the client certificate the follower verified (HTTPS with client
+    /// certificates).
+    pub client_cert: Option<String>,
+    /// The client's address as the follower saw it (rate limits, audit).
+    pub client_addr: Option<IpAddr>,
+    pub body: ByteBuf,
+}
+
+/// The leader's answer to a [`Forwarded`] write: its HTTP answer, and the Raft index it
+/// had applied when it answered (the follower answers once its own apply reached it).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ForwardAnswer {
+    pub status: u16,
+    pub headers: Vec<(String, ByteBuf)>,
+    pub body: ByteBuf,
+    pub applied: u64,
+}
+
+/// Serves forwarded writes on this node (the HTTP API, set once it exists).
+pub type ForwardFn = Arc<dyn Fn(Forwarded) -> BoxFuture<'static, ForwardAnswer> + Send + Sync>;
 
 /// The answer to a [`Request`].
 #[derive(Debug, Serialize, Deserialize)]
@@ -74,12 +119,20 @@ type SnapshotAnswer = Answer<InstallSnapshotResponse<NodeId>, InstallSnapshotErr
 #[derive(Clone, Default)]
 pub struct RaftService {
     raft: Arc<OnceLock<Raft<TypeConfig>>>,
+    forward: Arc<OnceLock<ForwardFn>>,
 }
+
+type ForwardAnswerOf = Answer<ForwardAnswer, openraft::error::Infallible>;
 
 impl RaftService {
     /// Serves requests to `raft` from now on (once: a later call changes nothing).
     pub fn attach(&self, raft: Raft<TypeConfig>) {
         let _ = self.raft.set(raft);
+    }
+
+    /// Serves forwarded writes with `serve` from now on (once).
+    pub fn serve_forwarded(&self, serve: ForwardFn) {
+        let _ = self.forward.set(serve);
     }
 }
 
@@ -99,7 +152,13 @@ impl Handler for RaftService {
             Ok(request) => request,
             Err(e) => return unavailable(format!("undecodable request: {e}")),
         };
-        let claimed = request.vote().leader_id().voted_for();
+        if let Request::Forward(write) = request {
+            let Some(serve) = self.forward.get() else {
+                return unavailable("this node's API is not running yet".into());
+            };
+            return encode(&ForwardAnswerOf::Done(serve(write).await));
+        }
+        let claimed = request.vote().and_then(|v| v.leader_id().voted_for());
         if claimed != Some(from) {
             return unavailable(format!("a request from node {from} under the vote of {claimed:?}"));
         }
@@ -119,6 +178,7 @@ impl Handler for RaftService {
                 Ok(resp) => SnapshotAnswer::Done(resp),
                 Err(e) => SnapshotAnswer::Refused(e),
             }),
+            Request::Forward(_) => unavailable("a forwarded write was served above".into()),
         }
     }
 }
@@ -211,6 +271,25 @@ impl RaftNetwork<TypeConfig> for MemberRpc {
     ) -> Result<VoteResponse<NodeId>, RpcErr> {
         let request = encode(&Request::Vote(rpc));
         self.call(RPCTypes::Vote, &request, &option).await
+    }
+}
+
+/// Forwards a client's write to member `to` (the leader) over the link and returns its
+/// answer; an error when the leader could not be reached or did not answer in `timeout`
+/// (the write may or may not have happened).
+pub async fn forward(
+    link: &MemberLink,
+    to: NodeId,
+    write: Forwarded,
+    timeout: std::time::Duration,
+) -> Result<ForwardAnswer, String> {
+    let answer =
+        link.call(to, &encode(&Request::Forward(write)), timeout).await.map_err(|e| e.to_string())?;
+    match postcard::from_bytes::<ForwardAnswerOf>(&answer) {
+        Ok(Answer::Done(answer)) => Ok(answer),
+        Ok(Answer::Refused(e)) => Err(e.to_string()),
+        Ok(Answer::Unavailable(why)) => Err(format!("node {to}: {why}")),
+        Err(e) => Err(format!("node {to}: undecodable answer: {e}")),
     }
 }
 

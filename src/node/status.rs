@@ -26,6 +26,10 @@ pub struct Status {
     /// The replication gateway's own state (absent without `[replication]`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replication: Option<ReplicationStatus>,
+    /// This node's DC group: its role, the term, the leader, the applied index and (on
+    /// the leader) each member's matched index (absent without `[cluster]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<super::group::GroupStatus>,
     /// Applied high-water mark per origin DC.
     pub applied: BTreeMap<String, MarkStatus>,
     pub peers: BTreeMap<String, PeerStatus>,
@@ -298,6 +302,7 @@ impl NodeShared {
             build_profile: crate::BUILD_PROFILE,
             uptime_ms: self.started.elapsed().as_millis() as u64,
             index: reg.view().index(),
+            cluster: self.group.as_ref().map(|g| g.status()),
             log_writable: health.writable,
             log: LogStatus {
                 epoch: own.epoch,

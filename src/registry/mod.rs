@@ -153,15 +153,26 @@ impl Registry {
             stale: RwLock::new(Arc::new(|_| false)),
             cfg: RwLock::new(cfg),
         });
-        // Every local ephemeral instance found at start gets its lease back, at the health
-        // its record published, with a full TTL of grace: a restart must never expire
-        // instances that kept heartbeating elsewhere meanwhile, nor revive dead ones.
-        {
-            let v = reg.view.view.read();
-            reg.leases
-                .rebuild(v.services.values().flat_map(|s| s.instances.values()).map(|h| (h.seq, &*h.record)));
-        }
+        reg.restart_leases();
         reg
+    }
+
+    /// Every local ephemeral instance of the view gets its lease back, at the health its
+    /// record published, with a full TTL of grace: a restart, or a leader change in the
+    /// DC's group, must never expire instances that kept heartbeating elsewhere
+    /// meanwhile, nor revive dead ones. One code path for both.
+    fn restart_leases(&self) {
+        let v = self.view.view.read();
+        self.leases
+            .rebuild(v.services.values().flat_map(|s| s.instances.values()).map(|h| (h.seq, &*h.record)));
+    }
+
+    /// This node now leads its DC's group (and has applied every earlier entry): it takes
+    /// over the leases (as at a restart, see `restart_leases`) and the owners of the own
+    /// instances as the group's state holds them.
+    pub fn take_lead(&self, owners: Vec<(tandem_schemas::InstanceKey, Arc<str>)>) {
+        self.restart_leases();
+        self.owners.lock().load(owners);
     }
 
     /// The owners of the own instances as the log holds them (at start, before any write).

@@ -62,6 +62,17 @@ pub trait CommitLog: EventLog {
     /// Lifts a retirement: `dc` may replicate again, from scratch (its mark was forgotten).
     /// Returns false when `dc` was not retired.
     fn unretire_origin(&mut self, dc: &str) -> Result<bool, LogError>;
+    /// Begins an epoch of the next generation above `above` (with `tiebreak`) unless the
+    /// own epoch already is above it; answers the own mark after. What the replication
+    /// gateway asks when a peer holds a newer epoch of this DC (docs/replication.md).
+    fn begin_epoch_above(&mut self, above: u64, tiebreak: u64) -> Result<Mark, LogError> {
+        let own = self.own_mark();
+        if own.epoch > above {
+            return Ok(own);
+        }
+        self.begin_epoch(tandem_replicator::epoch::above(above.max(own.epoch), tiebreak))?;
+        Ok(self.own_mark())
+    }
 }
 
 /// What retiring a DC did.

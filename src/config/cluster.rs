@@ -1,0 +1,136 @@
+//! `[cluster]`: this node's place in its DC's Raft group (docs/cluster.md). Absent: the
+//! node is its DC's only node, as before. Taken at start; a reload that changes it is
+//! refused (membership changes go through `tandem cluster`, not the file).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use tandem_replicator::gateway::SourceRule;
+
+/// Most members of one DC's group (and most nodes `tandem certs --nodes` makes per DC).
+pub const MEMBERS_MAX: usize = 9;
+
+/// One member of the group, as every member's file lists it (the same list on each).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MemberSection {
+    /// The member's id: 1..=2^63, its certificate names `n<id>.<dc>.tandem-node`.
+    pub id: u64,
+    /// Where the member's link listens (UDP, QUIC with mutual TLS).
+    pub raft_addr: SocketAddr,
+    /// Where the member's HTTP API is reached (a follower forwards writes there).
+    pub http_addr: SocketAddr,
+}
+
+/// The `[cluster]` table.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    /// This node's id: one of `members`.
+    pub node_id: u64,
+    /// Every member of the group, this node included (odd counts survive the most
+    /// failures per node: 3 survive one, 5 survive two).
+    pub members: Vec<MemberSection>,
+    /// The CA that signed the members' node certificates, and this node's certificate
+    /// and key (`tandem certs --nodes N` makes them). A DC certificate is refused here.
+    pub ca_cert: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// How often the leader tells followers it is alive.
+    #[serde(default = "d_heartbeat")]
+    pub heartbeat_interval_ms: u64,
+    /// A follower that heard no leader for a random time in this range stands for
+    /// election: the bound on how long a DC is without a leader after one dies.
+    #[serde(default = "d_election_min")]
+    pub election_timeout_min_ms: u64,
+    #[serde(default = "d_election_max")]
+    pub election_timeout_max_ms: u64,
+    /// How long a follower waits for the leader's answer to a forwarded write, and then
+    /// for its own apply to reach it.
+    #[serde(default = "d_forward_timeout")]
+    pub forward_timeout_ms: u64,
+    /// Sources that may start a handshake on the member link: `"peers"` (the members'
+    /// addresses, the default), networks or addresses, or `"any"`.
+    #[serde(default = "SourceRule::defaults")]
+    pub accept_from: Vec<SourceRule>,
+}
+
+fn d_heartbeat() -> u64 {
+    100
+}
+fn d_election_min() -> u64 {
+    500
+}
+fn d_election_max() -> u64 {
+    1_000
+}
+fn d_forward_timeout() -> u64 {
+    5_000
+}
+
+impl ClusterSection {
+    /// The section's own rules: (key, reason) of the first one broken.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let inv = |key: &str, reason: String| Err((format!("[cluster] {key}"), reason));
+        if self.members.is_empty() || self.members.len() > MEMBERS_MAX {
+            return inv(
+                "members",
+                format!("must list 1..={MEMBERS_MAX} members, this lists {}", self.members.len()),
+            );
+        }
+        for (i, m) in self.members.iter().enumerate() {
+            if m.id == 0 || m.id > i64::MAX as u64 {
+                return inv("members.id", format!("{} is not within 1..=2^63-1", m.id));
+            }
+            for other in &self.members[..i] {
+                if other.id == m.id {
+                    return inv("members.id", format!("member {} is listed twice", m.id));
+                }
+                if other.raft_addr == m.raft_addr || other.http_addr == m.http_addr {
+                    return inv("members", format!("members {} and {} share an address", other.id, m.id));
+                }
+            }
+        }
+        if !self.members.iter().any(|m| m.id == self.node_id) {
+            return inv("node_id", format!("{} is not among the members", self.node_id));
+        }
+        if !(10..=10_000).contains(&self.heartbeat_interval_ms) {
+            return inv("heartbeat_interval_ms", "must be 10..=10000".into());
+        }
+        if self.election_timeout_min_ms < 3 * self.heartbeat_interval_ms
+            || self.election_timeout_min_ms > 60_000
+        {
+            return inv(
+                "election_timeout_min_ms",
+                "must be at least 3 heartbeat intervals and at most 60000".into(),
+            );
+        }
+        if self.election_timeout_max_ms <= self.election_timeout_min_ms
+            || self.election_timeout_max_ms > 120_000
+        {
+            return inv(
+                "election_timeout_max_ms",
+                "must be above election_timeout_min_ms, at most 120000".into(),
+            );
+        }
+        if !(100..=600_000).contains(&self.forward_timeout_ms) {
+            return inv("forward_timeout_ms", "must be 100..=600000".into());
+        }
+        if self.accept_from.is_empty() {
+            return inv("accept_from", "must name at least one source (\"peers\" is the default)".into());
+        }
+        Ok(())
+    }
+
+    /// This node's own entry.
+    pub fn me(&self) -> &MemberSection {
+        // validate() checked that node_id is listed; the first member stands in otherwise.
+        self.members.iter().find(|m| m.id == self.node_id).unwrap_or(&self.members[0])
+    }
+
+    /// A member's entry.
+    pub fn member(&self, id: u64) -> Option<&MemberSection> {
+        self.members.iter().find(|m| m.id == id)
+    }
+}

@@ -1,0 +1,367 @@
+//! The node's member of its DC's Raft group (`[cluster]`, docs/cluster.md): its Raft log
+//! and state on disk, its member link, its Raft, and what the rest of the node asks of it
+//! (who leads, whether this node may serve writes, forwarding a write to the leader).
+//!
+//! On disk, a member's data dir holds `raft/` (the Raft log, [`RaftLogStore`]) and
+//! `state/` (the state machine's RocksLog: event log, instances, tombstones, marks). A data
+//! dir that holds a single node's log is refused: a single-node DC does not become a
+//! group by a change of its file (docs/cluster.md, "What an operator does").
+//!
+//! Forming: a member whose Raft log is empty initializes the group with the configured
+//! members. Every member does so with the same list, which openraft allows (the vote
+//! elects one leader); a member with any log or vote never does.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use openraft::{BasicNode, Raft, ServerState};
+use serde::Serialize;
+use tandem_replicator::gateway::Admission;
+use tandem_replicator::member::{MemberConfig, MemberLink};
+use tandem_replicator::tls::{ReloadableTls, TlsPaths};
+use tokio::sync::watch;
+
+use crate::cluster::{
+    ForwardAnswer, ForwardFn, Forwarded, MemberNetwork, NodeId, RaftService, RegistryStateMachine, TypeConfig,
+};
+use crate::config::{ClusterSection, Config};
+use crate::store::RaftLogStore;
+
+/// The data dir's subdirectory of the Raft log.
+pub const RAFT_DIR: &str = "raft";
+/// The data dir's subdirectory of the state machine's RocksLog.
+pub const STATE_DIR: &str = "state";
+
+/// The epoch of a group's fresh state: the same on every member (each member's state
+/// must mint the same events) and provisional (generation 0), so that the group takes an
+/// epoch above whatever its peers hold of this DC at its first handshake, through the
+/// log, as a single node does (docs/replication.md, "Epochs").
+pub const GROUP_FIRST_EPOCH: NonZeroU64 = NonZeroU64::MIN;
+
+/// Handshakes on the member link at once.
+pub const MEMBER_HANDSHAKES_MAX: usize = 16;
+
+/// A member's role, as status shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Leader,
+    Follower,
+    Candidate,
+    Learner,
+    Shutdown,
+}
+
+impl From<ServerState> for Role {
+    fn from(s: ServerState) -> Role {
+        match s {
+            ServerState::Leader => Role::Leader,
+            ServerState::Follower => Role::Follower,
+            ServerState::Candidate => Role::Candidate,
+            ServerState::Learner => Role::Learner,
+            ServerState::Shutdown => Role::Shutdown,
+        }
+    }
+}
+
+/// Where a write received here goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteRoute {
+    /// This node leads and took over the leases: serve it here.
+    Here,
+    /// Forward it to this member, the leader.
+    Leader(NodeId),
+    /// No leader is known, or this node leads but has not taken over yet: 503
+    /// `no_leader`, retry.
+    NoLeader,
+}
+
+/// This node's member of the group.
+pub struct Group {
+    pub id: NodeId,
+    pub raft: Raft<TypeConfig>,
+    pub sm: RegistryStateMachine,
+    link: MemberLink,
+    service: RaftService,
+    section: ClusterSection,
+    /// The term in which this node leads and took over the leases (set by [`lead`]).
+    serving: watch::Sender<Option<u64>>,
+}
+
+/// Refuses a data dir that holds a single node's log, then opens (or creates) the
+/// member's state machine.
+pub fn open_state(cfg: &Config) -> anyhow::Result<RegistryStateMachine> {
+    if cfg.data_dir.join("CURRENT").exists() {
+        anyhow::bail!(
+            "data_dir {} holds a single node's event log; a [cluster] member keeps its state in {STATE_DIR}/ \
+             and its Raft log in {RAFT_DIR}/ (docs/cluster.md: a single-node DC does not become a group by \
+             editing its file)",
+            cfg.data_dir.display()
+        );
+    }
+    let dir = cfg.data_dir.join(STATE_DIR);
+    RegistryStateMachine::open(&dir, &cfg.dc, GROUP_FIRST_EPOCH)
+        .with_context(|| format!("cannot open the group's state in {}", dir.display()))
+}
+
+fn raft_config(section: &ClusterSection) -> anyhow::Result<Arc<openraft::Config>> {
+    let config = openraft::Config {
+        cluster_name: "tandem".into(),
+        heartbeat_interval: section.heartbeat_interval_ms,
+        election_timeout_min: section.election_timeout_min_ms,
+        election_timeout_max: section.election_timeout_max_ms,
+        ..Default::default()
+    };
+    Ok(Arc::new(config.validate().context("invalid [cluster] timing")?))
+}
+
+impl Group {
+    /// Starts the member: its Raft log, its link and its Raft over `sm` (whose apply hook
+    /// the caller set), and forms the group if this member's log is empty.
+    pub async fn start(
+        cfg: &Config,
+        section: &ClusterSection,
+        sm: RegistryStateMachine,
+        reset_secret: [u8; 32],
+    ) -> anyhow::Result<Group> {
+        let raft_dir = cfg.data_dir.join(RAFT_DIR);
+        let store = RaftLogStore::open(&raft_dir)
+            .with_context(|| format!("cannot open the Raft log in {}", raft_dir.display()))?;
+        let tls = ReloadableTls::load(TlsPaths {
+            ca_cert: section.ca_cert.clone(),
+            cert: section.cert.clone(),
+            key: section.key.clone(),
+        })
+        .context("cannot load the [cluster] node certificate")?;
+        let members: Vec<(u64, SocketAddr)> = section.members.iter().map(|m| (m.id, m.raft_addr)).collect();
+        let link_cfg = MemberConfig {
+            listen: section.me().raft_addr,
+            members: members.clone(),
+            reset_secret,
+            admission: Admission::new(
+                &section.accept_from,
+                members.iter().map(|(_, a)| *a),
+                MEMBER_HANDSHAKES_MAX,
+            ),
+        };
+        let service = RaftService::default();
+        let link = MemberLink::start(link_cfg, Arc::new(tls), service.clone())
+            .context("cannot start the member link")?;
+        let id = section.node_id;
+        let raft = Raft::new(id, raft_config(section)?, MemberNetwork::new(link.clone()), store, sm.clone())
+            .await
+            .context("cannot start Raft")?;
+        service.attach(raft.clone());
+        if !raft.is_initialized().await.context("cannot read the Raft state")? {
+            let nodes: BTreeMap<NodeId, BasicNode> =
+                section.members.iter().map(|m| (m.id, BasicNode::new(m.raft_addr))).collect();
+            match raft.initialize(nodes).await {
+                Ok(()) => tracing::info!(node = id, members = section.members.len(), "formed the group"),
+                // Another member formed it first and reached this one: nothing to do.
+                Err(e) => tracing::info!(node = id, error = %e, "the group was not formed here"),
+            }
+        }
+        let (serving, _) = watch::channel(None);
+        tracing::info!(node = id, raft = %section.me().raft_addr, "group member started");
+        Ok(Group { id, raft, sm, link, service, section: section.clone(), serving })
+    }
+
+    /// Serves the other members' forwarded writes with `serve` from now on.
+    pub fn serve_forwarded(&self, serve: ForwardFn) {
+        self.service.serve_forwarded(serve);
+    }
+
+    /// The leader this node knows of.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    /// Whether this node leads (it may not have taken over yet: see [`Group::route`]).
+    pub fn is_leader(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.state == ServerState::Leader && m.current_leader == Some(self.id)
+    }
+
+    /// Whether this node serves writes now: it leads, in the term it took over in.
+    pub fn serving(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.state == ServerState::Leader
+            && m.current_leader == Some(self.id)
+            && *self.serving.borrow() == Some(m.current_term)
+    }
+
+    /// Where a write received here goes.
+    pub fn route(&self) -> WriteRoute {
+        if self.serving() {
+            return WriteRoute::Here;
+        }
+        match self.leader() {
+            Some(l) if l != self.id => WriteRoute::Leader(l),
+            _ => WriteRoute::NoLeader,
+        }
+    }
+
+    /// How long a forwarded write may take, then the wait for the own apply.
+    pub fn forward_timeout(&self) -> Duration {
+        Duration::from_millis(self.section.forward_timeout_ms)
+    }
+
+    /// Forwards a client's write to member `to`. Gives up as soon as this node learns
+    /// that `to` no longer leads (a dead leader's connection can take seconds to time
+    /// out; the election that replaced it takes less).
+    pub async fn forward(&self, to: NodeId, write: Forwarded) -> Result<ForwardAnswer, String> {
+        let mut metrics = self.raft.metrics();
+        let call = crate::cluster::forward(&self.link, to, write, self.forward_timeout());
+        tokio::select! {
+            answer = call => answer,
+            _ = metrics.wait_for(|m| m.current_leader != Some(to)) => {
+                Err(format!("node {to} stopped leading while the write was in flight"))
+            }
+        }
+    }
+
+    /// Waits (at most `within`) until this member applied `index`; false on timeout.
+    pub async fn applied(&self, index: u64, within: Duration) -> bool {
+        let mut m = self.raft.metrics();
+        let reached =
+            tokio::time::timeout(within, m.wait_for(|m| m.last_applied.is_some_and(|l| l.index >= index)));
+        let ok = matches!(reached.await, Ok(Ok(_)));
+        ok
+    }
+
+    /// What status shows of the group.
+    pub fn status(&self) -> GroupStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let matched = m.replication.clone().unwrap_or_default();
+        GroupStatus {
+            node_id: self.id,
+            role: m.state.into(),
+            serving_writes: self.serving(),
+            term: m.current_term,
+            leader: m.current_leader,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            applied_index: m.last_applied.map_or(0, |l| l.index),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            millis_since_quorum_ack: m.millis_since_quorum_ack,
+            members: self
+                .section
+                .members
+                .iter()
+                .map(|s| MemberStatus {
+                    id: s.id,
+                    raft_addr: s.raft_addr,
+                    http_addr: s.http_addr,
+                    matched_index: matched.get(&s.id).map(|l| l.map_or(0, |l| l.index)),
+                })
+                .collect(),
+        }
+    }
+
+    /// The member link's counters.
+    pub fn link_stats(&self) -> Arc<tandem_replicator::member::MemberStats> {
+        self.link.stats()
+    }
+
+    /// Stops Raft and the link (the state's RocksDB closes with its last handle).
+    pub async fn shutdown(&self) {
+        self.serving.send_replace(None);
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "Raft did not stop cleanly");
+        }
+        self.link.shutdown().await;
+    }
+}
+
+/// The group as `/v1/status` shows it (`cluster`).
+#[derive(Clone, Debug, Serialize)]
+pub struct GroupStatus {
+    pub node_id: NodeId,
+    pub role: Role,
+    /// This node leads and took over the leases: writes are served here (on others they
+    /// are forwarded here).
+    pub serving_writes: bool,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub last_log_index: u64,
+    pub applied_index: u64,
+    pub snapshot_index: Option<u64>,
+    /// On the leader: how long ago a quorum last acknowledged it.
+    pub millis_since_quorum_ack: Option<u64>,
+    /// Every configured member; on the leader, the index each one matched.
+    pub members: Vec<MemberStatus>,
+}
+
+/// One member as status shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemberStatus {
+    pub id: NodeId,
+    pub raft_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    /// On the leader: the last index this member holds (None elsewhere).
+    pub matched_index: Option<u64>,
+}
+
+/// How long [`lead`] waits between two looks at the group when nothing changed.
+const LEAD_POLL: Duration = Duration::from_millis(500);
+
+/// The node's leadership task: when this node leads in a term it has not taken over in,
+/// it waits until every earlier entry is applied here (a read-index round with a quorum),
+/// then takes over the leases and the owners (`Registry::take_lead`: every lease from its
+/// record's published health with a full TTL, the restart's code path) and only then serves writes. When another node leads, it
+/// stops serving at once (`Group::serving` reads the live term). Stops with the node.
+pub async fn lead(
+    group: Arc<Group>,
+    registry: Arc<crate::registry::Registry>,
+    mut shut: watch::Receiver<bool>,
+) {
+    let mut metrics = group.raft.metrics();
+    loop {
+        let (leads, term) = {
+            let m = metrics.borrow_and_update();
+            (m.state == ServerState::Leader && m.current_leader == Some(group.id), m.current_term)
+        };
+        let served = *group.serving.borrow();
+        if leads && served != Some(term) {
+            match take_over(&group, &registry).await {
+                Ok(leases) => {
+                    group.serving.send_replace(Some(term));
+                    tracing::info!(node = group.id, term, leases, "leading the DC's group: serving writes");
+                }
+                Err(e) => {
+                    tracing::warn!(node = group.id, term, error = %e, "cannot take over as leader yet; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                        _ = shut.changed() => return,
+                    }
+                }
+            }
+        } else if !leads && served.is_some() {
+            group.serving.send_replace(None);
+            tracing::info!(node = group.id, term, leader = ?group.leader(), "no longer leading the DC's group");
+        }
+        tokio::select! {
+            r = metrics.changed() => if r.is_err() { return },
+            _ = tokio::time::sleep(LEAD_POLL) => {}
+            _ = shut.changed() => return,
+        }
+    }
+}
+
+/// Takes over as leader: see [`lead`]. Answers how many leases it started.
+async fn take_over(group: &Group, registry: &crate::registry::Registry) -> anyhow::Result<usize> {
+    let within = group.forward_timeout();
+    match tokio::time::timeout(within, group.raft.ensure_linearizable()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => anyhow::bail!("not the leader: {e}"),
+        Err(_) => anyhow::bail!("no quorum within {within:?}"),
+    }
+    let owners = group.sm.with_log(|log| log.owners()).context("cannot read the instance owners")?;
+    registry.take_lead(owners);
+    Ok(registry.lease_count())
+}
