@@ -91,7 +91,9 @@ fn start_dc(dir: &Path) -> Vec<Member> {
             let config = dir.join(format!("n{id}.toml"));
             let body = format!(
                 "dc = \"{DC}\"\ndata_dir = \"{}\"\nhttp_addr = \"127.0.0.1:{}\"\n\
-                 [health]\ncheck_interval_ms = 50\n\
+                 [health]\ncheck_interval_ms = 50\nheartbeat_interval_ms = 200\nsuspect_after_ms = 1500\n\
+                 unhealthy_after_ms = 2500\nexpire_after_ms = 4000\n\
+                 [protection]\nself_preservation_threshold = 0.0\n\
                  [cluster]\nnode_id = {id}\nmembers = [{members}]\n\
                  ca_cert = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
                  heartbeat_interval_ms = 50\nelection_timeout_min_ms = 300\nelection_timeout_max_ms = 600\n",
@@ -160,8 +162,11 @@ async fn a_dc_of_three_loses_no_acknowledged_write_when_its_leader_is_killed() {
         .await;
     }
 
-    // An ephemeral instance beating through a follower all along.
+    // An ephemeral instance beating through the followers all along, and one that never
+    // beats: the new leader must keep the first (its lease restarts with a full TTL) and
+    // expire the second (it holds a lease for it although it never minted it).
     c.register(&reg_body("beat", "b1", false)).await.unwrap();
+    c.register(&reg_body("silent", "s1", false)).await.unwrap();
     let beating = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let beater = {
         let beating = beating.clone();
@@ -172,7 +177,7 @@ async fn a_dc_of_three_loses_no_acknowledged_write_when_its_leader_is_killed() {
             while beating.load(std::sync::atomic::Ordering::Relaxed) {
                 let _ = clients[n % clients.len()].heartbeat("default", "beat", "b1").await;
                 n += 1;
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         })
     };
@@ -240,10 +245,18 @@ async fn a_dc_of_three_loses_no_acknowledged_write_when_its_leader_is_killed() {
     })
     .await;
 
-    // The beating lease never expired: the instance is there and healthy.
+    // The new leader holds the leases: a heartbeat through a follower renews one (a
+    // leader without it would answer 404), and the silent instance expires.
+    let nl = members.iter().find(|m| m.id == new_leader).unwrap();
+    let via = members.iter().find(|m| m.id != new_leader && m.proc.is_some()).unwrap();
+    via.client().heartbeat("default", "beat", "b1").await.expect("the new leader renews the lease");
+    eventually(Duration::from_secs(20), "the instance that never beat expires on the new leader", || async {
+        nl.client().discover("default", "silent", "").await.is_ok_and(|a| ids(&a).is_empty())
+    })
+    .await;
+    // The beating lease never expired: the instance is there.
     beating.store(false, std::sync::atomic::Ordering::Relaxed);
     beater.await.unwrap();
-    let nl = members.iter().find(|m| m.id == new_leader).unwrap();
     let beat = nl.client().discover("default", "beat", "").await.unwrap();
     assert_eq!(ids(&beat), vec!["b1".to_owned()], "the lease that kept beating expired: {beat}");
     let status = nl.client().status().await.unwrap();
