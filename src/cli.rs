@@ -461,6 +461,7 @@ pub fn dev_configs(
             peers: vec![PeerSection {
                 dc: peer.into(),
                 addr: SocketAddr::from(([127, 0, 0, 1], repl_port + j)),
+                addrs: vec![],
                 namespaces: None,
             }],
             ca_cert: paths.ca_cert.clone(),

@@ -127,6 +127,10 @@ impl Default for ProtectionSection {
 pub struct PeerSection {
     pub dc: String,
     pub addr: SocketAddr,
+    /// The other nodes' gateway addresses when the peer is a DC group (only its leader
+    /// runs a gateway; the dialer tries `addr`, then these, in turn).
+    #[serde(default)]
+    pub addrs: Vec<SocketAddr>,
     /// The replication scope of this peer: the namespaces it may replicate into this DC
     /// (absent: all). Its events of other namespaces are applied as no-ops, and its
     /// snapshots are installed in part (docs/replication.md, "Replication scope"). Taken at
@@ -138,7 +142,21 @@ pub struct PeerSection {
 /// Most namespaces one peer's replication scope may name.
 pub const PEER_SCOPE_NAMESPACES_MAX: usize = 1024;
 
+/// Most addresses one peer lists (`addr` and `addrs`): a DC group's members.
+pub const PEER_ADDRS_MAX: usize = MEMBERS_MAX;
+
 impl PeerSection {
+    /// Every address of the peer's gateway: `addr`, then `addrs` (without repeats).
+    pub fn all_addrs(&self) -> Vec<SocketAddr> {
+        let mut all = vec![self.addr];
+        for a in &self.addrs {
+            if !all.contains(a) {
+                all.push(*a);
+            }
+        }
+        all
+    }
+
     /// The peer's replication scope.
     pub fn scope(&self) -> tandem_replicator::scope::Scope {
         tandem_replicator::scope::Scope::from_config(self.namespaces.as_deref())
@@ -520,6 +538,12 @@ impl Config {
                 if peer.dc == self.dc {
                     return Err(inv("[replication] peers.dc", format!("{} is this node's own DC", peer.dc)));
                 }
+                if peer.all_addrs().len() > PEER_ADDRS_MAX {
+                    return Err(inv(
+                        "[replication] peers.addrs",
+                        format!("{} lists more than {PEER_ADDRS_MAX} addresses", peer.dc),
+                    ));
+                }
                 let namespaces = peer.namespaces.as_deref().unwrap_or_default();
                 if namespaces.len() > PEER_SCOPE_NAMESPACES_MAX {
                     return Err(inv(
@@ -593,13 +617,6 @@ impl Config {
         }
         if let Some(c) = &self.cluster {
             c.validate().map_err(|(key, reason)| inv(key, reason))?;
-            if self.replication.is_some() {
-                return Err(inv(
-                    "[cluster]",
-                    "a DC group does not replicate to other DCs yet (the gateway on the leader comes next, \
-                     docs/cluster.md); run [replication] on single-node DCs",
-                ));
-            }
         }
         self.failover.validate()?;
         Ok(())

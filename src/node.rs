@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use parking_lot::Mutex;
-use tandem_replicator::gateway::{self, Admission, Gateway, GatewayConfig, PeerConfig, ReplicaStore};
+use tandem_replicator::gateway::{
+    self, Admission, Gateway, GatewayConfig, GatewayStats, PeerConfig, ReplicaStore,
+};
 use tandem_replicator::log::{ApplyReport, ChunkOutcome, EventLog, LogError};
 use tandem_replicator::protocol::StreamTuning;
 use tandem_replicator::purge;
@@ -252,6 +254,52 @@ async fn open_group(
     })
 }
 
+/// Starts the node's replication gateway (a group's leader calls it at each take-over).
+type StartGateway = Arc<dyn Fn() -> anyhow::Result<Gateway> + Send + Sync>;
+
+/// What the node does when it starts and stops leading its DC's group, besides the
+/// leases (see `group::lead`): records each peer's replication scope through the log and
+/// starts the gateway; stops the gateway.
+fn lead_hooks(shared: Arc<NodeShared>, start_gateway: Option<StartGateway>) -> group::LeadHooks {
+    let on_follow = {
+        let shared = shared.clone();
+        Arc::new(move || {
+            let shared = shared.clone();
+            Box::pin(async move {
+                let gw = shared.gateway.lock().take();
+                if let Some(gw) = gw {
+                    gw.shutdown().await;
+                    tracing::info!("replication gateway stopped: another node leads");
+                }
+            }) as futures::future::BoxFuture<'static, ()>
+        })
+    };
+    let on_lead = Arc::new(move || {
+        let (shared, start_gateway) = (shared.clone(), start_gateway.clone());
+        Box::pin(async move {
+            let cfg = shared.registry.config();
+            if let NodeCommitter::Group(c) = &shared.committer {
+                for peer in cfg.replication.iter().flat_map(|r| &r.peers) {
+                    let (dc, scope) = (peer.dc.clone(), peer.scope());
+                    c.with_log(move |log: &mut GroupLog| log.rescope(&dc, &scope))
+                        .await
+                        .map_err(log_err)?
+                        .with_context(|| format!("cannot record the replication scope of {}", peer.dc))?;
+                }
+            }
+            if let Some(start) = start_gateway {
+                if shared.gateway.lock().is_none() {
+                    let gw = start()?;
+                    tracing::info!(addr = ?gw.local_addr().ok(), "replication gateway started: this node leads");
+                    *shared.gateway.lock() = Some(gw);
+                }
+            }
+            Ok(())
+        }) as futures::future::BoxFuture<'static, anyhow::Result<()>>
+    });
+    group::LeadHooks { on_lead, on_follow }
+}
+
 /// Longest wait between two attempts of a group member's committer to write again after
 /// it lost the lead (each attempt asks whether this node leads).
 pub const GROUP_RECOVERY_BACKOFF_MAX: Duration = Duration::from_millis(200);
@@ -296,10 +344,12 @@ impl Node {
         let (shutdown, shut_rx) = watch::channel(false);
         let mut tasks = Vec::new();
 
-        // Replication.
+        // Replication: a single node runs its gateway from the start; a group's member
+        // only while it leads (the lead task starts and stops it).
         let gateway_clock = tokio::time::Instant::now();
-        let (gw, repl_addr) = match &cfg.replication {
-            Some(r) => {
+        let gateway_stats: Option<Arc<GatewayStats>> = cfg.replication.as_ref().map(|_| Arc::default());
+        let start_gateway: Option<StartGateway> = match (&cfg.replication, &gateway_stats) {
+            (Some(r), Some(stats)) => {
                 let tls = ReloadableTls::load(TlsPaths {
                     ca_cert: r.ca_cert.clone(),
                     cert: r.cert.clone(),
@@ -309,7 +359,11 @@ impl Node {
                 let gcfg = GatewayConfig {
                     local_dc: cfg.dc.clone(),
                     listen: r.listen,
-                    peers: r.peers.iter().map(|p| PeerConfig { dc: p.dc.clone(), addr: p.addr }).collect(),
+                    peers: r
+                        .peers
+                        .iter()
+                        .map(|p| PeerConfig { dc: p.dc.clone(), addrs: p.all_addrs() })
+                        .collect(),
                     stream: StreamTuning {
                         batch_events_max: r.batch_events_max,
                         window_batches_max: r.window_batches_max,
@@ -323,27 +377,41 @@ impl Node {
                         .context("cannot load the stateless-reset secret")?,
                     admission: Admission::new(
                         &r.accept_from,
-                        r.peers.iter().map(|p| p.addr),
+                        r.peers.iter().flat_map(|p| p.all_addrs()),
                         r.handshakes_max,
                     ),
                 };
-                let tls = Arc::new(tls);
-                let live = live.clone();
-                let gw = match &committer {
-                    NodeCommitter::Single(c) => {
-                        Gateway::start(gcfg, tls, NodeStore { committer: c.clone(), live })
+                let (tls, live, committer, stats) =
+                    (Arc::new(tls), live.clone(), committer.clone(), stats.clone());
+                Some(Arc::new(move || {
+                    let (gcfg, tls, live, stats) = (gcfg.clone(), tls.clone(), live.clone(), stats.clone());
+                    match &committer {
+                        NodeCommitter::Single(c) => Gateway::start_with_stats(
+                            gcfg,
+                            tls,
+                            NodeStore { committer: c.clone(), live },
+                            stats,
+                        ),
+                        NodeCommitter::Group(c) => Gateway::start_with_stats(
+                            gcfg,
+                            tls,
+                            NodeStore { committer: c.clone(), live },
+                            stats,
+                        ),
                     }
-                    NodeCommitter::Group(c) => {
-                        Gateway::start(gcfg, tls, NodeStore { committer: c.clone(), live })
-                    }
-                }
-                .context("cannot start the replication gateway")?;
+                    .context("cannot start the replication gateway")
+                }))
+            }
+            _ => None,
+        };
+        let (gw, repl_addr) = match (&start_gateway, &group) {
+            (Some(start), None) => {
+                let gw = start()?;
                 let addr = gw.local_addr().ok();
                 (Some(gw), addr)
             }
-            None => (None, None),
+            _ => (None, cfg.replication.as_ref().map(|r| r.listen)),
         };
-        let gateway_stats = gw.as_ref().map(|g| g.stats());
         if let (Some(stats), Some(r)) = (gateway_stats.clone(), cfg.replication.clone()) {
             let peers: Vec<String> = r.peers.iter().map(|p| p.dc.clone()).collect();
             let stale_after = r.stale_after_ms;
@@ -400,9 +468,11 @@ impl Node {
                 }
             }));
         }
-        // Taking over as the group's leader (and giving up when another leads).
+        // Taking over as the group's leader (and giving up when another leads): the
+        // leases and owners, each peer's scope, then the gateway.
         if let Some(g) = &group {
-            tasks.push(tokio::spawn(group::lead(g.clone(), registry.clone(), shut_rx.clone())));
+            let hooks = lead_hooks(shared.clone(), start_gateway.clone());
+            tasks.push(tokio::spawn(group::lead(g.clone(), registry.clone(), hooks, shut_rx.clone())));
         }
         // Purge: own log entries and tombstones every peer acked and older than the grace.
         {

@@ -46,7 +46,7 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         let mut c = bench_config(dir.path(), dc);
         c.replication = Some(ReplicationSection {
             listen,
-            peers: vec![PeerSection { dc: peer.into(), addr: peer_addr, namespaces: None }],
+            peers: vec![PeerSection { dc: peer.into(), addr: peer_addr, addrs: vec![], namespaces: None }],
             ca_cert: p.ca_cert.clone(),
             cert: p.cert.clone(),
             key: p.key.clone(),

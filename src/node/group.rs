@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use futures::future::BoxFuture;
 use openraft::{BasicNode, Raft, ServerState};
 use serde::Serialize;
 use tandem_replicator::gateway::Admission;
@@ -313,11 +314,20 @@ const LEAD_POLL: Duration = Duration::from_millis(500);
 /// The node's leadership task: when this node leads in a term it has not taken over in,
 /// it waits until every earlier entry is applied here (a read-index round with a quorum),
 /// then takes over the leases and the owners (`Registry::take_lead`: every lease from its
-/// record's published health with a full TTL, the restart's code path) and only then serves writes. When another node leads, it
+/// record's published health with a full TTL, the restart's code path), runs the node's
+/// `on_lead` hook (each peer's scope, the replication gateway) and only then serves writes. When another node leads, it
 /// stops serving at once (`Group::serving` reads the live term). Stops with the node.
+/// What the node does besides the leases when it starts leading (before it serves
+/// writes; an error retries the take-over) and when it stops.
+pub struct LeadHooks {
+    pub on_lead: Arc<dyn Fn() -> BoxFuture<'static, anyhow::Result<()>> + Send + Sync>,
+    pub on_follow: Arc<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>,
+}
+
 pub async fn lead(
     group: Arc<Group>,
     registry: Arc<crate::registry::Registry>,
+    hooks: LeadHooks,
     mut shut: watch::Receiver<bool>,
 ) {
     let mut metrics = group.raft.metrics();
@@ -328,7 +338,11 @@ pub async fn lead(
         };
         let served = *group.serving.borrow();
         if leads && served != Some(term) {
-            match take_over(&group, &registry).await {
+            let taken = match take_over(&group, &registry).await {
+                Ok(leases) => (hooks.on_lead)().await.map(|()| leases),
+                Err(e) => Err(e),
+            };
+            match taken {
                 Ok(leases) => {
                     group.serving.send_replace(Some(term));
                     tracing::info!(node = group.id, term, leases, "leading the DC's group: serving writes");
@@ -343,6 +357,7 @@ pub async fn lead(
             }
         } else if !leads && served.is_some() {
             group.serving.send_replace(None);
+            (hooks.on_follow)().await;
             tracing::info!(node = group.id, term, leader = ?group.leader(), "no longer leading the DC's group");
         }
         tokio::select! {

@@ -162,7 +162,7 @@ pub fn replication_section(
 ) -> ReplicationSection {
     ReplicationSection {
         listen,
-        peers: vec![PeerSection { dc: peer_dc.into(), addr: peer_addr, namespaces: None }],
+        peers: vec![PeerSection { dc: peer_dc.into(), addr: peer_addr, addrs: vec![], namespaces: None }],
         ca_cert: ca_cert.to_owned(),
         cert: cert.to_owned(),
         key: key.to_owned(),

@@ -97,7 +97,10 @@ pub trait ReplicaStore: Clone + Send + Sync + 'static {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerConfig {
     pub dc: String,
-    pub addr: SocketAddr,
+    /// Where its gateway may be: one address for a single-node DC, every node's for a DC
+    /// group (only its leader runs a gateway). The dialer tries them in turn, starting
+    /// again from the one that last worked.
+    pub addrs: Vec<SocketAddr>,
 }
 
 /// Gateway settings.
@@ -148,6 +151,17 @@ impl Gateway {
         tls: Arc<ReloadableTls>,
         store: S,
     ) -> Result<Gateway, GatewayError> {
+        Self::start_with_stats(cfg, tls, store, Arc::default())
+    }
+
+    /// [`Gateway::start`], counting in `stats` (a DC group's leader starts a gateway each
+    /// time it takes over, and keeps one set of counters across them).
+    pub fn start_with_stats<S: ReplicaStore>(
+        cfg: GatewayConfig,
+        tls: Arc<ReloadableTls>,
+        store: S,
+        stats: Arc<GatewayStats>,
+    ) -> Result<Gateway, GatewayError> {
         let server_cfg = tls.server_config(ALPN)?;
         let socket = std::net::UdpSocket::bind(cfg.listen)
             .map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
@@ -159,7 +173,6 @@ impl Gateway {
         })?;
         let endpoint = quinn::Endpoint::new(endpoint_cfg, Some(server_cfg), socket, runtime)
             .map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
-        let stats = Arc::new(GatewayStats::default());
         for p in &cfg.peers {
             stats.with_peer(&p.dc, |_| ());
         }
@@ -372,6 +385,9 @@ async fn dial_loop<S: ReplicaStore>(
     let mut version = cfg.schema_version_write;
     // The cut of a snapshot an earlier stream was sending, for a resume by the next one.
     let mut cache = ReaderCache::default();
+    // Which of the peer's addresses the next session dials: the one that last worked,
+    // else the next after a failure.
+    let mut at = 0usize;
     loop {
         if *shut.borrow() {
             return;
@@ -396,10 +412,18 @@ async fn dial_loop<S: ReplicaStore>(
         let started = tokio::time::Instant::now();
         let tried = version;
         let mut wire = WireVersion { version, silent: false, cache: std::mem::take(&mut cache) };
-        let res = tokio::select! {
-            r = send_session(&endpoint, &cfg, &peer, &tls, &store, &stats, &mut wire) => r,
-            _ = shut.changed() => return,
+        let addr = peer.addrs.get(at % peer.addrs.len().max(1)).copied();
+        let res = match addr {
+            Some(addr) => tokio::select! {
+                r = send_session(&endpoint, &cfg, &peer, addr, &tls, &store, &stats, &mut wire) => r,
+                _ = shut.changed() => return,
+            },
+            None => Err("no address configured".to_owned()),
         };
+        if res.is_err() && peer.addrs.len() > 1 {
+            // A DC group's follower runs no gateway: try its next node.
+            at = (at + 1) % peer.addrs.len();
+        }
         cache = std::mem::take(&mut wire.cache);
         version = wire.version;
         if version == tried {
@@ -491,10 +515,13 @@ impl ReaderCache {
 /// over and over must not flood the log).
 const SNAPSHOT_LOG_EVERY_MS: u64 = 10_000;
 
+// The session's parts are many and distinct; bundling them would only rename them.
+#[allow(clippy::too_many_arguments)]
 async fn send_session<S: ReplicaStore>(
     endpoint: &quinn::Endpoint,
     cfg: &GatewayConfig,
     peer: &PeerConfig,
+    addr: SocketAddr,
     tls: &ReloadableTls,
     store: &S,
     stats: &GatewayStats,
@@ -503,7 +530,7 @@ async fn send_session<S: ReplicaStore>(
     let v = wire.version;
     let client_cfg = tls.client_config(ALPN).map_err(|e| e.to_string())?;
     let conn = endpoint
-        .connect_with(client_cfg, peer.addr, &peer.dc)
+        .connect_with(client_cfg, addr, &peer.dc)
         .map_err(|e| e.to_string())?
         .await
         .map_err(|e| format!("connect: {e}"))?;
