@@ -8,14 +8,16 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 
-use crate::config::{Config, PeerSection, ReplicationSection};
+use crate::config::Config;
 use crate::node::Node;
 use tandem_client::api::StatusName;
 use tandem_client::{Client, ClientError};
+
+mod dev;
+pub use dev::dev_configs;
 
 #[derive(Parser)]
 #[command(name = "tandem", version = crate::VERSION, about = "A service registry for two (or more) data centers")]
@@ -91,6 +93,10 @@ enum Cmd {
         /// Mark remote copies stale after this many ms of link silence.
         #[arg(long, default_value_t = 10_000)]
         stale_after_ms: u64,
+        /// Nodes per DC: a Raft group of N (node k of a DC serves HTTP on its DC's port +
+        /// 10*(k-1)); 1 runs each DC as a single node.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=NODES_PER_DC_MAX))]
+        nodes: u64,
     },
     /// Create a development CA and a certificate and key per DC (the replication link's),
     /// and with `--nodes` one per node of each DC's Raft group (the member link's).
@@ -282,7 +288,7 @@ fn check_tls(cmd: &Cmd) -> Result<(), ClientError> {
 fn init_tracing(format: Option<&str>, level: Option<&str>) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(level.unwrap_or("info,quinn=warn,rustls=warn")));
+        .unwrap_or_else(|_| EnvFilter::new(level.unwrap_or("info,quinn=warn,rustls=warn,openraft=warn")));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = match format {
         Some("json") => builder.json().try_init(),
@@ -306,9 +312,9 @@ async fn run(cli: Cli) -> ExitCode {
     let fmt = cli.log_format.clone();
     let res = match cli.cmd {
         Cmd::Server { config, http_addr, data_dir } => server(config, http_addr, data_dir, fmt).await,
-        Cmd::Dev { dir, http_port, repl_port, stale_after_ms } => {
+        Cmd::Dev { dir, http_port, repl_port, stale_after_ms, nodes } => {
             init_tracing(fmt.as_deref(), None);
-            dev(dir, http_port, repl_port, stale_after_ms).await
+            dev::dev(dir, http_port, repl_port, stale_after_ms, nodes).await
         }
         Cmd::Certs { out, dcs, nodes, force } => certs(out, dcs, nodes, force),
         Cmd::Acl { cmd: AclCmd::Token { cmd } } => crate::acl::cli::token(cmd_args(cmd)),
@@ -380,7 +386,7 @@ fn tandem_audit_signal(result: &Result<(), crate::shared::ReloadError>) -> crate
 }
 
 /// Waits for Ctrl-C or SIGTERM; SIGHUP reloads the nodes' configuration.
-async fn wait_for_stop(nodes: &[&Node]) {
+pub(crate) async fn wait_for_stop(nodes: &[&Node]) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).ok();
     let mut hup = signal(SignalKind::hangup()).ok();
@@ -438,77 +444,6 @@ fn certs(out: PathBuf, mut dcs: Vec<String>, nodes: u64, force: bool) -> anyhow:
             println!("{dc} node {}: cert {} key {}", node.id, p.cert.display(), p.key.display());
         }
     }
-    Ok(())
-}
-
-/// Configs of the two sandbox DCs.
-pub fn dev_configs(
-    dir: &std::path::Path,
-    http_port: u16,
-    repl_port: u16,
-    stale_after_ms: u64,
-) -> anyhow::Result<[Config; 2]> {
-    let certs = dir.join("certs");
-    let pki = tandem_replicator::tls::generate_dev_pki(&certs, &["dc-a", "dc-b"], false)
-        .or_else(|_| tandem_replicator::tls::generate_dev_pki(&certs, &["dc-a", "dc-b"], true))
-        .context("cannot create development certificates")?;
-    let mk = |dc: &str, i: u16, peer: &str, j: u16| -> anyhow::Result<Config> {
-        let paths = pki.paths(dc).context("missing certificate paths")?;
-        let mut c =
-            Config::single(dc, dir.join(dc).join("data"), SocketAddr::from(([127, 0, 0, 1], http_port + i)));
-        c.replication = Some(ReplicationSection {
-            listen: SocketAddr::from(([127, 0, 0, 1], repl_port + i)),
-            peers: vec![PeerSection {
-                dc: peer.into(),
-                addr: SocketAddr::from(([127, 0, 0, 1], repl_port + j)),
-                addrs: vec![],
-                namespaces: None,
-            }],
-            ca_cert: paths.ca_cert.clone(),
-            cert: paths.cert.clone(),
-            key: paths.key.clone(),
-            batch_events_max: 512,
-            window_batches_max: 8,
-            frame_bytes_max: tandem_schemas::FRAME_BYTES_MAX,
-            backoff_initial_ms: 100,
-            backoff_max_ms: 2_000,
-            stale_after_ms,
-            purge_grace_ms: 600_000,
-            ping_interval_ms: 500,
-            schema_version: tandem_schemas::SCHEMA_VERSION,
-            accept_from: tandem_replicator::gateway::SourceRule::defaults(),
-            handshakes_max: tandem_replicator::gateway::HANDSHAKES_MAX_DEFAULT,
-        });
-        Ok(c)
-    };
-    Ok([mk("dc-a", 0, "dc-b", 1)?, mk("dc-b", 1, "dc-a", 0)?])
-}
-
-async fn dev(dir: PathBuf, http_port: u16, repl_port: u16, stale_after_ms: u64) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let [a, b] = dev_configs(&dir, http_port, repl_port, stale_after_ms)?;
-    let na = Node::start(a, None).await?;
-    let nb = Node::start(b, None).await?;
-    let (ha, hb) = (na.http_addr(), nb.http_addr());
-    println!("tandem dev: two DCs on loopback, data and certificates in {}", dir.display());
-    println!("  ACLs are off: any local process may read and change everything (loopback only;");
-    println!("  a server on another address needs [acl], see docs/security.md)");
-    println!(
-        "  dc-a  http://{ha}   replication udp {}",
-        na.repl_addr().map(|a| a.to_string()).unwrap_or_default()
-    );
-    println!(
-        "  dc-b  http://{hb}   replication udp {}",
-        nb.repl_addr().map(|a| a.to_string()).unwrap_or_default()
-    );
-    println!();
-    println!("try:");
-    println!("  curl -s -XPOST http://{ha}/v1/register -d '{{\"service\":\"orders\",\"address\":\"10.0.0.7\",\"port\":8080,\"persistent\":true}}' -H 'content-type: application/json'");
-    println!("  curl -s 'http://{hb}/v1/services/default/orders?dc=all'");
-    println!("  curl -s http://{hb}/v1/status");
-    println!("Ctrl-C stops both DCs.");
-    wait_for_stop(&[&na, &nb]).await;
-    tokio::join!(na.shutdown(), nb.shutdown());
     Ok(())
 }
 

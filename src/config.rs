@@ -664,6 +664,57 @@ mod tests {
         }
     }
 
+    /// A `[cluster]` table of three members, as parsed from TOML.
+    fn cluster_of(node_id: u64) -> ClusterSection {
+        toml::from_str(&format!(
+            "node_id = {node_id}\nca_cert = \"ca.pem\"\ncert = \"n.pem\"\nkey = \"n.key\"\nmembers = [\
+             {{ id = 1, raft_addr = \"127.0.0.1:7001\", http_addr = \"127.0.0.1:8001\" }},\
+             {{ id = 2, raft_addr = \"127.0.0.1:7002\", http_addr = \"127.0.0.1:8002\" }},\
+             {{ id = 3, raft_addr = \"127.0.0.1:7003\", http_addr = \"127.0.0.1:8003\" }}]"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_cluster_table_names_the_key_it_breaks() {
+        let mut c = base();
+        c.cluster = Some(cluster_of(2));
+        assert!(c.validate().is_ok());
+        let defaults = c.cluster.as_ref().unwrap();
+        assert_eq!(
+            (
+                defaults.heartbeat_interval_ms,
+                defaults.election_timeout_min_ms,
+                defaults.election_timeout_max_ms
+            ),
+            (100, 500, 1_000)
+        );
+        assert_eq!(defaults.me().id, 2);
+        type Breaks = fn(&mut ClusterSection);
+        let broken: [(&str, Breaks); 7] = [
+            ("[cluster] node_id", |s| s.node_id = 4),
+            ("[cluster] members.id", |s| s.members[1].id = 1),
+            ("[cluster] members.id", |s| s.members[0].id = 0),
+            ("[cluster] members", |s| s.members[2].raft_addr = s.members[0].raft_addr),
+            ("[cluster] members", |s| s.members.clear()),
+            ("[cluster] election_timeout_min_ms", |s| s.election_timeout_min_ms = 200),
+            ("[cluster] election_timeout_max_ms", |s| s.election_timeout_max_ms = 500),
+        ];
+        for (key, breaks) in broken {
+            let mut section = cluster_of(2);
+            breaks(&mut section);
+            let mut c = base();
+            c.cluster = Some(section);
+            assert_eq!(key_of(&c), key);
+        }
+        let mut section = cluster_of(1);
+        let one = section.members[0].clone();
+        section.members = (1..=10).map(|id| MemberSection { id, ..one.clone() }).collect();
+        let mut c = base();
+        c.cluster = Some(section);
+        assert_eq!(key_of(&c), "[cluster] members", "more than MEMBERS_MAX");
+    }
+
     #[test]
     fn each_invalid_setting_names_its_key() {
         assert!(base().validate().is_ok());

@@ -381,8 +381,8 @@ impl Node {
                         r.handshakes_max,
                     ),
                 };
-                let (tls, live, committer, stats) =
-                    (Arc::new(tls), live.clone(), committer.clone(), stats.clone());
+                let (tls, live, committer, stats, clock) =
+                    (Arc::new(tls), live.clone(), committer.clone(), stats.clone(), gateway_clock);
                 Some(Arc::new(move || {
                     let (gcfg, tls, live, stats) = (gcfg.clone(), tls.clone(), live.clone(), stats.clone());
                     match &committer {
@@ -391,12 +391,14 @@ impl Node {
                             tls,
                             NodeStore { committer: c.clone(), live },
                             stats,
+                            clock,
                         ),
                         NodeCommitter::Group(c) => Gateway::start_with_stats(
                             gcfg,
                             tls,
                             NodeStore { committer: c.clone(), live },
                             stats,
+                            clock,
                         ),
                     }
                     .context("cannot start the replication gateway")
@@ -416,9 +418,14 @@ impl Node {
             let peers: Vec<String> = r.peers.iter().map(|p| p.dc.clone()).collect();
             let stale_after = r.stale_after_ms;
             let started = gateway_clock;
+            let group = group.clone();
             registry.set_stale_fn(Arc::new(move |origin: &str| {
                 if !peers.iter().any(|p| p == origin) {
                     return true;
+                }
+                // A group's follower runs no gateway: the leader says.
+                if let Some(stale) = group.as_ref().and_then(|g| g.remote_stale(origin, stale_after)) {
+                    return stale;
                 }
                 let now = started.elapsed().as_millis() as u64;
                 // Stale means "not progressing": handshakes alone do not keep copies fresh.
@@ -461,6 +468,8 @@ impl Node {
                         _ = tick.tick() => {
                             if group.as_ref().is_none_or(|g| g.serving()) {
                                 reg.check_leases().await;
+                            } else {
+                                reg.refresh_without_leases();
                             }
                         }
                         _ = shut.changed() => return,
@@ -470,6 +479,13 @@ impl Node {
         }
         // Taking over as the group's leader (and giving up when another leads): the
         // leases and owners, each peer's scope, then the gateway.
+        if let (Some(g), Some(r)) = (&group, &cfg.replication) {
+            let (reg, peers) = (registry.clone(), r.peers.iter().map(|p| p.dc.clone()).collect::<Vec<_>>());
+            g.serve_staleness(Arc::new(move || {
+                peers.iter().map(|p| (p.clone(), reg.origin_stale(p))).collect()
+            }));
+            tasks.push(tokio::spawn(group::follow_staleness(g.clone(), shut_rx.clone())));
+        }
         if let Some(g) = &group {
             let hooks = lead_hooks(shared.clone(), start_gateway.clone());
             tasks.push(tokio::spawn(group::lead(g.clone(), registry.clone(), hooks, shut_rx.clone())));

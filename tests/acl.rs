@@ -320,7 +320,7 @@ async fn tandem_dev_says_at_start_that_acls_are_off() {
     let mut child = tokio::process::Command::new(tandem_bin())
         .args(["dev", "--dir"])
         .arg(dir.path())
-        .args(["--http-port", &http.to_string(), "--repl-port", &repl.to_string()])
+        .args(["--http-port", &http.to_string(), "--repl-port", &repl.to_string(), "--nodes", "1"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)

@@ -277,6 +277,7 @@ fn replication_toml(listen: u16, certs: &Path, dc: &str, peer: &str, addr: u16, 
     format!(
         "[replication]\nlisten = \"127.0.0.1:{listen}\"\nca_cert = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
          backoff_initial_ms = 50\nbackoff_max_ms = 500\nping_interval_ms = 200\nbatch_events_max = 64\n\
+         stale_after_ms = 1500\n\
          peers = [{{ dc = \"{peer}\", addr = \"127.0.0.1:{addr}\", addrs = [{}] }}]\n",
         certs.join("ca.pem").display(),
         certs.join(format!("{dc}.pem")).display(),
@@ -364,6 +365,16 @@ async fn a_dc_group_replicates_through_its_leader_and_a_new_leader_resumes_witho
         applied_mark(&b.client(), DC).await == Some(own)
     })
     .await;
+    // dc-b's copies read on every node of dc-a are fresh, followers included (a follower
+    // runs no gateway: the leader tells it which origins are stale), well past
+    // stale_after_ms since the start.
+    for m in members.iter().filter(|m| m.proc.is_some()) {
+        eventually(Duration::from_secs(10), "dc-b's copies are fresh on every member", || async {
+            let a = m.client().discover("default", "web", "dc=dc-b").await;
+            a.is_ok_and(|a| a["instances"].as_array().is_some_and(|i| i.len() == 1 && i[0]["stale"] == false))
+        })
+        .await;
+    }
     let held = b.client().discover("default", "web", "dc=dc-a").await.unwrap();
     eprintln!(
         "dc-a leader {leader} killed; {} writes acknowledged; dc-b holds {} of dc-a at {own:?}",

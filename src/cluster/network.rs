@@ -52,6 +52,9 @@ pub enum Request {
     Snapshot(InstallSnapshotRequest<TypeConfig>),
     /// A client's write a follower forwards to the leader.
     Forward(Forwarded),
+    /// A follower asks the leader which remote origins are stale (the leader runs the
+    /// gateway that sees their links).
+    Staleness,
 }
 
 impl Request {
@@ -61,7 +64,7 @@ impl Request {
             Request::Append(rpc) => Some(&rpc.vote),
             Request::Vote(rpc) => Some(&rpc.vote),
             Request::Snapshot(rpc) => Some(&rpc.vote),
-            Request::Forward(_) => None,
+            Request::Forward(_) | Request::Staleness => None,
         }
     }
 }
@@ -98,6 +101,12 @@ pub struct ForwardAnswer {
 /// Serves forwarded writes on this node (the HTTP API, set once it exists).
 pub type ForwardFn = Arc<dyn Fn(Forwarded) -> BoxFuture<'static, ForwardAnswer> + Send + Sync>;
 
+/// Which remote origins are stale, as this node sees them (origin -> stale).
+pub type Staleness = std::collections::BTreeMap<String, bool>;
+
+/// Answers [`Request::Staleness`] on this node.
+pub type StalenessFn = Arc<dyn Fn() -> Staleness + Send + Sync>;
+
 /// The answer to a [`Request`].
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Answer<T, E> {
@@ -120,9 +129,11 @@ type SnapshotAnswer = Answer<InstallSnapshotResponse<NodeId>, InstallSnapshotErr
 pub struct RaftService {
     raft: Arc<OnceLock<Raft<TypeConfig>>>,
     forward: Arc<OnceLock<ForwardFn>>,
+    staleness: Arc<OnceLock<StalenessFn>>,
 }
 
 type ForwardAnswerOf = Answer<ForwardAnswer, openraft::error::Infallible>;
+type StalenessAnswer = Answer<Staleness, openraft::error::Infallible>;
 
 impl RaftService {
     /// Serves requests to `raft` from now on (once: a later call changes nothing).
@@ -133,6 +144,11 @@ impl RaftService {
     /// Serves forwarded writes with `serve` from now on (once).
     pub fn serve_forwarded(&self, serve: ForwardFn) {
         let _ = self.forward.set(serve);
+    }
+
+    /// Answers staleness questions with `answer` from now on (once).
+    pub fn serve_staleness(&self, answer: StalenessFn) {
+        let _ = self.staleness.set(answer);
     }
 }
 
@@ -158,6 +174,12 @@ impl Handler for RaftService {
             };
             return encode(&ForwardAnswerOf::Done(serve(write).await));
         }
+        if let Request::Staleness = request {
+            let Some(answer) = self.staleness.get() else {
+                return unavailable("this node's registry is not running yet".into());
+            };
+            return encode(&StalenessAnswer::Done(answer()));
+        }
         let claimed = request.vote().and_then(|v| v.leader_id().voted_for());
         if claimed != Some(from) {
             return unavailable(format!("a request from node {from} under the vote of {claimed:?}"));
@@ -178,7 +200,7 @@ impl Handler for RaftService {
                 Ok(resp) => SnapshotAnswer::Done(resp),
                 Err(e) => SnapshotAnswer::Refused(e),
             }),
-            Request::Forward(_) => unavailable("a forwarded write was served above".into()),
+            Request::Forward(_) | Request::Staleness => unavailable("served above".into()),
         }
     }
 }
@@ -271,6 +293,21 @@ impl RaftNetwork<TypeConfig> for MemberRpc {
     ) -> Result<VoteResponse<NodeId>, RpcErr> {
         let request = encode(&Request::Vote(rpc));
         self.call(RPCTypes::Vote, &request, &option).await
+    }
+}
+
+/// Asks member `to` (the leader) which remote origins are stale.
+pub async fn staleness(
+    link: &MemberLink,
+    to: NodeId,
+    timeout: std::time::Duration,
+) -> Result<Staleness, String> {
+    let answer = link.call(to, &encode(&Request::Staleness), timeout).await.map_err(|e| e.to_string())?;
+    match postcard::from_bytes::<StalenessAnswer>(&answer) {
+        Ok(Answer::Done(answer)) => Ok(answer),
+        Ok(Answer::Refused(e)) => Err(e.to_string()),
+        Ok(Answer::Unavailable(why)) => Err(format!("node {to}: {why}")),
+        Err(e) => Err(format!("node {to}: undecodable answer: {e}")),
     }
 }
 

@@ -27,7 +27,8 @@ use tandem_replicator::tls::{ReloadableTls, TlsPaths};
 use tokio::sync::watch;
 
 use crate::cluster::{
-    ForwardAnswer, ForwardFn, Forwarded, MemberNetwork, NodeId, RaftService, RegistryStateMachine, TypeConfig,
+    ForwardAnswer, ForwardFn, Forwarded, MemberNetwork, NodeId, RaftService, RegistryStateMachine, Staleness,
+    StalenessFn, TypeConfig,
 };
 use crate::config::{ClusterSection, Config};
 use crate::store::RaftLogStore;
@@ -91,6 +92,8 @@ pub struct Group {
     section: ClusterSection,
     /// The term in which this node leads and took over the leases (set by [`lead`]).
     serving: watch::Sender<Option<u64>>,
+    /// What the leader last said of the remote origins' staleness, and when.
+    leader_staleness: parking_lot::Mutex<Option<(std::time::Instant, Staleness)>>,
 }
 
 /// Refuses a data dir that holds a single node's log, then opens (or creates) the
@@ -168,12 +171,52 @@ impl Group {
         }
         let (serving, _) = watch::channel(None);
         tracing::info!(node = id, raft = %section.me().raft_addr, "group member started");
-        Ok(Group { id, raft, sm, link, service, section: section.clone(), serving })
+        Ok(Group {
+            id,
+            raft,
+            sm,
+            link,
+            service,
+            section: section.clone(),
+            serving,
+            leader_staleness: parking_lot::Mutex::new(None),
+        })
     }
 
     /// Serves the other members' forwarded writes with `serve` from now on.
     pub fn serve_forwarded(&self, serve: ForwardFn) {
         self.service.serve_forwarded(serve);
+    }
+
+    /// Answers the other members' staleness questions with `answer` from now on.
+    pub fn serve_staleness(&self, answer: StalenessFn) {
+        self.service.serve_staleness(answer);
+    }
+
+    /// Whether remote origin `origin` is stale, as the leader last said (None on the
+    /// serving leader: its own gateway tells). No answer from the leader within
+    /// `stale_after_ms`: stale (this node cannot tell).
+    pub fn remote_stale(&self, origin: &str, stale_after_ms: u64) -> Option<bool> {
+        if self.serving() {
+            return None;
+        }
+        let last = self.leader_staleness.lock();
+        Some(match &*last {
+            Some((at, said)) if at.elapsed() < Duration::from_millis(stale_after_ms) => {
+                said.get(origin).copied().unwrap_or(true)
+            }
+            _ => true,
+        })
+    }
+
+    /// Asks the leader (when another member leads) which remote origins are stale, and
+    /// keeps its answer for [`Group::remote_stale`].
+    async fn poll_staleness(&self) {
+        let Some(leader) = self.leader().filter(|l| *l != self.id) else { return };
+        match crate::cluster::staleness(&self.link, leader, STALENESS_POLL * 2).await {
+            Ok(said) => *self.leader_staleness.lock() = Some((std::time::Instant::now(), said)),
+            Err(e) => tracing::debug!(leader, error = %e, "the leader did not say which origins are stale"),
+        }
     }
 
     /// The leader this node knows of.
@@ -379,4 +422,24 @@ async fn take_over(group: &Group, registry: &crate::registry::Registry) -> anyho
     let owners = group.sm.with_log(|log| log.owners()).context("cannot read the instance owners")?;
     registry.take_lead(owners);
     Ok(registry.lease_count())
+}
+
+/// How often a follower asks the leader which remote origins are stale.
+pub const STALENESS_POLL: Duration = Duration::from_millis(500);
+
+/// A follower's poll of the leader's view of remote staleness (see
+/// [`Group::remote_stale`]). Stops with the node.
+pub async fn follow_staleness(group: Arc<Group>, mut shut: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(STALENESS_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if !group.serving() {
+                    group.poll_staleness().await;
+                }
+            }
+            _ = shut.changed() => return,
+        }
+    }
 }

@@ -476,11 +476,129 @@ impl NodeShared {
                 *at_ms as f64 / 1000.0,
             );
         }
+        self.render_group(&mut m, dc);
         m.render()
     }
 }
 
 impl NodeShared {
+    /// The DC group (`[cluster]`): role, term, leader, indexes, forwarding, the member link.
+    fn render_group(&self, m: &mut Metrics, dc: &str) {
+        let Some(g) = &self.group else { return };
+        let st = g.status();
+        let node = st.node_id.to_string();
+        let labels = [("dc", dc), ("node", node.as_str())];
+        let role = match st.role {
+            super::group::Role::Leader => "leader",
+            super::group::Role::Follower => "follower",
+            super::group::Role::Candidate => "candidate",
+            super::group::Role::Learner => "learner",
+            super::group::Role::Shutdown => "shutdown",
+        };
+        for r in ["leader", "follower", "candidate", "learner", "shutdown"] {
+            m.gauge(
+                "tandem_cluster_role",
+                "1 for this node's role in its DC's group",
+                &[("dc", dc), ("node", node.as_str()), ("role", r)],
+                if r == role { 1.0 } else { 0.0 },
+            );
+        }
+        m.gauge(
+            "tandem_cluster_serving_writes",
+            "1 when this node leads and took over the leases (writes are served here)",
+            &labels,
+            if st.serving_writes { 1.0 } else { 0.0 },
+        );
+        m.gauge("tandem_cluster_term", "The Raft term this node is in", &labels, st.term as f64);
+        m.gauge(
+            "tandem_cluster_leader",
+            "The leader this node knows of (0: none)",
+            &labels,
+            st.leader.unwrap_or(0) as f64,
+        );
+        m.gauge(
+            "tandem_cluster_last_log_index",
+            "The last Raft index in this node's log",
+            &labels,
+            st.last_log_index as f64,
+        );
+        m.gauge(
+            "tandem_cluster_applied_index",
+            "The Raft index this node applied",
+            &labels,
+            st.applied_index as f64,
+        );
+        for member in &st.members {
+            if let Some(matched) = member.matched_index {
+                let id = member.id.to_string();
+                m.gauge(
+                    "tandem_cluster_member_matched_index",
+                    "On the leader: the last Raft index each member holds",
+                    &[("dc", dc), ("node", node.as_str()), ("member", id.as_str())],
+                    matched as f64,
+                );
+            }
+        }
+        let f = &self.forward_stats;
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        m.counter(
+            "tandem_cluster_writes_forwarded_total",
+            "Writes this node forwarded to the leader",
+            &labels,
+            get(&f.forwarded),
+        );
+        m.counter(
+            "tandem_cluster_writes_forward_failed_total",
+            "Forwarded writes that got no answer from the leader (503 leader_unreachable)",
+            &labels,
+            get(&f.failed),
+        );
+        m.counter(
+            "tandem_cluster_writes_apply_wait_timeouts_total",
+            "Forwarded writes answered before this node's apply reached them",
+            &labels,
+            get(&f.apply_wait_timeouts),
+        );
+        m.counter(
+            "tandem_cluster_writes_no_leader_total",
+            "Writes refused for want of a leader (503 no_leader, not_leader)",
+            &labels,
+            get(&f.no_leader),
+        );
+        m.counter(
+            "tandem_cluster_writes_served_for_members_total",
+            "Writes other members forwarded to this node",
+            &labels,
+            get(&f.served),
+        );
+        let link = g.link_stats();
+        m.counter("tandem_member_calls_total", "Requests sent to other members", &labels, get(&link.calls));
+        m.counter(
+            "tandem_member_calls_failed_total",
+            "Requests to other members that failed",
+            &labels,
+            get(&link.calls_failed),
+        );
+        m.counter(
+            "tandem_member_served_total",
+            "Requests served for other members",
+            &labels,
+            get(&link.served),
+        );
+        m.counter(
+            "tandem_member_frames_refused_total",
+            "Member-link requests or answers refused for their size",
+            &labels,
+            get(&link.frames_refused),
+        );
+        m.counter(
+            "tandem_member_connections_refused_total",
+            "Member-link connections refused (not a member of this DC, or not admitted)",
+            &labels,
+            get(&link.refused_connections) + get(&link.refused_admission),
+        );
+    }
+
     /// The HTTP side's limits: connections open and refused, closes, refused requests.
     fn render_http_limits(&self, m: &mut Metrics, dc: &str) {
         let h = &self.http;

@@ -28,6 +28,20 @@ impl Registry {
     /// A remote origin turning stale (or fresh again) changes the `stale` flags and maybe
     /// the policy's answer without any event: bump the services holding its instances so
     /// that blocking queries return.
+    /// What the lease checker's pass does besides the leases, for a node that holds none
+    /// (a DC group's follower): services whose failover may switch with time, and origins
+    /// whose staleness flipped, wake their watchers.
+    pub fn refresh_without_leases(&self) {
+        self.refresh_failover(self.now_ms());
+        self.refresh_staleness();
+    }
+
+    /// Whether remote origin `origin`'s copies are stale here now.
+    pub fn origin_stale(&self, origin: &str) -> bool {
+        let stale_fn = self.stale.read().clone();
+        stale_fn(origin)
+    }
+
     pub(super) fn refresh_staleness(&self) {
         let stale_fn = self.stale.read().clone();
         let by_origin: BTreeMap<Name, Vec<ServiceId>> = {

@@ -151,16 +151,18 @@ impl Gateway {
         tls: Arc<ReloadableTls>,
         store: S,
     ) -> Result<Gateway, GatewayError> {
-        Self::start_with_stats(cfg, tls, store, Arc::default())
+        Self::start_with_stats(cfg, tls, store, Arc::default(), tokio::time::Instant::now())
     }
 
-    /// [`Gateway::start`], counting in `stats` (a DC group's leader starts a gateway each
-    /// time it takes over, and keeps one set of counters across them).
+    /// [`Gateway::start`], counting in `stats` with the monotonic clock `started` (a DC
+    /// group's leader starts a gateway each time it takes over, and keeps one set of
+    /// counters, on one clock, across them).
     pub fn start_with_stats<S: ReplicaStore>(
         cfg: GatewayConfig,
         tls: Arc<ReloadableTls>,
         store: S,
         stats: Arc<GatewayStats>,
+        started: tokio::time::Instant,
     ) -> Result<Gateway, GatewayError> {
         let server_cfg = tls.server_config(ALPN)?;
         let socket = std::net::UdpSocket::bind(cfg.listen)
@@ -177,7 +179,6 @@ impl Gateway {
             stats.with_peer(&p.dc, |_| ());
         }
         let (shutdown, shut_rx) = watch::channel(false);
-        let started = tokio::time::Instant::now();
         let cfg = Arc::new(cfg);
         let mut tasks = Vec::new();
         tasks.push(tokio::spawn(receive::accept_loop(
