@@ -9,7 +9,6 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,20 +22,10 @@ const NODES: u64 = 3;
 /// election timeout here is 300..600 ms; the goal with defaults is a p99 of 2 s).
 const WRITE_GAP_MAX: Duration = Duration::from_secs(5);
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 struct Member {
     id: u64,
-    config: PathBuf,
     http: String,
-    proc: Option<Proc>,
+    server: ServerProc,
 }
 
 impl Member {
@@ -44,25 +33,8 @@ impl Member {
         Client::new(std::slice::from_ref(&self.http))
     }
 
-    fn spawn(&mut self) {
-        let log =
-            std::env::temp_dir().join(format!("tandem-cluster-n{}-{}.log", self.id, std::process::id()));
-        let child = Command::new(tandem_bin())
-            .args(["server", "--config"])
-            .arg(&self.config)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).map(Stdio::from).unwrap_or_else(|_| Stdio::null()))
-            .spawn()
-            .expect("spawn tandem server");
-        self.proc = Some(Proc(child));
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut p) = self.proc.take() {
-            p.0.kill().unwrap();
-            p.0.wait().unwrap();
-        }
+    fn running(&self) -> bool {
+        self.server.running()
     }
 }
 
@@ -112,8 +84,12 @@ fn start_members(dir: &Path, extra: &dyn Fn(usize) -> String) -> Vec<Member> {
                 extra(i),
             );
             std::fs::write(&config, body).unwrap();
-            let mut m = Member { id: *id, config, http: format!("http://127.0.0.1:{}", http[i]), proc: None };
-            m.spawn();
+            let mut m = Member {
+                id: *id,
+                http: format!("http://127.0.0.1:{}", http[i]),
+                server: ServerProc::new(config, "info"),
+            };
+            m.server.start();
             m
         })
         .collect()
@@ -129,7 +105,7 @@ async fn serving_leader(members: &[Member]) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let mut seen = Vec::new();
-        for m in members.iter().filter(|m| m.proc.is_some()) {
+        for m in members.iter().filter(|m| m.running()) {
             seen.push((m.id, group_status(m).await));
         }
         let leaders: BTreeSet<Option<u64>> =
@@ -212,7 +188,7 @@ async fn a_dc_of_three_loses_no_acknowledged_write_when_its_leader_is_killed() {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let killed_at = Instant::now();
     let li = members.iter().position(|m| m.id == leader).unwrap();
-    members[li].kill9();
+    members[li].server.kill9();
     let new_leader = serving_leader(&members).await;
     assert_ne!(new_leader, leader);
     // Writes continue for a while after the new leader serves.
@@ -238,7 +214,7 @@ async fn a_dc_of_three_loses_no_acknowledged_write_when_its_leader_is_killed() {
 
     // Every acknowledged write is on every surviving member.
     let want: BTreeSet<String> = acked.iter().map(|(id, _)| id.clone()).collect();
-    for m in members.iter().filter(|m| m.proc.is_some()) {
+    for m in members.iter().filter(|m| m.running()) {
         eventually(Duration::from_secs(10), "every acknowledged write on every survivor", || async {
             m.client().discover("default", "web", "").await.is_ok_and(|a| ids_of(&a).is_superset(&want))
         })
@@ -246,7 +222,7 @@ async fn a_dc_of_three_loses_no_acknowledged_write_when_its_leader_is_killed() {
     }
 
     // The killed member comes back and catches up.
-    members[li].spawn();
+    members[li].server.start();
     let back = &members[li];
     eventually(Duration::from_secs(30), "the killed member holds every acknowledged write", || async {
         back.client().discover("default", "web", "").await.is_ok_and(|a| ids_of(&a).is_superset(&want))
@@ -256,7 +232,7 @@ async fn a_dc_of_three_loses_no_acknowledged_write_when_its_leader_is_killed() {
     // The new leader holds the leases: a heartbeat through a follower renews one (a
     // leader without it would answer 404), and the silent instance expires.
     let nl = members.iter().find(|m| m.id == new_leader).unwrap();
-    let via = members.iter().find(|m| m.id != new_leader && m.proc.is_some()).unwrap();
+    let via = members.iter().find(|m| m.id != new_leader && m.running()).unwrap();
     via.client().heartbeat("default", "beat", "b1").await.expect("the new leader renews the lease");
     eventually(Duration::from_secs(20), "the instance that never beat expires on the new leader", || async {
         nl.client().discover("default", "silent", "").await.is_ok_and(|a| ids(&a).is_empty())
@@ -312,8 +288,9 @@ async fn a_dc_group_replicates_through_its_leader_and_a_new_leader_resumes_witho
         ),
     )
     .unwrap();
-    let mut b = Member { id: 0, config: b_cfg, http: format!("http://127.0.0.1:{b_http}"), proc: None };
-    b.spawn();
+    let mut b =
+        Member { id: 0, http: format!("http://127.0.0.1:{b_http}"), server: ServerProc::new(b_cfg, "info") };
+    b.server.start();
     let mut members =
         start_members(dir.path(), &|i| replication_toml(a_repl[i], &certs, DC, "dc-b", b_repl, &[]));
     let leader = serving_leader(&members).await;
@@ -337,7 +314,7 @@ async fn a_dc_group_replicates_through_its_leader_and_a_new_leader_resumes_witho
     let li = members.iter().position(|m| m.id == leader).unwrap();
     for i in 0..400usize {
         if i == 150 {
-            members[li].kill9();
+            members[li].server.kill9();
         }
         let id = format!("a{}", i + 1);
         if clients[i % clients.len()].register(&reg_body("web", &id, true)).await.is_ok() {
@@ -368,7 +345,7 @@ async fn a_dc_group_replicates_through_its_leader_and_a_new_leader_resumes_witho
     // dc-b's copies read on every node of dc-a are fresh, followers included (a follower
     // runs no gateway: the leader tells it which origins are stale), well past
     // stale_after_ms since the start.
-    for m in members.iter().filter(|m| m.proc.is_some()) {
+    for m in members.iter().filter(|m| m.running()) {
         eventually(Duration::from_secs(10), "dc-b's copies are fresh on every member", || async {
             let a = m.client().discover("default", "web", "dc=dc-b").await;
             a.is_ok_and(|a| a["instances"].as_array().is_some_and(|i| i.len() == 1 && i[0]["stale"] == false))

@@ -6,8 +6,8 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -16,41 +16,18 @@ use tandem_client::client::Client;
 
 const DCS: [&str; 3] = ["dc-a", "dc-b", "dc-c"];
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 struct Dc {
-    config: PathBuf,
+    server: ServerProc,
     client: Client,
-    proc: Option<Proc>,
 }
 
 impl Dc {
     fn start(&mut self) {
-        let log = std::fs::File::create(self.config.with_extension("log")).map(Stdio::from);
-        let child = Command::new(tandem_bin())
-            .args(["server", "--config"])
-            .arg(&self.config)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(log.unwrap_or_else(|_| Stdio::null()))
-            .spawn()
-            .expect("spawn tandem server");
-        self.proc = Some(Proc(child));
+        self.server.start();
     }
 
-    /// SIGKILL: no shutdown path runs.
     fn kill9(&mut self) {
-        if let Some(mut p) = self.proc.take() {
-            p.0.kill().unwrap();
-            p.0.wait().unwrap();
-        }
+        self.server.kill9();
     }
 
     async fn ids(&self, svc: &str) -> BTreeSet<String> {
@@ -97,7 +74,10 @@ async fn three_dcs_replicate_and_a_lost_dc_is_retired() {
         .map(|i| {
             let path = dir.path().join(format!("{}.toml", DCS[i]));
             std::fs::write(&path, config(dir.path(), &pki, i, &http, &repl)).unwrap();
-            Dc { config: path, client: Client::new(&[format!("http://127.0.0.1:{}", http[i])]), proc: None }
+            Dc {
+                server: ServerProc::new(path, "warn"),
+                client: Client::new(&[format!("http://127.0.0.1:{}", http[i])]),
+            }
         })
         .collect();
     for dc in &mut dcs {

@@ -179,3 +179,53 @@ pub fn replication_section(
         handshakes_max: tandem_replicator::gateway::HANDSHAKES_MAX_DEFAULT,
     }
 }
+
+/// A real `tandem server` process on a config file, its stderr in `<config>.log`; killed
+/// (SIGKILL) when dropped.
+pub struct ServerProc {
+    pub config: PathBuf,
+    rust_log: &'static str,
+    child: Option<std::process::Child>,
+}
+
+impl ServerProc {
+    /// Not started yet; `rust_log` is its `RUST_LOG`.
+    pub fn new(config: PathBuf, rust_log: &'static str) -> ServerProc {
+        ServerProc { config, rust_log, child: None }
+    }
+
+    pub fn start(&mut self) {
+        use std::process::{Command, Stdio};
+        let log = std::fs::File::create(self.config.with_extension("log")).map(Stdio::from);
+        let child = Command::new(tandem_bin())
+            .args(["server", "--config"])
+            .arg(&self.config)
+            .env("RUST_LOG", self.rust_log)
+            .stdout(Stdio::null())
+            .stderr(log.unwrap_or_else(|_| Stdio::null()))
+            .spawn()
+            .expect("spawn tandem server");
+        self.child = Some(child);
+    }
+
+    /// SIGKILL: no shutdown path runs.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
