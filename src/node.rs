@@ -215,16 +215,16 @@ async fn open_group(
     counters: &Arc<Counters>,
 ) -> anyhow::Result<Opened> {
     let sm = group::open_state(cfg)?;
+    // The watch index is the applied Raft index: the same on every member.
+    let applied = sm.applied_index();
     let (view, live, owners, invalid_records) = sm.with_log(|log| -> anyhow::Result<_> {
         let own = log.own_mark();
         tracing::info!(dc = %cfg.dc, epoch = own.epoch, seq = own.seq, dir = %cfg.data_dir.display(), "group state open");
-        let view = ViewCell::new(&cfg.dc, 0, counters.clone());
+        let view = ViewCell::new(&cfg.dc, applied, counters.clone());
         view.load(log.instances()?);
         let owners = log.owners().context("cannot read the instance owners")?;
         Ok((view, live_marks(log), owners, log.invalid_records()))
     })?;
-    // The watch index is the applied Raft index: the same on every member.
-    view.advance(sm.applied_index());
     let (cb_view, cb_live) = (view.clone(), live.clone());
     sm.on_apply(Box::new(move |n: &CommitNotice| {
         note_marks(&mut cb_live.write(), n);
@@ -517,9 +517,9 @@ impl Node {
         let http_addr = tcp.local_addr()?;
         let app = crate::http::router(shared.clone());
         if let Some(g) = &group {
-            let (app, g2, shared) = (app.clone(), g.clone(), shared.clone());
+            let (app, shared) = (app.clone(), shared.clone());
             g.serve_forwarded(Arc::new(move |write| {
-                Box::pin(crate::http::forward::serve(app.clone(), g2.clone(), shared.clone(), write))
+                Box::pin(crate::http::forward::serve(app.clone(), shared.clone(), write))
             }));
         }
         tracing::info!(

@@ -167,13 +167,8 @@ fn response_of(answer: ForwardAnswer) -> Response {
 
 /// Serves a write another member forwarded: through this node's whole API (`app`), as
 /// its own client's, then answers with the index this node had applied.
-pub async fn serve(
-    app: axum::Router,
-    group: Arc<Group>,
-    stats: Arc<NodeShared>,
-    write: Forwarded,
-) -> ForwardAnswer {
-    bump(&stats.forward_stats.served);
+pub async fn serve(mut app: axum::Router, node: Arc<NodeShared>, write: Forwarded) -> ForwardAnswer {
+    bump(&node.forward_stats.served);
     let mut builder = axum::http::Request::builder().method(write.method.as_str()).uri(write.uri.as_str());
     for (name, value) in &write.headers {
         builder = builder.header(name.as_str(), value.as_slice());
@@ -192,11 +187,11 @@ pub async fn serve(
     if let Some(name) = write.client_cert {
         req.extensions_mut().insert(ClientCert(name.into()));
     }
-    let resp = match tower_service::Service::call(&mut app.clone(), req).await {
+    let resp = match tower_service::Service::call(&mut app, req).await {
         Ok(r) => r,
         Err(never) => match never {},
     };
-    answer_of(resp, group.sm.applied_index()).await
+    answer_of(resp, node.group.as_ref().map_or(0, |g| g.sm.applied_index())).await
 }
 
 async fn answer_of(resp: impl IntoResponse, applied: u64) -> ForwardAnswer {

@@ -224,13 +224,6 @@ impl Group {
         self.raft.metrics().borrow().current_leader
     }
 
-    /// Whether this node leads (it may not have taken over yet: see [`Group::route`]).
-    pub fn is_leader(&self) -> bool {
-        let m = self.raft.metrics();
-        let m = m.borrow();
-        m.state == ServerState::Leader && m.current_leader == Some(self.id)
-    }
-
     /// Whether this node serves writes now: it leads, in the term it took over in.
     pub fn serving(&self) -> bool {
         let m = self.raft.metrics();
