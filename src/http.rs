@@ -417,7 +417,7 @@ async fn list_services(
 }
 
 async fn status(State(node): State<Arc<NodeShared>>) -> Response {
-    Json(node.status()).into_response()
+    Json(node.status_answer().await).into_response()
 }
 
 /// GET /v1/ready: readiness (for a load balancer or a Kubernetes readiness probe), as

@@ -226,15 +226,24 @@ async fn open_group(
         Ok((view, live_marks(log), owners, log.invalid_records()))
     })?;
     let (cb_view, cb_live) = (view.clone(), live.clone());
+    let progress = Arc::new(group::RemoteProgress::default());
+    let cb_progress = progress.clone();
     sm.on_apply(Box::new(move |n: &CommitNotice| {
         note_marks(&mut cb_live.write(), n);
+        // A peer's batch or snapshot applied here is progress of its copies (a follower's
+        // stale flag turns fresh with it, as the leader's gateway's does).
+        if let Committed::Remote { origin, report } | Committed::Snapshot { origin, report } = &n.committed {
+            if report.mark.is_some() {
+                cb_progress.note(origin, std::time::Instant::now());
+            }
+        }
         match n.changes() {
             [] => cb_view.advance(n.index),
             changes => cb_view.apply(n.index, changes),
         }
     }));
     let secret = data_dir::reset_secret(&cfg.data_dir).context("cannot load the stateless-reset secret")?;
-    let group = Arc::new(Group::start(cfg, section, sm.clone(), secret).await?);
+    let group = Arc::new(Group::start(cfg, section, sm.clone(), secret, progress).await?);
     let log = GroupLog::new(group.raft.clone(), sm, tokio::runtime::Handle::current());
     let mut limits = cfg.store.committer_limits();
     // Recovery here is "lead again": look often.
@@ -439,7 +448,7 @@ impl Node {
             group: group.clone(),
             forward_stats: Default::default(),
             live,
-            gateway_stats,
+            gateway_stats: gateway_stats.clone(),
             answers: Mutex::new(Default::default()),
             closing: shut_rx.clone(),
             gateway: Mutex::new(gw),
@@ -479,12 +488,24 @@ impl Node {
         }
         // Taking over as the group's leader (and giving up when another leads): the
         // leases and owners, each peer's scope, then the gateway.
-        if let (Some(g), Some(r)) = (&group, &cfg.replication) {
-            let (reg, peers) = (registry.clone(), r.peers.iter().map(|p| p.dc.clone()).collect::<Vec<_>>());
+        if let (Some(g), Some(r), Some(stats)) = (&group, &cfg.replication, &gateway_stats) {
+            let (stats, clock) = (stats.clone(), gateway_clock);
+            let peers = r.peers.iter().map(|p| p.dc.clone()).collect::<Vec<_>>();
+            // How long ago the gateway saw each peer progress (a follower asks).
             g.serve_staleness(Arc::new(move || {
-                peers.iter().map(|p| (p.clone(), reg.origin_stale(p))).collect()
+                let now = clock.elapsed().as_millis() as u64;
+                let seen = stats.peers.lock();
+                peers
+                    .iter()
+                    .map(|p| (p.clone(), seen.get(p).map(|s| now.saturating_sub(s.in_last_progress_mono_ms))))
+                    .collect()
             }));
             tasks.push(tokio::spawn(group::follow_staleness(g.clone(), shut_rx.clone())));
+            // Followers show the leader's peer links and self-preservation in their status.
+            let weak = Arc::downgrade(&shared);
+            g.serve_status(Arc::new(move || {
+                weak.upgrade().and_then(|s| serde_json::to_vec(&s.status()).ok()).unwrap_or_default()
+            }));
         }
         if let Some(g) = &group {
             let hooks = lead_hooks(shared.clone(), start_gateway.clone());

@@ -31,6 +31,8 @@ pub enum FaultKind {
     Down(usize),
     /// An old process of this side runs next to its replacement (until it is killed).
     Split(usize),
+    /// The leader of this side's group was killed (until the killed member is back).
+    Leader(usize),
 }
 
 /// What the checker must be told about the DCs' processes for one step: (side, event).
@@ -72,6 +74,7 @@ pub struct FaultLedger {
     packets: bool,
     down: [bool; 2],
     split: [bool; 2],
+    leader: [bool; 2],
 }
 
 impl FaultLedger {
@@ -85,6 +88,7 @@ impl FaultLedger {
             packets: false,
             down: [false; 2],
             split: [false; 2],
+            leader: [false; 2],
         }
     }
 
@@ -99,7 +103,11 @@ impl FaultLedger {
 
     /// No fault in force: no cut, no packet faults, every process up.
     pub fn is_quiet(&self) -> bool {
-        !self.cut && !self.packets && self.down == [false; 2] && self.split == [false; 2]
+        !self.cut
+            && !self.packets
+            && self.down == [false; 2]
+            && self.split == [false; 2]
+            && self.leader == [false; 2]
     }
 
     /// The faults in force (which must be healed), in the order they started.
@@ -138,7 +146,14 @@ impl FaultLedger {
                 (side, ProcessEvent::Spawned),
                 (side, ProcessEvent::Ready),
             ]),
-            Action::Save { .. }
+            // The DC keeps answering; its writes and lease checks stop until another member
+            // serves (the step is done then), which starts every lease over.
+            Action::KillLeader { side } => {
+                events.before.push((side, ProcessEvent::LeaderLost));
+                events.after.push((side, ProcessEvent::LeaderServing));
+            }
+            Action::RestartMember { .. }
+            | Action::Save { .. }
             | Action::EndSplit { .. }
             | Action::Cut(_)
             | Action::Heal
@@ -172,6 +187,10 @@ impl FaultLedger {
                 )
             }
             Action::EndSplit { side } => format!("kill the old process of {}", self.names[side]),
+            Action::KillLeader { side } => format!("kill -9 the leader of {}", self.names[side]),
+            Action::RestartMember { side } => {
+                format!("restart {}'s killed member (follower)", self.names[side])
+            }
         }
     }
 
@@ -223,6 +242,15 @@ impl FaultLedger {
             Action::EndSplit { side } => {
                 self.close(FaultKind::Split(side), done);
                 self.split[side] = false;
+            }
+            Action::KillLeader { side } => {
+                let label = format!("kill -9 {}'s leader", self.names[side]);
+                self.open(FaultKind::Leader(side), label, started);
+                self.leader[side] = true;
+            }
+            Action::RestartMember { side } => {
+                self.close(FaultKind::Leader(side), done);
+                self.leader[side] = false;
             }
         }
         if action.starts_fault() {
@@ -364,6 +392,14 @@ mod tests {
             events(Action::Resume { side: 1 }),
             ProcessEvents { before: Vec::new(), after: vec![(1, ProcessEvent::Resumed)] }
         );
+        assert_eq!(
+            events(Action::KillLeader { side: 0 }),
+            ProcessEvents {
+                before: vec![(0, ProcessEvent::LeaderLost)],
+                after: vec![(0, ProcessEvent::LeaderServing)]
+            }
+        );
+        assert_eq!(events(Action::RestartMember { side: 0 }), ProcessEvents::default());
         for link in [Action::Cut(Cut::Both), Action::Heal, Action::Packets(PACKETS), Action::ClearPackets] {
             assert_eq!(events(link), ProcessEvents::default(), "{link:?}");
         }

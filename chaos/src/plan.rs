@@ -22,10 +22,11 @@ pub enum DrillKind {
     LongPartition,
     RestoreRollback,
     SplitIncarnation,
+    LeaderKill,
 }
 
 impl DrillKind {
-    pub const ALL: [DrillKind; 9] = [
+    pub const ALL: [DrillKind; 10] = [
         DrillKind::PartitionHeal,
         DrillKind::OneWayPartition,
         DrillKind::FlappingLink,
@@ -35,6 +36,7 @@ impl DrillKind {
         DrillKind::LongPartition,
         DrillKind::RestoreRollback,
         DrillKind::SplitIncarnation,
+        DrillKind::LeaderKill,
     ];
 
     pub fn name(self) -> &'static str {
@@ -48,6 +50,7 @@ impl DrillKind {
             DrillKind::LongPartition => "long-partition",
             DrillKind::RestoreRollback => "restore-rollback",
             DrillKind::SplitIncarnation => "split-incarnation",
+            DrillKind::LeaderKill => "leader-kill",
         }
     }
 
@@ -68,6 +71,9 @@ impl DrillKind {
             DrillKind::SplitIncarnation => {
                 "start a DC's replacement on an empty data dir while the old process keeps running; clients and the peer move to the replacement; the old one must be fenced"
             }
+            DrillKind::LeaderKill => {
+                "kill -9 the leader of a DC's Raft group under writes (each DC in turn), restart it as a follower; nothing acked is lost, no lease that kept beating expires"
+            }
         }
     }
 
@@ -83,6 +89,31 @@ impl DrillKind {
             DrillKind::LongPartition => 22_000,
             DrillKind::RestoreRollback => 24_000,
             DrillKind::SplitIncarnation => 18_000,
+            DrillKind::LeaderKill => 20_000,
+        }
+    }
+
+    /// Nodes per DC when the command line does not say (`--nodes`): a group of three for
+    /// the drills about a group, one node otherwise.
+    pub fn nodes_default(self) -> usize {
+        match self {
+            DrillKind::LeaderKill => 3,
+            _ => 1,
+        }
+    }
+
+    /// Why this drill cannot run with `nodes` per DC, if it cannot.
+    pub fn refuses_nodes(self, nodes: usize) -> Option<String> {
+        match self {
+            DrillKind::LeaderKill if nodes < 3 => {
+                Some(format!("{self} needs a group of at least three nodes per DC (--nodes 3), not {nodes}"))
+            }
+            // A DC's data dir copied back, or a replacement next to the old process: one
+            // process per DC.
+            DrillKind::RestoreRollback | DrillKind::SplitIncarnation if nodes > 1 => {
+                Some(format!("{self} drills a DC of one node (--nodes 1), not {nodes}"))
+            }
+            _ => None,
         }
     }
 
@@ -109,6 +140,7 @@ impl DrillKind {
                 | DrillKind::LongPartition
                 | DrillKind::RestoreRollback
                 | DrillKind::SplitIncarnation
+                | DrillKind::LeaderKill
         )
     }
 }
@@ -212,6 +244,15 @@ pub enum Action {
     EndSplit {
         side: usize,
     },
+    /// SIGKILL of the node leading the DC's Raft group; done once another member serves
+    /// writes. The DC stays up: its other members keep answering.
+    KillLeader {
+        side: usize,
+    },
+    /// The members a `KillLeader` killed start again on their data dirs (as followers).
+    RestartMember {
+        side: usize,
+    },
 }
 
 impl Action {
@@ -224,6 +265,7 @@ impl Action {
                 | Action::Kill { .. }
                 | Action::Pause { .. }
                 | Action::Split { .. }
+                | Action::KillLeader { .. }
         )
     }
 
@@ -394,6 +436,16 @@ pub fn plan(kind: DrillKind, seed: u64, span_ms: Option<u64>, caps: Capabilities
                 side = 1 - side;
             }
         }
+        DrillKind::LeaderKill => {
+            let mut side = rng.gen_range(0..2usize);
+            while t + 3_000 <= end {
+                let down = rng.gen_range(1_500..3_000);
+                at(t, Action::KillLeader { side });
+                at(t + down, Action::RestartMember { side });
+                side = 1 - side;
+                t += down + rng.gen_range(3_000..4_500);
+            }
+        }
     }
     a.sort_by_key(|p| p.at_ms);
     Plan { kind, span_ms: span, actions: a }
@@ -413,7 +465,7 @@ mod tests {
                 assert_eq!(p, plan(kind, 9, span, ALL_CAPS));
                 assert!(!p.actions.is_empty(), "{kind} has faults");
                 let (mut cut, mut killed, mut paused, mut packets) = (false, [false; 2], [false; 2], false);
-                let mut split = [false; 2];
+                let (mut split, mut leaderless) = ([false; 2], [false; 2]);
                 for x in &p.actions {
                     assert!(x.at_ms < p.span_ms);
                     match x.action {
@@ -430,10 +482,13 @@ mod tests {
                         }
                         Action::Split { side } => split[side] = true,
                         Action::EndSplit { side } => split[side] = false,
+                        Action::KillLeader { side } => leaderless[side] = true,
+                        Action::RestartMember { side } => leaderless[side] = false,
                     }
                 }
                 assert!(
-                    !cut && !packets && killed == [false; 2] && paused == [false; 2] && split == [false; 2],
+                    !cut && !packets && killed == [false; 2] && paused == [false; 2] && split == [false; 2]
+                        && leaderless == [false; 2],
                     "{kind}: every fault ends"
                 );
             }

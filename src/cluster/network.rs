@@ -55,6 +55,10 @@ pub enum Request {
     /// A follower asks the leader which remote origins are stale (the leader runs the
     /// gateway that sees their links).
     Staleness,
+    /// A follower asks the leader for its `/v1/status` (for the parts only the leader
+    /// knows: its gateway's peer links, its lease checks' self-preservation); the answer
+    /// is that status as JSON.
+    LeaderStatus,
 }
 
 impl Request {
@@ -64,7 +68,7 @@ impl Request {
             Request::Append(rpc) => Some(&rpc.vote),
             Request::Vote(rpc) => Some(&rpc.vote),
             Request::Snapshot(rpc) => Some(&rpc.vote),
-            Request::Forward(_) | Request::Staleness => None,
+            Request::Forward(_) | Request::Staleness | Request::LeaderStatus => None,
         }
     }
 }
@@ -101,11 +105,15 @@ pub struct ForwardAnswer {
 /// Serves forwarded writes on this node (the HTTP API, set once it exists).
 pub type ForwardFn = Arc<dyn Fn(Forwarded) -> BoxFuture<'static, ForwardAnswer> + Send + Sync>;
 
-/// Which remote origins are stale, as this node sees them (origin -> stale).
-pub type Staleness = std::collections::BTreeMap<String, bool>;
+/// How long ago each remote origin progressed, as this node's gateway saw it (origin ->
+/// ms, `None`: never since it started).
+pub type Staleness = std::collections::BTreeMap<String, Option<u64>>;
 
 /// Answers [`Request::Staleness`] on this node.
 pub type StalenessFn = Arc<dyn Fn() -> Staleness + Send + Sync>;
+
+/// Answers [`Request::LeaderStatus`] on this node: its `/v1/status` as JSON.
+pub type StatusFn = Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
 
 /// The answer to a [`Request`].
 #[derive(Debug, Serialize, Deserialize)]
@@ -130,8 +138,10 @@ pub struct RaftService {
     raft: Arc<OnceLock<Raft<TypeConfig>>>,
     forward: Arc<OnceLock<ForwardFn>>,
     staleness: Arc<OnceLock<StalenessFn>>,
+    status: Arc<OnceLock<StatusFn>>,
 }
 
+type StatusAnswer = Answer<ByteBuf, openraft::error::Infallible>;
 type ForwardAnswerOf = Answer<ForwardAnswer, openraft::error::Infallible>;
 type StalenessAnswer = Answer<Staleness, openraft::error::Infallible>;
 
@@ -149,6 +159,11 @@ impl RaftService {
     /// Answers staleness questions with `answer` from now on (once).
     pub fn serve_staleness(&self, answer: StalenessFn) {
         let _ = self.staleness.set(answer);
+    }
+
+    /// Answers status questions with `answer` from now on (once).
+    pub fn serve_status(&self, answer: StatusFn) {
+        let _ = self.status.set(answer);
     }
 }
 
@@ -180,6 +195,12 @@ impl Handler for RaftService {
             };
             return encode(&StalenessAnswer::Done(answer()));
         }
+        if let Request::LeaderStatus = request {
+            let Some(answer) = self.status.get() else {
+                return unavailable("this node's API is not running yet".into());
+            };
+            return encode(&StatusAnswer::Done(ByteBuf::from(answer())));
+        }
         let claimed = request.vote().and_then(|v| v.leader_id().voted_for());
         if claimed != Some(from) {
             return unavailable(format!("a request from node {from} under the vote of {claimed:?}"));
@@ -200,7 +221,9 @@ impl Handler for RaftService {
                 Ok(resp) => SnapshotAnswer::Done(resp),
                 Err(e) => SnapshotAnswer::Refused(e),
             }),
-            Request::Forward(_) | Request::Staleness => unavailable("served above".into()),
+            Request::Forward(_) | Request::Staleness | Request::LeaderStatus => {
+                unavailable("served above".into())
+            }
         }
     }
 }
@@ -305,6 +328,21 @@ pub async fn staleness(
     let answer = link.call(to, &encode(&Request::Staleness), timeout).await.map_err(|e| e.to_string())?;
     match postcard::from_bytes::<StalenessAnswer>(&answer) {
         Ok(Answer::Done(answer)) => Ok(answer),
+        Ok(Answer::Refused(e)) => Err(e.to_string()),
+        Ok(Answer::Unavailable(why)) => Err(format!("node {to}: {why}")),
+        Err(e) => Err(format!("node {to}: undecodable answer: {e}")),
+    }
+}
+
+/// Asks member `to` (the leader) for its `/v1/status`, as JSON.
+pub async fn leader_status(
+    link: &MemberLink,
+    to: NodeId,
+    timeout: std::time::Duration,
+) -> Result<Vec<u8>, String> {
+    let answer = link.call(to, &encode(&Request::LeaderStatus), timeout).await.map_err(|e| e.to_string())?;
+    match postcard::from_bytes::<StatusAnswer>(&answer) {
+        Ok(Answer::Done(json)) => Ok(json.into_vec()),
         Ok(Answer::Refused(e)) => Err(e.to_string()),
         Ok(Answer::Unavailable(why)) => Err(format!("node {to}: {why}")),
         Err(e) => Err(format!("node {to}: undecodable answer: {e}")),

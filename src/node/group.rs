@@ -27,8 +27,8 @@ use tandem_replicator::tls::{ReloadableTls, TlsPaths};
 use tokio::sync::watch;
 
 use crate::cluster::{
-    ForwardAnswer, ForwardFn, Forwarded, MemberNetwork, NodeId, RaftService, RegistryStateMachine, Staleness,
-    StalenessFn, TypeConfig,
+    ForwardAnswer, ForwardFn, Forwarded, MemberNetwork, NodeId, RaftService, RegistryStateMachine,
+    StalenessFn, StatusFn, TypeConfig,
 };
 use crate::config::{ClusterSection, Config};
 use crate::store::RaftLogStore;
@@ -92,8 +92,35 @@ pub struct Group {
     section: ClusterSection,
     /// The term in which this node leads and took over the leases (set by [`lead`]).
     serving: watch::Sender<Option<u64>>,
-    /// What the leader last said of the remote origins' staleness, and when.
-    leader_staleness: parking_lot::Mutex<Option<(std::time::Instant, Staleness)>>,
+    /// When each remote origin last progressed, as far as this member knows: its own
+    /// applies of their batches, and what the leader's gateway saw.
+    progress: Arc<RemoteProgress>,
+}
+
+/// When each remote origin's copies last progressed (a batch or snapshot applied, or, on
+/// the leader's gateway, a ping that found this DC caught up), on this node's clock. A
+/// follower keeps it from its own applies and from the leader's answers, so that its
+/// `stale` flag turns when the leader's does (within a round trip for progress only the
+/// leader's gateway saw, at once for applies and for the lack of progress).
+#[derive(Debug, Default)]
+pub struct RemoteProgress(parking_lot::Mutex<BTreeMap<String, std::time::Instant>>);
+
+impl RemoteProgress {
+    /// `origin` progressed at `at` (kept if later than what is known).
+    pub fn note(&self, origin: &str, at: std::time::Instant) {
+        let mut m = self.0.lock();
+        match m.get_mut(origin) {
+            Some(t) => *t = (*t).max(at),
+            None => {
+                m.insert(origin.to_owned(), at);
+            }
+        }
+    }
+
+    /// No progress of `origin` known within `stale_after_ms`.
+    pub fn stale(&self, origin: &str, stale_after_ms: u64) -> bool {
+        self.0.lock().get(origin).is_none_or(|t| t.elapsed() > Duration::from_millis(stale_after_ms))
+    }
 }
 
 /// Refuses a data dir that holds a single node's log, then opens (or creates) the
@@ -131,6 +158,7 @@ impl Group {
         section: &ClusterSection,
         sm: RegistryStateMachine,
         reset_secret: [u8; 32],
+        progress: Arc<RemoteProgress>,
     ) -> anyhow::Result<Group> {
         let raft_dir = cfg.data_dir.join(RAFT_DIR);
         let store = RaftLogStore::open(&raft_dir)
@@ -179,7 +207,7 @@ impl Group {
             service,
             section: section.clone(),
             serving,
-            leader_staleness: parking_lot::Mutex::new(None),
+            progress,
         })
     }
 
@@ -193,29 +221,52 @@ impl Group {
         self.service.serve_staleness(answer);
     }
 
-    /// Whether remote origin `origin` is stale, as the leader last said (None on the
-    /// serving leader: its own gateway tells). No answer from the leader within
-    /// `stale_after_ms`: stale (this node cannot tell).
+    /// Answers the other members' status questions with `answer` from now on.
+    pub fn serve_status(&self, answer: StatusFn) {
+        self.service.serve_status(answer);
+    }
+
+    /// The leader's `/v1/status` (JSON) when another member leads: `Ok(None)` when this
+    /// node serves writes (its own status is the leader's), an error when no leader is
+    /// known or it did not answer within [`LEADER_STATUS_TIMEOUT`].
+    pub async fn leader_status(&self) -> Result<Option<(NodeId, Vec<u8>)>, String> {
+        if self.serving() {
+            return Ok(None);
+        }
+        let Some(leader) = self.leader() else { return Err("no leader is known".into()) };
+        if leader == self.id {
+            return Err("this node leads but has not taken over yet".into());
+        }
+        let json = crate::cluster::leader_status(&self.link, leader, LEADER_STATUS_TIMEOUT).await?;
+        Ok(Some((leader, json)))
+    }
+
+    /// Whether remote origin `origin` is stale on this follower (None on the serving
+    /// leader: its own gateway tells): no progress within `stale_after_ms` by its own
+    /// applies or by what the leader last said. A follower cut off from the leader turns
+    /// stale once `stale_after_ms` passed without either.
     pub fn remote_stale(&self, origin: &str, stale_after_ms: u64) -> Option<bool> {
         if self.serving() {
             return None;
         }
-        let last = self.leader_staleness.lock();
-        Some(match &*last {
-            Some((at, said)) if at.elapsed() < Duration::from_millis(stale_after_ms) => {
-                said.get(origin).copied().unwrap_or(true)
-            }
-            _ => true,
-        })
+        Some(self.progress.stale(origin, stale_after_ms))
     }
 
-    /// Asks the leader (when another member leads) which remote origins are stale, and
-    /// keeps its answer for [`Group::remote_stale`].
+    /// Asks the leader (when another member leads) how long ago each remote origin
+    /// progressed, and keeps it for [`Group::remote_stale`]. The answer's age is counted
+    /// from its arrival: a round trip later than the truth at most.
     async fn poll_staleness(&self) {
         let Some(leader) = self.leader().filter(|l| *l != self.id) else { return };
         match crate::cluster::staleness(&self.link, leader, STALENESS_POLL * 2).await {
-            Ok(said) => *self.leader_staleness.lock() = Some((std::time::Instant::now(), said)),
-            Err(e) => tracing::debug!(leader, error = %e, "the leader did not say which origins are stale"),
+            Ok(said) => {
+                let now = std::time::Instant::now();
+                for (origin, age_ms) in said {
+                    if let Some(at) = age_ms.and_then(|a| now.checked_sub(Duration::from_millis(a))) {
+                        self.progress.note(&origin, at);
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(leader, error = %e, "the leader did not say how remote origins progress"),
         }
     }
 
@@ -417,8 +468,12 @@ async fn take_over(group: &Group, registry: &crate::registry::Registry) -> anyho
     Ok(registry.lease_count())
 }
 
-/// How often a follower asks the leader which remote origins are stale.
-pub const STALENESS_POLL: Duration = Duration::from_millis(500);
+/// How often a follower asks the leader how remote origins progress (what only the
+/// leader's gateway sees: pings that found this DC caught up).
+pub const STALENESS_POLL: Duration = Duration::from_millis(250);
+
+/// How long a follower's `/v1/status` waits for the leader's.
+pub const LEADER_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A follower's poll of the leader's view of remote staleness (see
 /// [`Group::remote_stale`]). Stops with the node.

@@ -359,4 +359,45 @@ impl NodeShared {
             heartbeats: reg.counters.heartbeats.load(Ordering::Relaxed),
         }
     }
+
+    /// GET /v1/status as answered: on a follower of a group, the parts only the leader
+    /// knows ([`LEADER_SECTIONS`]: its gateway's peer links and state, its lease checks'
+    /// self-preservation) are the leader's, asked at the read, and `from_leader` says so.
+    /// A follower that cannot ask shows no peer links and self-preservation `active`
+    /// (it cannot tell that any lease expires), with the reason.
+    pub async fn status_answer(&self) -> serde_json::Value {
+        let mut own = serde_json::to_value(self.status()).unwrap_or_default();
+        let Some(group) = &self.group else { return own };
+        let said = match group.leader_status().await {
+            Ok(None) => return own,
+            Ok(Some((leader, json))) => serde_json::from_slice::<serde_json::Value>(&json)
+                .map(|v| (leader, v))
+                .map_err(|e| format!("node {leader}: unreadable status: {e}")),
+            Err(e) => Err(e),
+        };
+        let from = match said {
+            Ok((leader, theirs)) => {
+                for key in LEADER_SECTIONS {
+                    match theirs.get(key) {
+                        Some(v) => own[key] = v.clone(),
+                        None => {
+                            own.as_object_mut().map(|o| o.remove(key));
+                        }
+                    }
+                }
+                serde_json::json!({ "leader": leader, "sections": LEADER_SECTIONS })
+            }
+            Err(error) => {
+                own["peers"] = serde_json::json!({});
+                own.as_object_mut().map(|o| o.remove("replication"));
+                own["self_preservation"]["active"] = serde_json::Value::Bool(true);
+                serde_json::json!({ "leader": group.leader(), "sections": [], "error": error })
+            }
+        };
+        own["from_leader"] = from;
+        own
+    }
 }
+
+/// The parts of a follower's `/v1/status` that are the leader's.
+pub const LEADER_SECTIONS: [&str; 3] = ["peers", "replication", "self_preservation"];

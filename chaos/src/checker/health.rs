@@ -20,6 +20,10 @@
 //! that completes it acknowledged `commit_slack_ms` before the read. A damped instance
 //! (flap damping holds its published health) is excused and counted.
 //!
+//! A new leader of the owner's group (`LeaderServing`) counts as a spawn and a Ready: it
+//! starts every lease over from its published health with a full TTL of grace, and checks
+//! no lease between `LeaderLost` and then.
+//!
 //! Dead (in a quiet period that began at `from`): the lease's last renewal was at most at
 //! `renew = max(from, the last Ready of the owner (a restart gives a full TTL of grace),
 //! the end of a pause that began before from + 200 ms (a request held by a paused process
@@ -268,13 +272,12 @@ impl Checker {
         let check = rules.check_interval_ms;
         let slack = rules.commit_slack_ms;
         // The owner ran its lease checks up to the read (else only the never-better rule).
-        let ran = !st.down_during(
-            o.invoked.saturating_sub(check + rules.tolerance_ms),
-            o.completed,
-            check + rules.tolerance_ms,
-        );
-        let spawned = st.last_event_before(ProcessEvent::Spawned, o.invoked).unwrap_or(0);
-        let ready = st.last_event_before(ProcessEvent::Ready, o.completed).unwrap_or(0);
+        let (from, grace) = (o.invoked.saturating_sub(check + rules.tolerance_ms), check + rules.tolerance_ms);
+        let ran = !st.down_during(from, o.completed, grace) && !st.leaderless_during(from, o.completed, grace);
+        // A new leader starts every lease over, as a restart does.
+        let took_over = |t: Ms| st.last_event_before(ProcessEvent::LeaderServing, t).unwrap_or(0);
+        let spawned = st.last_event_before(ProcessEvent::Spawned, o.invoked).unwrap_or(0).max(took_over(o.invoked));
+        let ready = st.last_event_before(ProcessEvent::Ready, o.completed).unwrap_or(0).max(took_over(o.completed));
         let tag = format!("{}..{}ms {} view of {}", o.invoked, o.completed, o.dc, o.service);
         let line = shown.map_or(format!("{tag}: absent"), |i| {
             format!(

@@ -1,4 +1,5 @@
-//! Process events of each DC (kill, spawn, ready, pause, resume, declared history loss),
+//! Process events of each DC (kill, spawn, ready, pause, resume, declared history loss, a
+//! group's leader lost and another serving),
 //! fault starts and recovery points, and the per-recovery catch-up state.
 
 use std::collections::BTreeMap;
@@ -26,6 +27,14 @@ pub enum ProcessEvent {
     /// instances from before now are no longer judged one by one; the DCs must still
     /// converge.
     HistoryRewound,
+    /// The leader of the DC's group was killed: the DC keeps answering (its other members
+    /// serve reads), but nothing checks its leases and it takes no writes until
+    /// `LeaderServing`.
+    LeaderLost,
+    /// Another member leads and serves writes (told once the drill saw it, so no earlier
+    /// than the take-over): every lease starts over from its published health with a full
+    /// TTL, as after a restart, and the DC's replication links start over.
+    LeaderServing,
 }
 
 #[derive(Debug)]

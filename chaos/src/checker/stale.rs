@@ -21,7 +21,8 @@
 //!   progress.
 //!
 //! A restart of d resets its link state, so a rule never spans one (no Spawned of d between
-//! the rule's first evidence and the read).
+//! the rule's first evidence and the read); a new leader of d's group (`LeaderServing`)
+//! does the same (its gateway is another one).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -94,9 +95,13 @@ impl Checker {
         }
     }
 
+    /// `dc`'s link state started over in [from, to]: a restart, or a new leader (its
+    /// gateway is a new one).
     fn spawned_between(&self, dc: &str, from: Ms, to: Ms) -> bool {
         self.dcs.get(dc).is_some_and(|st| {
-            st.events.iter().any(|(t, e)| *e == ProcessEvent::Spawned && *t >= from && *t <= to)
+            st.events.iter().any(|(t, e)| {
+                matches!(e, ProcessEvent::Spawned | ProcessEvent::LeaderServing) && *t >= from && *t <= to
+            })
         })
     }
 
@@ -121,7 +126,13 @@ impl Checker {
                             out.push((s, Some(*t), format!("{peer} {what} at {s}ms")));
                         }
                     }
-                    ProcessEvent::Ready | ProcessEvent::HistoryLost | ProcessEvent::HistoryRewound => {}
+                    // A group without a leader ships nothing for a while, but when another
+                    // member started shipping is known only as an upper bound: not judged.
+                    ProcessEvent::Ready
+                    | ProcessEvent::HistoryLost
+                    | ProcessEvent::HistoryRewound
+                    | ProcessEvent::LeaderLost
+                    | ProcessEvent::LeaderServing => {}
                 }
             }
             if let Some((s, what)) = down {

@@ -121,23 +121,46 @@ impl DcState {
                         }
                     }
                 }
-                ProcessEvent::Spawned => {}
+                ProcessEvent::Spawned | ProcessEvent::LeaderLost | ProcessEvent::LeaderServing => {}
             }
         }
         matches!(down_since, Some(s) if s <= to)
     }
 
-    /// Intervals in which the process was dead (killed until spawned again), as
-    /// (killed_at, spawned_at or None while still dead).
+    /// Without a serving leader (from `LeaderLost` until `LeaderServing`, plus grace after
+    /// it) at some point in [from, to]? The DC answers then, but checks no lease.
+    pub(super) fn leaderless_during(&self, from: Ms, to: Ms, grace: Ms) -> bool {
+        let mut since: Option<Ms> = None;
+        for &(at, ev) in &self.events {
+            match ev {
+                ProcessEvent::LeaderLost => {
+                    since.get_or_insert(at);
+                }
+                ProcessEvent::LeaderServing => {
+                    if let Some(s) = since.take() {
+                        if s <= to && at + grace >= from {
+                            return true;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        matches!(since, Some(s) if s <= to)
+    }
+
+    /// Intervals in which the process was dead (killed until spawned again) or the group
+    /// had no serving leader (a lease's TTL starts over after either), as (start, end or
+    /// None while it lasts).
     pub(super) fn dead_windows(&self) -> Vec<(Ms, Option<Ms>)> {
         let mut out = Vec::new();
         let mut dead: Option<Ms> = None;
         for &(at, ev) in &self.events {
             match ev {
-                ProcessEvent::Killed => {
+                ProcessEvent::Killed | ProcessEvent::LeaderLost => {
                     dead.get_or_insert(at);
                 }
-                ProcessEvent::Spawned => {
+                ProcessEvent::Spawned | ProcessEvent::LeaderServing => {
                     if let Some(k) = dead.take() {
                         out.push((k, Some(at)));
                     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use tokio::process::Child;
 
-use super::{free_port, node_config, Cluster, SANDBOX_DCS};
+use super::{free_port, node_config, Cluster, Node, SANDBOX_DCS};
 
 /// How long the old process of a split may take to report itself fenced.
 const FENCED_WAIT: Duration = Duration::from_secs(10);
@@ -45,16 +45,27 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
 }
 
 impl Cluster {
-    fn data_dir(&self, side: usize) -> anyhow::Result<std::path::PathBuf> {
-        match &self.dcs[side].data_dir {
+    /// The DC's one process (these faults are about a DC of one node).
+    fn single(&mut self, side: usize) -> anyhow::Result<&mut Node> {
+        let dc = &mut self.dcs[side];
+        let n = dc.nodes.len();
+        match dc.nodes.as_mut_slice() {
+            [node] => Ok(node),
+            _ => bail!("{} runs {n} nodes: this fault needs a DC of one", dc.name),
+        }
+    }
+
+    fn data_dir(&mut self, side: usize) -> anyhow::Result<std::path::PathBuf> {
+        let name = self.dcs[side].name.clone();
+        match &self.single(side)?.data_dir {
             Some(d) => Ok(d.clone()),
-            None => bail!("{}'s data dir is not the drill's", self.dcs[side].name),
+            None => bail!("{name}'s data dir is not the drill's"),
         }
     }
 
     /// Keeps a copy of the (killed) DC's data dir: crash-consistent, as a disk snapshot.
     pub(super) fn save(&mut self, side: usize) -> anyhow::Result<()> {
-        if self.dcs[side].child.is_some() {
+        if self.single(side)?.child.is_some() {
             bail!("{} must be down while its data dir is copied", self.dcs[side].name);
         }
         let dir = self.data_dir(side)?;
@@ -67,7 +78,7 @@ impl Cluster {
 
     /// Replaces the (killed) DC's data dir with the copy [`Cluster::save`] kept.
     pub(super) fn restore(&mut self, side: usize) -> anyhow::Result<()> {
-        if self.dcs[side].child.is_some() {
+        if self.single(side)?.child.is_some() {
             bail!("{} must be down while its data dir is restored", self.dcs[side].name);
         }
         let dir = self.data_dir(side)?;
@@ -90,7 +101,7 @@ impl Cluster {
             bail!("{} is already split", self.dcs[side].name);
         }
         // This DC dials its peer through relays[side]; the peer dials it through the other.
-        let peer_addr = relays[side].local_addr();
+        let peer_addrs: Vec<SocketAddr> = relays[side].iter().map(|r| r.local_addr()).collect();
         let name = self.dcs[side].name.clone();
         self.generation[side] += 1;
         let g = self.generation[side];
@@ -104,23 +115,25 @@ impl Cluster {
             http,
             listen,
             SANDBOX_DCS[1 - side],
-            peer_addr,
+            &peer_addrs,
             &root.join("certs"),
             &self.tuning,
         );
         let config = root.join(format!("{name}-{g}.toml"));
         std::fs::write(&config, cfg)?;
-        let Some(old_child) = self.dcs[side].child.take() else { bail!("{name} is not running") };
-        let old_base = std::mem::replace(&mut self.dcs[side].base, format!("http://{http}"));
+        let base = format!("http://{http}");
+        let node = self.single(side)?;
+        let Some(old_child) = node.child.take() else { bail!("{name} is not running") };
+        let old_base = std::mem::replace(&mut node.base, base.clone());
+        node.config = Some(config);
+        node.data_dir = Some(data_dir);
+        node.log = Some(root.join(format!("{name}-{g}.log")));
+        self.dcs[side].base = base;
         self.old[side] = Some(OldIncarnation { child: old_child, base: old_base });
-        let dc = &mut self.dcs[side];
-        dc.config = Some(config);
-        dc.data_dir = Some(data_dir);
-        dc.log = Some(root.join(format!("{name}-{g}.log")));
         self.spawn(side)?;
         self.wait_ready(side).await?;
         if let Some(relays) = self.relays.as_ref() {
-            relays[1 - side].set_upstream(listen);
+            relays[1 - side].iter().for_each(|r| r.set_upstream(listen));
         }
         Ok(())
     }

@@ -30,9 +30,11 @@ use crate::api::Api;
 use crate::plan::{Action, Capabilities, Cut, PacketFaults};
 use crate::relay::{Direction, Faults, LinkFaults, Probability, Relay};
 
+mod group;
 mod incarnations;
 mod netns;
 
+pub use group::{Failover, DRAIN};
 use incarnations::OldIncarnation;
 pub use incarnations::SplitCheck;
 use netns::Netns;
@@ -102,23 +104,20 @@ pub enum SetupError {
     Failed(#[from] anyhow::Error),
 }
 
-/// One DC of the drill.
-pub struct Dc {
-    pub name: String,
+/// One process of a DC: the DC itself, or one member of its group.
+struct Node {
     /// Base URL of its HTTP API.
-    pub base: String,
+    base: String,
     config: Option<PathBuf>,
     data_dir: Option<PathBuf>,
     log: Option<PathBuf>,
-    /// `ip netns exec <ns>` prefix in netns mode.
-    netns: Option<String>,
     child: Option<Child>,
     paused: bool,
 }
 
-impl Dc {
-    pub fn log_path(&self) -> Option<&Path> {
-        self.log.as_deref()
+impl Node {
+    fn new(base: String, config: Option<PathBuf>, data_dir: Option<PathBuf>, log: Option<PathBuf>) -> Node {
+        Node { base, config, data_dir, log, child: None, paused: false }
     }
 
     fn pid(&self) -> Option<u32> {
@@ -126,12 +125,43 @@ impl Dc {
     }
 }
 
+/// One DC of the drill: one node, or a group of members.
+pub struct Dc {
+    pub name: String,
+    /// Base URL the drill's clients use: the node, or one member that is up.
+    pub base: String,
+    nodes: Vec<Node>,
+    /// `ip netns exec <ns>` prefix in netns mode.
+    netns: Option<String>,
+    /// Members a leader kill took down (indices into `nodes`), until they restart.
+    killed: Vec<usize>,
+    /// The member the next leader kill takes down (chosen by [`Cluster::prepare`]).
+    doomed: Option<usize>,
+}
+
+impl Dc {
+    fn new(name: &str, nodes: Vec<Node>, netns: Option<String>) -> Dc {
+        let base = nodes.first().map(|n| n.base.clone()).unwrap_or_default();
+        Dc { name: name.to_owned(), base, nodes, netns, killed: Vec::new(), doomed: None }
+    }
+
+    /// The log files of its processes.
+    pub fn log_paths(&self) -> impl Iterator<Item = &Path> {
+        self.nodes.iter().filter_map(|n| n.log.as_deref())
+    }
+
+    /// Its processes (1, or the members of its group).
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+}
+
 /// The two DCs and the fault machinery between them.
 pub struct Cluster {
     pub env: Environment,
     pub dcs: [Dc; 2],
-    /// relay_ab carries dc-a's dial to dc-b, relay_ba dc-b's dial to dc-a.
-    relays: Option<[Relay; 2]>,
+    /// relays[0][k] carries dc-a's dials to dc-b's node k, relays[1][k] dc-b's to dc-a's.
+    relays: Option<[Vec<Relay>; 2]>,
     netns: Option<Netns>,
     bin: PathBuf,
     api: Api,
@@ -142,6 +172,8 @@ pub struct Cluster {
     old: [Option<OldIncarnation>; 2],
     generation: [u32; 2],
     split_checks: Vec<SplitCheck>,
+    /// Per leader kill: the DC, and how long after the kill another member served writes.
+    failovers: Vec<Failover>,
 }
 
 fn free_port(udp: bool) -> anyhow::Result<u16> {
@@ -165,10 +197,12 @@ fn node_config(
     http: SocketAddr,
     listen: SocketAddr,
     peer: &str,
-    peer_addr: SocketAddr,
+    peer_addrs: &[SocketAddr],
     certs: &Path,
     t: &NodeTuning,
 ) -> String {
+    let peer_addr = peer_addrs.first().copied().unwrap_or(listen);
+    let more: Vec<String> = peer_addrs.iter().skip(1).map(|a| format!("\"{a}\"")).collect();
     let mut s = String::new();
     let _ = writeln!(s, "# Written by `tandem chaos` for one drill.");
     let _ = writeln!(s, "dc = \"{dc}\"\ndata_dir = {}\nhttp_addr = \"{http}\"\n", toml_str(data_dir));
@@ -182,7 +216,8 @@ fn node_config(
     let _ = writeln!(s, "[acl]\nenabled = false\n");
     let _ = writeln!(
         s,
-        "[replication]\nlisten = \"{listen}\"\npeers = [{{ dc = \"{peer}\", addr = \"{peer_addr}\" }}]\nca_cert = {}\ncert = {}\nkey = {}",
+        "[replication]\nlisten = \"{listen}\"\npeers = [{{ dc = \"{peer}\", addr = \"{peer_addr}\", addrs = [{}] }}]\nca_cert = {}\ncert = {}\nkey = {}",
+        more.join(", "),
         toml_str(&certs.join("ca.pem")),
         toml_str(&certs.join(format!("{dc}.pem"))),
         toml_str(&certs.join(format!("{dc}.key")))
@@ -198,17 +233,18 @@ fn node_config(
         t.purge_grace_ms,
         t.ping_interval_ms
     );
-    let _ = writeln!(s, "[log]\nlevel = \"info,quinn=warn,rustls=warn\"");
+    let _ = writeln!(s, "[log]\nlevel = \"info,quinn=warn,rustls=warn,openraft=warn\"");
     s
 }
 
-async fn make_certs(bin: &Path, dir: &Path) -> anyhow::Result<()> {
+async fn make_certs(bin: &Path, dir: &Path, nodes: usize) -> anyhow::Result<()> {
     let out = tokio::time::timeout(
         Duration::from_secs(60),
         Command::new(bin)
             .args(["certs", "--out"])
             .arg(dir)
             .args(["--dc", SANDBOX_DCS[0], "--dc", SANDBOX_DCS[1], "--force"])
+            .args(if nodes > 1 { vec!["--nodes".to_owned(), nodes.to_string()] } else { Vec::new() })
             .stdin(Stdio::null())
             .output(),
     )
@@ -222,8 +258,9 @@ async fn make_certs(bin: &Path, dir: &Path) -> anyhow::Result<()> {
 }
 
 impl Cluster {
-    /// Sets up the environment and starts the DCs (waiting until both answer). `api` is
-    /// the client every request of the drill goes through (with the token, if any).
+    /// Sets up the environment and starts the DCs (waiting until both answer), `nodes`
+    /// processes per DC (more than one: a group; the sandbox only). `api` is the client
+    /// every request of the drill goes through (with the token, if any).
     pub async fn start(
         env: Environment,
         bin: &Path,
@@ -231,11 +268,43 @@ impl Cluster {
         tuning: &NodeTuning,
         relay_seed: u64,
         api: Api,
+        nodes: usize,
     ) -> Result<Cluster, SetupError> {
+        if nodes != 1 && !matches!(env, Environment::Sandbox) {
+            return Err(SetupError::Skipped(format!(
+                "groups of {nodes} nodes per DC run in the loopback sandbox only (not --netns or targets)"
+            )));
+        }
         match env.clone() {
-            Environment::Sandbox => Ok(Self::start_sandbox(bin, dir, tuning, relay_seed, api).await?),
+            Environment::Sandbox => Ok(Self::start_sandbox(bin, dir, tuning, relay_seed, api, nodes).await?),
             Environment::Netns => Self::start_netns(bin, dir, tuning, api).await,
             Environment::Targets { a, b, hook } => Ok(Self::start_targets(bin, a, b, hook, api).await?),
+        }
+    }
+
+    /// Builds a cluster around its DCs (nothing started yet).
+    fn assemble(
+        env: Environment,
+        dcs: [Dc; 2],
+        relays: Option<[Vec<Relay>; 2]>,
+        bin: &Path,
+        api: Api,
+        dir: Option<&Path>,
+        tuning: &NodeTuning,
+    ) -> Cluster {
+        Cluster {
+            env,
+            dcs,
+            relays,
+            netns: None,
+            bin: bin.to_owned(),
+            api,
+            dir: dir.map(Path::to_owned),
+            tuning: tuning.clone(),
+            old: [None, None],
+            generation: [0; 2],
+            split_checks: Vec::new(),
+            failovers: Vec::new(),
         }
     }
 
@@ -268,65 +337,69 @@ impl Cluster {
         tuning: &NodeTuning,
         relay_seed: u64,
         api: Api,
+        nodes: usize,
     ) -> anyhow::Result<Cluster> {
         let certs = dir.join("certs");
-        make_certs(bin, &certs).await?;
-        let listen = [
-            SocketAddr::from(([127, 0, 0, 1], free_port(true)?)),
-            SocketAddr::from(([127, 0, 0, 1], free_port(true)?)),
-        ];
-        let http = [
-            SocketAddr::from(([127, 0, 0, 1], free_port(false)?)),
-            SocketAddr::from(([127, 0, 0, 1], free_port(false)?)),
-        ];
+        make_certs(bin, &certs, nodes).await?;
+        let loopback = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+        let mut listen: [Vec<SocketAddr>; 2] = Default::default();
+        let mut http: [Vec<SocketAddr>; 2] = Default::default();
+        for side in 0..2 {
+            for _ in 0..nodes {
+                listen[side].push(loopback(free_port(true)?));
+                http[side].push(loopback(free_port(false)?));
+            }
+        }
+        // relays[side][k]: side's dials to the other side's node k.
         let any: SocketAddr = "127.0.0.1:0".parse().expect("constant address");
-        let relay_ab = Relay::start(any, listen[1], Faults::NONE, relay_seed).await.context("relay a->b")?;
-        let relay_ba = Relay::start(any, listen[0], Faults::NONE, relay_seed.wrapping_add(1))
-            .await
-            .context("relay b->a")?;
-        let peers = [relay_ab.local_addr(), relay_ba.local_addr()];
+        let mut relays: [Vec<Relay>; 2] = Default::default();
+        for side in 0..2 {
+            for (k, to) in listen[1 - side].iter().enumerate() {
+                let seed = relay_seed.wrapping_add((2 * k + side) as u64);
+                let r = Relay::start(any, *to, Faults::NONE, seed)
+                    .await
+                    .with_context(|| format!("relay {} -> {} node {k}", SANDBOX_DCS[side], SANDBOX_DCS[1 - side]))?;
+                relays[side].push(r);
+            }
+        }
         let mut dcs = Vec::new();
         for side in 0..2 {
             let name = SANDBOX_DCS[side];
-            let data_dir = dir.join(name).join("data");
-            std::fs::create_dir_all(&data_dir)?;
-            let cfg = node_config(
-                name,
-                &data_dir,
-                http[side],
-                listen[side],
-                SANDBOX_DCS[1 - side],
-                peers[side],
-                &certs,
-                tuning,
-            );
-            let config = dir.join(format!("{name}.toml"));
-            std::fs::write(&config, cfg)?;
-            dcs.push(Dc {
-                name: name.to_owned(),
-                base: format!("http://{}", http[side]),
-                config: Some(config),
-                data_dir: Some(data_dir),
-                log: Some(dir.join(format!("{name}.log"))),
-                netns: None,
-                child: None,
-                paused: false,
-            });
+            let peers: Vec<SocketAddr> = relays[side].iter().map(Relay::local_addr).collect();
+            let members = if nodes > 1 { Some(group::members(&http[side])?) } else { None };
+            let mut dc_nodes = Vec::new();
+            for k in 0..nodes {
+                let (data_dir, config, log) = if nodes == 1 {
+                    (dir.join(name).join("data"), dir.join(format!("{name}.toml")), dir.join(format!("{name}.log")))
+                } else {
+                    let n = k + 1;
+                    (
+                        dir.join(name).join("data").join(format!("n{n}")),
+                        dir.join(format!("{name}-n{n}.toml")),
+                        dir.join(format!("{name}-n{n}.log")),
+                    )
+                };
+                std::fs::create_dir_all(&data_dir)?;
+                let mut cfg = node_config(
+                    name,
+                    &data_dir,
+                    http[side][k],
+                    listen[side][k],
+                    SANDBOX_DCS[1 - side],
+                    &peers,
+                    &certs,
+                    tuning,
+                );
+                if let Some(m) = &members {
+                    cfg.push_str(&group::cluster_section(name, k, m, &certs));
+                }
+                std::fs::write(&config, cfg)?;
+                dc_nodes.push(Node::new(format!("http://{}", http[side][k]), Some(config), Some(data_dir), Some(log)));
+            }
+            dcs.push(Dc::new(name, dc_nodes, None));
         }
         let [a, b]: [Dc; 2] = dcs.try_into().map_err(|_| anyhow::anyhow!("two DCs"))?;
-        let mut c = Cluster {
-            env: Environment::Sandbox,
-            dcs: [a, b],
-            relays: Some([relay_ab, relay_ba]),
-            netns: None,
-            bin: bin.to_owned(),
-            api,
-            dir: Some(dir.to_owned()),
-            tuning: tuning.clone(),
-            old: [None, None],
-            generation: [0; 2],
-            split_checks: Vec::new(),
-        };
+        let mut c = Cluster::assemble(Environment::Sandbox, [a, b], Some(relays), bin, api, Some(dir), tuning);
         c.spawn(0)?;
         c.spawn(1)?;
         c.wait_ready(0).await?;
@@ -349,39 +422,30 @@ impl Cluster {
                 .await
                 .map_err(|e| anyhow::anyhow!("{base}/v1/status: {e}"))?;
             let name = raw.get("dc").and_then(|v| v.as_str()).context("status without dc")?.to_owned();
-            dcs.push(Dc {
-                name,
-                base,
-                config: None,
-                data_dir: None,
-                log: None,
-                netns: None,
-                child: None,
-                paused: false,
-            });
+            dcs.push(Dc::new(&name, vec![Node::new(base, None, None, None)], None));
         }
         let [a, b]: [Dc; 2] = dcs.try_into().map_err(|_| anyhow::anyhow!("two DCs"))?;
         if a.name == b.name {
             bail!("both targets say they are DC {}", a.name);
         }
-        Ok(Cluster {
-            env: Environment::Targets { a: a.base.clone(), b: b.base.clone(), hook },
-            dcs: [a, b],
-            relays: None,
-            netns: None,
-            bin: bin.to_owned(),
-            api,
-            dir: None,
-            tuning: NodeTuning::default(),
-            old: [None, None],
-            generation: [0; 2],
-            split_checks: Vec::new(),
-        })
+        let env = Environment::Targets { a: a.base.clone(), b: b.base.clone(), hook };
+        Ok(Cluster::assemble(env, [a, b], None, bin, api, None, &NodeTuning::default()))
     }
 
+    /// Starts every process of the DC that is not running.
     fn spawn(&mut self, side: usize) -> anyhow::Result<()> {
+        for k in 0..self.dcs[side].nodes.len() {
+            if self.dcs[side].nodes[k].child.is_none() {
+                self.spawn_node(side, k)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn spawn_node(&mut self, side: usize, k: usize) -> anyhow::Result<()> {
         let dc = &mut self.dcs[side];
-        let (Some(config), Some(log)) = (&dc.config, &dc.log) else {
+        let node = &mut dc.nodes[k];
+        let (Some(config), Some(log)) = (&node.config, &node.log) else {
             bail!("{} is not run by the drill", dc.name)
         };
         let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
@@ -397,16 +461,19 @@ impl Cluster {
         cmd.arg("server").arg("--config").arg(config);
         cmd.stdin(Stdio::null()).stdout(Stdio::from(out)).stderr(Stdio::from(err)).kill_on_drop(true);
         let child = cmd.spawn().with_context(|| format!("cannot start {}", self.bin.display()))?;
-        dc.child = Some(child);
-        dc.paused = false;
+        node.child = Some(child);
+        node.paused = false;
         Ok(())
     }
 
-    /// Waits until the DC answers `/v1/status` (bounded).
+    /// Waits until every running process of the DC answers `/v1/status` and, in a group,
+    /// one member serves writes (bounded).
     pub async fn wait_ready(&mut self, side: usize) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
-        loop {
-            if let Some(child) = self.dcs[side].child.as_mut() {
+        for k in 0..self.dcs[side].nodes.len() {
+            loop {
+                let node = &mut self.dcs[side].nodes[k];
+                let Some(child) = node.child.as_mut() else { break };
                 if let Ok(Some(status)) = child.try_wait() {
                     bail!(
                         "{} exited during start ({status}); log tail:\n{}",
@@ -414,26 +481,33 @@ impl Cluster {
                         self.log_tail(side)
                     );
                 }
+                if self.api.status(&node.base, Duration::from_millis(500)).await.is_ok() {
+                    break;
+                }
+                if tokio::time::Instant::now() > deadline {
+                    bail!(
+                        "{} did not answer within {READY_TIMEOUT:?}; log tail:\n{}",
+                        self.dcs[side].name,
+                        self.log_tail(side)
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            if self.api.status(&self.dcs[side].base, Duration::from_millis(500)).await.is_ok() {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() > deadline {
-                bail!(
-                    "{} did not answer within {READY_TIMEOUT:?}; log tail:\n{}",
-                    self.dcs[side].name,
-                    self.log_tail(side)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        if self.dcs[side].nodes.len() > 1 {
+            self.serving_member(side, None, deadline).await?;
+        }
+        Ok(())
     }
 
     pub fn log_tail(&self, side: usize) -> String {
-        let Some(p) = &self.dcs[side].log else { return String::new() };
-        let text = std::fs::read_to_string(p).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(15)..].join("\n")
+        let mut out = Vec::new();
+        for p in self.dcs[side].log_paths() {
+            let text = std::fs::read_to_string(p).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out.push(format!("== {}\n{}", p.display(), lines[lines.len().saturating_sub(15)..].join("\n")));
+        }
+        out.join("\n")
     }
 
     /// Performs one action. Returns a note when the action was only marked (not injected).
@@ -452,7 +526,7 @@ impl Cluster {
             Action::Kill { side, wipe } => {
                 self.kill(side).await?;
                 if wipe {
-                    if let Some(d) = &self.dcs[side].data_dir {
+                    for d in self.dcs[side].nodes.iter().filter_map(|n| n.data_dir.as_ref()) {
                         std::fs::remove_dir_all(d).with_context(|| format!("wiping {}", d.display()))?;
                         std::fs::create_dir_all(d)?;
                     }
@@ -468,27 +542,23 @@ impl Cluster {
             Action::Restore { side } => self.restore(side)?,
             Action::Split { side } => self.split(side).await?,
             Action::EndSplit { side } => self.end_split(side).await?,
+            Action::KillLeader { side } => return self.kill_leader(side).await.map(Some),
+            Action::RestartMember { side } => self.restart_members(side).await?,
         }
         Ok(None)
     }
 
     fn cut(&self, cut: Cut) -> anyhow::Result<()> {
-        if let Some([ab, ba]) = &self.relays {
-            // relay_ab: forward = a->b (a's dial), backward = b->a; relay_ba the reverse.
-            match cut {
-                Cut::Both => {
-                    ab.handle().partition(Direction::Both);
-                    ba.handle().partition(Direction::Both);
-                }
-                Cut::AToB => {
-                    ab.handle().partition(Direction::Forward);
-                    ba.handle().partition(Direction::Backward);
-                }
-                Cut::BToA => {
-                    ab.handle().partition(Direction::Backward);
-                    ba.handle().partition(Direction::Forward);
-                }
-            }
+        if let Some([abs, bas]) = &self.relays {
+            // An a->b relay: forward = a->b (a's dial), backward = b->a; b->a relays the
+            // reverse.
+            let (ab, ba) = match cut {
+                Cut::Both => (Direction::Both, Direction::Both),
+                Cut::AToB => (Direction::Forward, Direction::Backward),
+                Cut::BToA => (Direction::Backward, Direction::Forward),
+            };
+            abs.iter().for_each(|r| r.handle().partition(ab));
+            bas.iter().for_each(|r| r.handle().partition(ba));
             return Ok(());
         }
         if let Some(ns) = &self.netns {
@@ -501,9 +571,8 @@ impl Cluster {
     }
 
     fn heal(&self) -> anyhow::Result<()> {
-        if let Some([ab, ba]) = &self.relays {
-            ab.handle().heal();
-            ba.handle().heal();
+        if let Some(relays) = &self.relays {
+            relays.iter().flatten().for_each(|r| r.handle().heal());
             return Ok(());
         }
         if let Some(ns) = &self.netns {
@@ -526,7 +595,7 @@ impl Cluster {
                 reorder_hold_ms: p.reorder_hold_ms,
             }),
         };
-        for r in relays {
+        for r in relays.iter().flatten() {
             // Keep a partition in force if there is one.
             let partitioned = r.handle().faults();
             let mut f = faults;
@@ -537,32 +606,46 @@ impl Cluster {
         Ok(())
     }
 
-    /// SIGKILL, then reap (bounded).
+    /// SIGKILL of every process of the DC, then reap (bounded).
     pub async fn kill(&mut self, side: usize) -> anyhow::Result<()> {
+        for k in 0..self.dcs[side].nodes.len() {
+            self.kill_node(side, k).await?;
+        }
+        Ok(())
+    }
+
+    async fn kill_node(&mut self, side: usize, k: usize) -> anyhow::Result<()> {
         let dc = &mut self.dcs[side];
-        if let Some(mut child) = dc.child.take() {
+        let node = &mut dc.nodes[k];
+        if let Some(mut child) = node.child.take() {
             let _ = child.start_kill();
             tokio::time::timeout(Duration::from_secs(10), child.wait())
                 .await
                 .with_context(|| format!("{} did not die within 10s of SIGKILL", dc.name))??;
         }
-        dc.paused = false;
+        node.paused = false;
         Ok(())
     }
 
+    /// Sends `sig` to every process of the DC.
     async fn signal(&mut self, side: usize, sig: &str, paused: bool) -> anyhow::Result<()> {
         let dc = &mut self.dcs[side];
-        let pid = dc.pid().with_context(|| format!("{} is not running", dc.name))?;
-        let st = tokio::time::timeout(
-            Duration::from_secs(5),
-            Command::new("kill").arg(sig).arg(pid.to_string()).status(),
-        )
-        .await
-        .context("kill timed out")??;
-        if !st.success() {
-            bail!("kill {sig} {pid} failed");
+        let pids: Vec<u32> = dc.nodes.iter().filter_map(Node::pid).collect();
+        if pids.is_empty() {
+            bail!("{} is not running", dc.name);
         }
-        dc.paused = paused;
+        for pid in pids {
+            let st = tokio::time::timeout(
+                Duration::from_secs(5),
+                Command::new("kill").arg(sig).arg(pid.to_string()).status(),
+            )
+            .await
+            .context("kill timed out")??;
+            if !st.success() {
+                bail!("kill {sig} {pid} failed");
+            }
+        }
+        dc.nodes.iter_mut().filter(|n| n.child.is_some()).for_each(|n| n.paused = paused);
         Ok(())
     }
 
@@ -591,6 +674,8 @@ impl Cluster {
             Action::Restore { side } => vec!["restore".into(), self.dcs[side].name.clone()],
             Action::Split { side } => vec!["split".into(), self.dcs[side].name.clone()],
             Action::EndSplit { side } => vec!["end-split".into(), self.dcs[side].name.clone()],
+            Action::KillLeader { side } => vec!["kill-leader".into(), self.dcs[side].name.clone()],
+            Action::RestartMember { side } => vec!["restart-member".into(), self.dcs[side].name.clone()],
         };
         let line = format!("{hook} {}", args.join(" "));
         // The arguments go in as positional parameters, never through the shell's parser.
@@ -629,10 +714,16 @@ impl Cluster {
     /// Relay counters: (a->b forwarded, dropped), (b->a forwarded, dropped), summed over
     /// both relays' directions.
     pub fn relay_totals(&self) -> Option<(u64, u64, u64, u64)> {
-        let [ab, ba] = self.relays.as_ref()?;
-        let (x, y) = (ab.handle().stats(), ba.handle().stats());
-        let a_to_b = (x.forward.forwarded + y.backward.forwarded, x.forward.dropped() + y.backward.dropped());
-        let b_to_a = (x.backward.forwarded + y.forward.forwarded, x.backward.dropped() + y.forward.dropped());
+        let [abs, bas] = self.relays.as_ref()?;
+        let (mut a_to_b, mut b_to_a) = ((0, 0), (0, 0));
+        for x in abs.iter().map(|r| r.handle().stats()) {
+            a_to_b = (a_to_b.0 + x.forward.forwarded, a_to_b.1 + x.forward.dropped());
+            b_to_a = (b_to_a.0 + x.backward.forwarded, b_to_a.1 + x.backward.dropped());
+        }
+        for y in bas.iter().map(|r| r.handle().stats()) {
+            a_to_b = (a_to_b.0 + y.backward.forwarded, a_to_b.1 + y.backward.dropped());
+            b_to_a = (b_to_a.0 + y.forward.forwarded, b_to_a.1 + y.forward.dropped());
+        }
         Some((a_to_b.0, a_to_b.1, b_to_a.0, b_to_a.1))
     }
 
@@ -640,25 +731,27 @@ impl Cluster {
     pub async fn shutdown(mut self) {
         self.kill_old_incarnations();
         for side in 0..2 {
-            if self.dcs[side].paused {
+            if self.dcs[side].nodes.iter().any(|n| n.paused) {
                 let _ = self.signal(side, "-CONT", false).await;
             }
-            if let Some(pid) = self.dcs[side].pid() {
+            for pid in self.dcs[side].nodes.iter().filter_map(Node::pid) {
                 let _ = tokio::time::timeout(
                     Duration::from_secs(2),
                     Command::new("kill").arg("-TERM").arg(pid.to_string()).status(),
                 )
                 .await;
             }
-            if let Some(mut child) = self.dcs[side].child.take() {
-                if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
-                    let _ = child.start_kill();
-                    let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+            for node in &mut self.dcs[side].nodes {
+                if let Some(mut child) = node.child.take() {
+                    if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+                        let _ = child.start_kill();
+                        let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                    }
                 }
             }
         }
         if let Some(relays) = self.relays.take() {
-            for r in relays {
+            for r in relays.into_iter().flatten() {
                 r.shutdown().await;
             }
         }
@@ -669,8 +762,8 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.kill_old_incarnations();
-        for dc in &mut self.dcs {
-            if let Some(child) = dc.child.as_mut() {
+        for node in self.dcs.iter_mut().flat_map(|dc| dc.nodes.iter_mut()) {
+            if let Some(child) = node.child.as_mut() {
                 // SIGKILL works on stopped processes too.
                 let _ = child.start_kill();
             }

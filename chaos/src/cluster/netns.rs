@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{bail, Context as _};
 
-use super::{make_certs, node_config, Cluster, Dc, Environment, NodeTuning, SetupError, SANDBOX_DCS};
+use super::{make_certs, node_config, Cluster, Dc, Environment, Node, NodeTuning, SetupError, SANDBOX_DCS};
 use crate::api::Api;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
@@ -29,7 +29,7 @@ impl Cluster {
         let id = (u64::from(std::process::id()) * 16 + NEXT_ID.fetch_add(1, Ordering::Relaxed)) % 100_000;
         let ns = Netns::create(id)?;
         let certs = dir.join("certs");
-        make_certs(bin, &certs).await?;
+        make_certs(bin, &certs, 1).await?;
         let mut dcs = Vec::new();
         for side in 0..2 {
             let name = SANDBOX_DCS[side];
@@ -41,34 +41,20 @@ impl Cluster {
                 format!("{}:7500", ns.repl_addr(side)).parse().map_err(anyhow::Error::from)?;
             let peer: SocketAddr =
                 format!("{}:7500", ns.repl_addr(1 - side)).parse().map_err(anyhow::Error::from)?;
-            let cfg = node_config(name, &data_dir, http, listen, SANDBOX_DCS[1 - side], peer, &certs, tuning);
+            let cfg = node_config(name, &data_dir, http, listen, SANDBOX_DCS[1 - side], &[peer], &certs, tuning);
             let config = dir.join(format!("{name}.toml"));
             std::fs::write(&config, cfg).map_err(anyhow::Error::from)?;
-            dcs.push(Dc {
-                name: name.to_owned(),
-                base: format!("http://{http}"),
-                config: Some(config),
-                data_dir: Some(data_dir),
-                log: Some(dir.join(format!("{name}.log"))),
-                netns: Some(ns.names[side].clone()),
-                child: None,
-                paused: false,
-            });
+            let node = Node::new(
+                format!("http://{http}"),
+                Some(config),
+                Some(data_dir),
+                Some(dir.join(format!("{name}.log"))),
+            );
+            dcs.push(Dc::new(name, vec![node], Some(ns.names[side].clone())));
         }
         let [a, b]: [Dc; 2] = dcs.try_into().map_err(|_| anyhow::anyhow!("two DCs"))?;
-        let mut c = Cluster {
-            env: Environment::Netns,
-            dcs: [a, b],
-            relays: None,
-            netns: Some(ns),
-            bin: bin.to_owned(),
-            api,
-            dir: Some(dir.to_owned()),
-            tuning: tuning.clone(),
-            old: [None, None],
-            generation: [0; 2],
-            split_checks: Vec::new(),
-        };
+        let mut c = Cluster::assemble(Environment::Netns, [a, b], None, bin, api, Some(dir), tuning);
+        c.netns = Some(ns);
         c.spawn(0)?;
         c.spawn(1)?;
         c.wait_ready(0).await?;

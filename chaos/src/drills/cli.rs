@@ -15,7 +15,7 @@ use crate::report::DrillReport;
 #[command(
     name = "tandem chaos",
     about = "Partition-heal chaos drills with a seeded workload and an invariant checker",
-    after_help = "Drills: partition-heal, one-way-partition, flapping-link, crash-restart, pause, packet-chaos, long-partition; `all` runs them all, `list` describes them.\n\
+    after_help = "Drills: partition-heal, one-way-partition, flapping-link, crash-restart, pause, packet-chaos, long-partition, restore-rollback, split-incarnation, leader-kill; `all` runs them all, `list` describes them.\n\
 Exit status: 0 when every invariant held (and, by default, when a drill was SKIPPED: see --skipped-exit-code), 1 when an invariant failed, 2 when a drill could not run, 130 on Ctrl-C."
 )]
 struct ChaosCli {
@@ -61,6 +61,10 @@ struct ChaosCli {
     /// Only the final tables.
     #[arg(long)]
     quiet: bool,
+    /// Nodes per DC in the sandbox: 1, or a Raft group (3 or 5). Default: 3 for
+    /// leader-kill, 1 for the others.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=9))]
+    nodes: Option<u16>,
 }
 
 /// Parses `250ms`, `30s`, `5m`, `1h` or a bare number of seconds.
@@ -167,6 +171,7 @@ pub async fn main(args: Vec<String>, bin: PathBuf) -> ExitCode {
             recovery_budget_ms: budget,
             quiet: cli.quiet,
             token: cli.token.clone(),
+            nodes: cli.nodes.map_or(kind.nodes_default(), usize::from),
         };
         let run = run_drill(&opts, &bin);
         let res = tokio::select! {

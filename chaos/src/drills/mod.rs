@@ -35,7 +35,7 @@ use crate::checker::{
     divergence, view_set, CheckReport, Checker, CheckerConfig, HealthRules, InstanceRef, Ms, ProcessEvent,
     ServiceView, StatusView, ViewScope,
 };
-use crate::cluster::{Cluster, Environment, NodeTuning, SetupError};
+use crate::cluster::{Cluster, Environment, NodeTuning, SetupError, DRAIN};
 use crate::ledger::{FaultLedger, StepEffect};
 use crate::plan::{plan, Action, Cut, DrillKind, Plan};
 use crate::report::{DrillReport, Expectation, Figures, Sample};
@@ -76,6 +76,8 @@ pub struct DrillOptions {
     /// The ACL token every request presents (`--token`, `TANDEM_TOKEN`): for targets with
     /// ACLs on. It must be valid at both DCs (docs/chaos.md).
     pub token: Option<String>,
+    /// Processes per DC: 1, or the members of a Raft group (sandbox only).
+    pub nodes: usize,
 }
 
 impl DrillOptions {
@@ -90,6 +92,7 @@ impl DrillOptions {
             recovery_budget_ms: 20_000,
             quiet: false,
             token: None,
+            nodes: kind.nodes_default(),
         }
     }
 }
@@ -169,8 +172,11 @@ fn mode_name(opts: &DrillOptions) -> String {
     }
 }
 
-fn env_name(env: &Environment) -> String {
+fn env_name(env: &Environment, nodes: usize) -> String {
     match env {
+        Environment::Sandbox if nodes > 1 => {
+            format!("sandbox (loopback + UDP relays), a group of {nodes} nodes per DC")
+        }
         Environment::Sandbox => "sandbox (loopback + UDP relays)".into(),
         Environment::Netns => "sandbox in network namespaces".into(),
         Environment::Targets { hook: Some(h), .. } => format!("targets (fault hook {h})"),
@@ -182,6 +188,9 @@ fn replay_cmd(opts: &DrillOptions) -> String {
     let mut s = format!("tandem chaos {} --seed {:#x}", opts.kind, opts.seed);
     if let Some(ms) = opts.span_ms {
         s.push_str(&format!(" --duration {}s", ms / 1000));
+    }
+    if opts.nodes != opts.kind.nodes_default() {
+        s.push_str(&format!(" --nodes {}", opts.nodes));
     }
     match &opts.env {
         Environment::Sandbox => {}
@@ -202,7 +211,7 @@ fn skipped(opts: &DrillOptions, reason: String, started: Instant) -> DrillReport
         seed: opts.seed,
         seed_hex: format!("{:#018x}", opts.seed),
         mode: mode_name(opts),
-        environment: env_name(&opts.env),
+        environment: env_name(&opts.env, opts.nodes),
         dcs: ["-".into(), "-".into()],
         namespace: String::new(),
         span_ms: 0,
@@ -235,8 +244,13 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         opts.kind.about(),
         opts.seed,
         mode_name(opts),
-        env_name(&opts.env)
+        env_name(&opts.env, opts.nodes)
     ));
+    if let Some(reason) = opts.kind.refuses_nodes(opts.nodes) {
+        let r = skipped(opts, reason, started);
+        say(&format!("SKIPPED: {}", r.skipped_reason.clone().unwrap_or_default()));
+        return Ok(r);
+    }
     if matches!(opts.env, Environment::Netns) && opts.kind.needs_relay() {
         let r = skipped(
             opts,
@@ -255,7 +269,8 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         tuning = NodeTuning::default();
     }
     let api = Api::with_token(opts.token.as_deref()).map_err(|e| anyhow::anyhow!("--token: {e}"))?;
-    let mut cluster = match Cluster::start(opts.env.clone(), bin, &dir, &tuning, opts.seed, api).await {
+    let mut cluster = match Cluster::start(opts.env.clone(), bin, &dir, &tuning, opts.seed, api, opts.nodes).await
+    {
         Ok(c) => c,
         Err(SetupError::Skipped(reason)) => {
             let r = skipped(opts, reason, started);
@@ -371,6 +386,12 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     let mut shift: u64 = 0;
     for (i, step) in the_plan.actions.iter().enumerate() {
         tokio::time::sleep_until(ctx.start + Duration::from_millis(step.at_ms + shift)).await;
+        // A leader kill: the clients move off the member first (a DC's other members keep
+        // answering; only writes wait for the next leader).
+        if cluster.prepare(step.action).await.with_context(|| format!("fault {:?}", step.action))? {
+            follow_bases(&ctx, &cluster);
+            tokio::time::sleep(DRAIN).await;
+        }
         let t0 = ctx.now();
         if ledger.breaks_quiet(step.action) {
             ctx.checker.lock().fault_started(t0);
@@ -398,11 +419,7 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         let note = cluster.apply(step.action).await.with_context(|| format!("fault {:?}", step.action))?;
         // A split moved a DC to its replacement: the clients follow before the checker hears
         // of it (a request read the base before its invocation time).
-        for side in 0..2 {
-            if *ctx.bases[side].read() != cluster.dcs[side].base {
-                *ctx.bases[side].write() = cluster.dcs[side].base.clone();
-            }
-        }
+        follow_bases(&ctx, &cluster);
         let t1 = ctx.now();
         let label = ledger.label(step.action);
         ctx.say(&format!("fault: {label}{}", note.map(|n| format!(" ({n})")).unwrap_or_default()));
@@ -522,8 +539,9 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     let relay = cluster.relay_totals();
     let metrics_snapshots = snapshot_metrics(&ctx.api, &[ctx.base(0), ctx.base(1)]).await;
     let split_checks = cluster.split_checks().to_vec();
+    let failovers = cluster.failovers().to_vec();
     let logs: Vec<String> =
-        cluster.dcs.iter().filter_map(|d| d.log_path().map(|p| p.display().to_string())).collect();
+        cluster.dcs.iter().flat_map(|d| d.log_paths().map(|p| p.display().to_string())).collect();
     cluster.shutdown().await;
 
     let check: CheckReport = {
@@ -572,13 +590,32 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
             },
         });
     }
+    if opts.kind == DrillKind::LeaderKill && cluster_did_processes(&opts.env) {
+        let kills = the_plan.actions.iter().filter(|a| matches!(a.action, Action::KillLeader { .. })).count();
+        let mut gaps: Vec<u64> = failovers.iter().map(|f| f.gap_ms).collect();
+        gaps.sort_unstable();
+        expectations.push(Expectation {
+            name: "leader-failover".into(),
+            passed: kills > 0 && failovers.len() == kills,
+            detail: format!(
+                "{} of {kills} leader kills answered by another member serving writes (kill to a status poll seeing it: max {}ms): {}",
+                failovers.len(),
+                gaps.last().copied().unwrap_or(0),
+                failovers
+                    .iter()
+                    .map(|f| format!("{} n{}->n{} {}ms", f.dc, f.killed, f.next, f.gap_ms))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
+    }
     let passed = check.passed() && expectations.iter().all(|e| e.passed);
     let mut report = DrillReport {
         drill: opts.kind.name().into(),
         seed: opts.seed,
         seed_hex: format!("{:#018x}", opts.seed),
         mode: mode_name(opts),
-        environment: env_name(&opts.env),
+        environment: env_name(&opts.env, opts.nodes),
         dcs: names.clone(),
         namespace: ns,
         span_ms: the_plan.span_ms,
@@ -618,6 +655,15 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         println!("report: {} | timeline: {}", json_path.display(), svg_path.display());
     }
     Ok(report)
+}
+
+/// The drill's clients use the member each DC's [`Cluster`] names.
+fn follow_bases(ctx: &Ctx, cluster: &Cluster) {
+    for side in 0..2 {
+        if *ctx.bases[side].read() != cluster.dcs[side].base {
+            *ctx.bases[side].write() = cluster.dcs[side].base.clone();
+        }
+    }
 }
 
 fn cluster_did_processes(env: &Environment) -> bool {

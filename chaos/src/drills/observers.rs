@@ -306,6 +306,11 @@ pub(super) async fn wait_caught_up(ctx: &Ctx, budget: Duration) -> Option<Ms> {
         let b = poll_status(ctx, 1).await.map(|x| x.0);
         if let (Some(a), Some(b)) = (a, b) {
             match targets {
+                // A DC that moved to a new epoch since (its first handshake after a fresh
+                // start, a restore) is caught up to its new mark, not the old one.
+                Some([ta, tb]) if ta.epoch != a.log.epoch || tb.epoch != b.log.epoch => {
+                    targets = Some([a.log, b.log])
+                }
                 None => targets = Some([a.log, b.log]),
                 Some([ta, tb]) => {
                     let has = |s: &StatusView, origin: &str, t: crate::checker::Mark| {

@@ -98,8 +98,9 @@ pub trait ReplicaStore: Clone + Send + Sync + 'static {
 pub struct PeerConfig {
     pub dc: String,
     /// Where its gateway may be: one address for a single-node DC, every node's for a DC
-    /// group (only its leader runs a gateway). The dialer tries them in turn, starting
-    /// again from the one that last worked.
+    /// group (only its leader runs a gateway). The dialer dials them all at once and keeps
+    /// the first connection whose handshake completes, so finding a new leader costs one
+    /// round trip, not a handshake timeout per follower.
     pub addrs: Vec<SocketAddr>,
 }
 
@@ -388,7 +389,6 @@ async fn dial_loop<S: ReplicaStore>(
     let mut cache = ReaderCache::default();
     // Which of the peer's addresses the next session dials: the one that last worked,
     // else the next after a failure.
-    let mut at = 0usize;
     loop {
         if *shut.borrow() {
             return;
@@ -413,18 +413,10 @@ async fn dial_loop<S: ReplicaStore>(
         let started = tokio::time::Instant::now();
         let tried = version;
         let mut wire = WireVersion { version, silent: false, cache: std::mem::take(&mut cache) };
-        let addr = peer.addrs.get(at % peer.addrs.len().max(1)).copied();
-        let res = match addr {
-            Some(addr) => tokio::select! {
-                r = send_session(&endpoint, &cfg, &peer, addr, &tls, &store, &stats, &mut wire) => r,
-                _ = shut.changed() => return,
-            },
-            None => Err("no address configured".to_owned()),
+        let res = tokio::select! {
+            r = send_session(&endpoint, &cfg, &peer, &tls, &store, &stats, &mut wire) => r,
+            _ = shut.changed() => return,
         };
-        if res.is_err() && peer.addrs.len() > 1 {
-            // A DC group's follower runs no gateway: try its next node.
-            at = (at + 1) % peer.addrs.len();
-        }
         cache = std::mem::take(&mut wire.cache);
         version = wire.version;
         if version == tried {
@@ -463,6 +455,37 @@ async fn dial_loop<S: ReplicaStore>(
         }
         backoff_ms = (backoff_ms * 2).min(cfg.backoff_max_ms.max(1));
     }
+}
+
+/// Dials every address at once and keeps the first connection whose handshake completes
+/// (the other attempts are dropped). A DC group's followers run no gateway: only its
+/// leader's address answers.
+async fn dial(
+    endpoint: &quinn::Endpoint,
+    client_cfg: &quinn::ClientConfig,
+    addrs: &[SocketAddr],
+    server_name: &str,
+) -> Result<(quinn::Connection, SocketAddr), String> {
+    let mut attempts = tokio::task::JoinSet::new();
+    let mut last_error = "no address configured".to_owned();
+    for &addr in addrs {
+        match endpoint.connect_with(client_cfg.clone(), addr, server_name) {
+            Ok(connecting) => {
+                attempts.spawn(async move {
+                    connecting.await.map(|c| (c, addr)).map_err(|e| format!("connect {addr}: {e}"))
+                });
+            }
+            Err(e) => last_error = format!("connect {addr}: {e}"),
+        }
+    }
+    while let Some(done) = attempts.join_next().await {
+        match done {
+            Ok(Ok(won)) => return Ok(won),
+            Ok(Err(e)) => last_error = e,
+            Err(e) => last_error = format!("connect: {e}"),
+        }
+    }
+    Err(last_error)
 }
 
 fn now_ms(started: tokio::time::Instant) -> u64 {
@@ -522,7 +545,6 @@ async fn send_session<S: ReplicaStore>(
     endpoint: &quinn::Endpoint,
     cfg: &GatewayConfig,
     peer: &PeerConfig,
-    addr: SocketAddr,
     tls: &ReloadableTls,
     store: &S,
     stats: &GatewayStats,
@@ -530,11 +552,8 @@ async fn send_session<S: ReplicaStore>(
 ) -> Result<SessionEnd, String> {
     let v = wire.version;
     let client_cfg = tls.client_config(ALPN).map_err(|e| e.to_string())?;
-    let conn = endpoint
-        .connect_with(client_cfg, addr, &peer.dc)
-        .map_err(|e| e.to_string())?
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
+    let (conn, addr) = dial(endpoint, &client_cfg, &peer.addrs, &peer.dc).await?;
+    debug!(peer = %peer.dc, %addr, "connected to the peer's gateway");
     let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
     let clock = tokio::time::Instant::now();
     let peer_dc = peer.dc.clone();
