@@ -487,7 +487,10 @@ mod tests {
                     }
                 }
                 assert!(
-                    !cut && !packets && killed == [false; 2] && paused == [false; 2] && split == [false; 2]
+                    !cut && !packets
+                        && killed == [false; 2]
+                        && paused == [false; 2]
+                        && split == [false; 2]
                         && leaderless == [false; 2],
                     "{kind}: every fault ends"
                 );

@@ -199,16 +199,7 @@ impl Group {
         }
         let (serving, _) = watch::channel(None);
         tracing::info!(node = id, raft = %section.me().raft_addr, "group member started");
-        Ok(Group {
-            id,
-            raft,
-            sm,
-            link,
-            service,
-            section: section.clone(),
-            serving,
-            progress,
-        })
+        Ok(Group { id, raft, sm, link, service, section: section.clone(), serving, progress })
     }
 
     /// Serves the other members' forwarded writes with `serve` from now on.
@@ -266,7 +257,9 @@ impl Group {
                     }
                 }
             }
-            Err(e) => tracing::debug!(leader, error = %e, "the leader did not say how remote origins progress"),
+            Err(e) => {
+                tracing::debug!(leader, error = %e, "the leader did not say how remote origins progress")
+            }
         }
     }
 

@@ -272,12 +272,16 @@ impl Checker {
         let check = rules.check_interval_ms;
         let slack = rules.commit_slack_ms;
         // The owner ran its lease checks up to the read (else only the never-better rule).
-        let (from, grace) = (o.invoked.saturating_sub(check + rules.tolerance_ms), check + rules.tolerance_ms);
-        let ran = !st.down_during(from, o.completed, grace) && !st.leaderless_during(from, o.completed, grace);
+        let (from, grace) =
+            (o.invoked.saturating_sub(check + rules.tolerance_ms), check + rules.tolerance_ms);
+        let ran =
+            !st.down_during(from, o.completed, grace) && !st.leaderless_during(from, o.completed, grace);
         // A new leader starts every lease over, as a restart does.
         let took_over = |t: Ms| st.last_event_before(ProcessEvent::LeaderServing, t).unwrap_or(0);
-        let spawned = st.last_event_before(ProcessEvent::Spawned, o.invoked).unwrap_or(0).max(took_over(o.invoked));
-        let ready = st.last_event_before(ProcessEvent::Ready, o.completed).unwrap_or(0).max(took_over(o.completed));
+        let spawned =
+            st.last_event_before(ProcessEvent::Spawned, o.invoked).unwrap_or(0).max(took_over(o.invoked));
+        let ready =
+            st.last_event_before(ProcessEvent::Ready, o.completed).unwrap_or(0).max(took_over(o.completed));
         let tag = format!("{}..{}ms {} view of {}", o.invoked, o.completed, o.dc, o.service);
         let line = shown.map_or(format!("{tag}: absent"), |i| {
             format!(

@@ -98,7 +98,11 @@ impl Cluster {
                 }
             }
             if Instant::now() > deadline {
-                bail!("no member of {} served writes in time; log tail:\n{}", self.dcs[side].name, self.log_tail(side));
+                bail!(
+                    "no member of {} served writes in time; log tail:\n{}",
+                    self.dcs[side].name,
+                    self.log_tail(side)
+                );
             }
             tokio::time::sleep(LEADER_POLL).await;
         }
@@ -134,7 +138,8 @@ impl Cluster {
         self.dcs[side].killed.push(k);
         let next = self.serving_member(side, Some(k), killed_at + FAILOVER_WAIT).await?;
         let gap_ms = killed_at.elapsed().as_millis() as u64;
-        let f = Failover { dc: self.dcs[side].name.clone(), killed: k as u64 + 1, next: next as u64 + 1, gap_ms };
+        let f =
+            Failover { dc: self.dcs[side].name.clone(), killed: k as u64 + 1, next: next as u64 + 1, gap_ms };
         let note = format!("n{} killed; n{} served writes {}ms later", f.killed, f.next, f.gap_ms);
         self.failovers.push(f);
         Ok(note)

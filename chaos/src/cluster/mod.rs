@@ -356,9 +356,9 @@ impl Cluster {
         for side in 0..2 {
             for (k, to) in listen[1 - side].iter().enumerate() {
                 let seed = relay_seed.wrapping_add((2 * k + side) as u64);
-                let r = Relay::start(any, *to, Faults::NONE, seed)
-                    .await
-                    .with_context(|| format!("relay {} -> {} node {k}", SANDBOX_DCS[side], SANDBOX_DCS[1 - side]))?;
+                let r = Relay::start(any, *to, Faults::NONE, seed).await.with_context(|| {
+                    format!("relay {} -> {} node {k}", SANDBOX_DCS[side], SANDBOX_DCS[1 - side])
+                })?;
                 relays[side].push(r);
             }
         }
@@ -370,7 +370,11 @@ impl Cluster {
             let mut dc_nodes = Vec::new();
             for k in 0..nodes {
                 let (data_dir, config, log) = if nodes == 1 {
-                    (dir.join(name).join("data"), dir.join(format!("{name}.toml")), dir.join(format!("{name}.log")))
+                    (
+                        dir.join(name).join("data"),
+                        dir.join(format!("{name}.toml")),
+                        dir.join(format!("{name}.log")),
+                    )
                 } else {
                     let n = k + 1;
                     (
@@ -394,12 +398,18 @@ impl Cluster {
                     cfg.push_str(&group::cluster_section(name, k, m, &certs));
                 }
                 std::fs::write(&config, cfg)?;
-                dc_nodes.push(Node::new(format!("http://{}", http[side][k]), Some(config), Some(data_dir), Some(log)));
+                dc_nodes.push(Node::new(
+                    format!("http://{}", http[side][k]),
+                    Some(config),
+                    Some(data_dir),
+                    Some(log),
+                ));
             }
             dcs.push(Dc::new(name, dc_nodes, None));
         }
         let [a, b]: [Dc; 2] = dcs.try_into().map_err(|_| anyhow::anyhow!("two DCs"))?;
-        let mut c = Cluster::assemble(Environment::Sandbox, [a, b], Some(relays), bin, api, Some(dir), tuning);
+        let mut c =
+            Cluster::assemble(Environment::Sandbox, [a, b], Some(relays), bin, api, Some(dir), tuning);
         c.spawn(0)?;
         c.spawn(1)?;
         c.wait_ready(0).await?;

@@ -41,7 +41,8 @@ impl Cluster {
                 format!("{}:7500", ns.repl_addr(side)).parse().map_err(anyhow::Error::from)?;
             let peer: SocketAddr =
                 format!("{}:7500", ns.repl_addr(1 - side)).parse().map_err(anyhow::Error::from)?;
-            let cfg = node_config(name, &data_dir, http, listen, SANDBOX_DCS[1 - side], &[peer], &certs, tuning);
+            let cfg =
+                node_config(name, &data_dir, http, listen, SANDBOX_DCS[1 - side], &[peer], &certs, tuning);
             let config = dir.join(format!("{name}.toml"));
             std::fs::write(&config, cfg).map_err(anyhow::Error::from)?;
             let node = Node::new(

@@ -269,16 +269,16 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         tuning = NodeTuning::default();
     }
     let api = Api::with_token(opts.token.as_deref()).map_err(|e| anyhow::anyhow!("--token: {e}"))?;
-    let mut cluster = match Cluster::start(opts.env.clone(), bin, &dir, &tuning, opts.seed, api, opts.nodes).await
-    {
-        Ok(c) => c,
-        Err(SetupError::Skipped(reason)) => {
-            let r = skipped(opts, reason, started);
-            say(&format!("SKIPPED: {}", r.skipped_reason.clone().unwrap_or_default()));
-            return Ok(r);
-        }
-        Err(SetupError::Failed(e)) => return Err(e.context(format!("setting up drill {}", opts.kind))),
-    };
+    let mut cluster =
+        match Cluster::start(opts.env.clone(), bin, &dir, &tuning, opts.seed, api, opts.nodes).await {
+            Ok(c) => c,
+            Err(SetupError::Skipped(reason)) => {
+                let r = skipped(opts, reason, started);
+                say(&format!("SKIPPED: {}", r.skipped_reason.clone().unwrap_or_default()));
+                return Ok(r);
+            }
+            Err(SetupError::Failed(e)) => return Err(e.context(format!("setting up drill {}", opts.kind))),
+        };
     let names = [cluster.dcs[0].name.clone(), cluster.dcs[1].name.clone()];
     let bases = [cluster.dcs[0].base.clone(), cluster.dcs[1].base.clone()];
     let caps = cluster.capabilities();
