@@ -16,6 +16,7 @@ use crate::node::Node;
 use tandem_client::api::StatusName;
 use tandem_client::{Client, ClientError};
 
+mod cluster;
 mod dev;
 pub use dev::dev_configs;
 
@@ -63,6 +64,18 @@ enum TokenCmd {
     List {
         #[arg(long, short)]
         config: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// Every member of the DC's group as its own status shows it (role, term, leader,
+    /// serving writes, applied and last log index, the leader's matched index per member).
+    /// Exit status 1 unless every member answers and all follow one leader that serves
+    /// writes. --addr: any member (the others are found from its member list).
+    Status {
+        #[command(flatten)]
+        conn: Conn,
     },
 }
 
@@ -220,6 +233,11 @@ enum Cmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// A DC's Raft group (`tandem cluster status --help`).
+    Cluster {
+        #[command(subcommand)]
+        cmd: ClusterCmd,
+    },
 }
 
 #[derive(clap::Args)]
@@ -257,8 +275,13 @@ impl Conn {
 
     /// The client (its TLS settings were checked by [`check_tls`] before).
     fn client(&self) -> Client {
+        self.client_of(&self.addr)
+    }
+
+    /// A client of `addrs` with these flags' TLS settings and token.
+    fn client_of(&self, addrs: &[String]) -> Client {
         let tls = self.tls().ok().flatten();
-        let c = Client::with_tls(&self.addr, tandem_client::ClientOptions::default(), tls.as_ref());
+        let c = Client::with_tls(addrs, tandem_client::ClientOptions::default(), tls.as_ref());
         match &self.token {
             Some(t) => c.with_token(t),
             None => c,
@@ -277,7 +300,8 @@ fn check_tls(cmd: &Cmd) -> Result<(), ClientError> {
         | Cmd::StatusSet { conn, .. }
         | Cmd::Discover { conn, .. }
         | Cmd::Watch { conn, .. }
-        | Cmd::Status { conn } => conn,
+        | Cmd::Status { conn }
+        | Cmd::Cluster { cmd: ClusterCmd::Status { conn } } => conn,
         Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } | Cmd::Chaos { .. } | Cmd::Acl { .. } => {
             return Ok(())
         }
@@ -595,6 +619,16 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
             }
         }
         Cmd::Status { conn } => conn.client().status().await.map(|v| print_json(&v)),
+        Cmd::Cluster { cmd: ClusterCmd::Status { conn } } => {
+            let scheme =
+                conn.addr.first().and_then(|a| a.split_once("://")).map_or("http", |(s, _)| s).to_owned();
+            let member = |url: &str| conn.client_of(&[url.to_owned()]);
+            match cluster::status(&conn.client(), &scheme, &member).await {
+                Ok(true) => return ExitCode::SUCCESS,
+                Ok(false) => return ExitCode::from(1),
+                Err(e) => Err(e),
+            }
+        }
         Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } | Cmd::Chaos { .. } | Cmd::Acl { .. } => {
             Ok(())
         }

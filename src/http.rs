@@ -176,6 +176,7 @@ struct DiscoverQuery {
     dc: Option<String>,
     explain: Option<String>,
     stream: Option<String>,
+    consistent: Option<String>,
 }
 
 /// A streaming watch writes a bare newline after this long without a change, so that
@@ -226,8 +227,14 @@ async fn discover(
         Some(dc) => DcFilter::Only(dc.to_owned()),
     };
     let explain = parse_bool("explain", q.explain.as_deref())?;
+    let consistent = parse_bool("consistent", q.consistent.as_deref())?;
     // Validate before blocking, so a bad request fails at once.
     crate::registry::validate_query(&ns, &svc, &filter)?;
+    // A node of a group answers from what it applied; `consistent` first makes sure that
+    // is every write acknowledged before the read (a single node always answers so).
+    if let (true, Some(g)) = (consistent, &node.group) {
+        g.read_barrier().await.map_err(read_barrier_error)?;
+    }
     let index: Option<u64> = match q.index.as_deref() {
         None => None,
         Some(i) => {
@@ -262,7 +269,41 @@ async fn discover(
         headers.insert("x-tandem-index", v);
     }
     headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(g) = &node.group {
+        group_headers(&mut headers, g);
+    }
     Ok((headers, body).into_response())
+}
+
+/// On a node of a group: whether it knows a leader, and how long ago it last heard from
+/// it (0 on the leader), so a client can tell a cut-off follower's answer.
+fn group_headers(headers: &mut HeaderMap, group: &crate::node::group::Group) {
+    let contact = group.last_contact_ms();
+    headers.insert(
+        "x-tandem-known-leader",
+        HeaderValue::from_static(if contact.is_some() { "true" } else { "false" }),
+    );
+    if let Some(ms) = contact.filter(|ms| *ms != u64::MAX) {
+        if let Ok(v) = HeaderValue::from_str(&ms.to_string()) {
+            headers.insert("x-tandem-last-contact", v);
+        }
+    }
+}
+
+fn read_barrier_error(e: crate::node::group::ReadBarrierError) -> ApiError {
+    use crate::node::group::ReadBarrierError;
+    match e {
+        ReadBarrierError::NoLeader => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            crate::error::NO_LEADER,
+            "consistent: the DC's group has no leader this node can reach; retry, or read without consistent",
+        ),
+        ReadBarrierError::Unreachable(why) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            crate::error::LEADER_UNREACHABLE,
+            format!("consistent: the leader did not confirm this read: {why}"),
+        ),
+    }
 }
 
 /// GET /v1/services/{ns}/{svc}?stream=true: a watch as one long response, newline-

@@ -489,15 +489,24 @@ impl Node {
         // Taking over as the group's leader (and giving up when another leads): the
         // leases and owners, each peer's scope, then the gateway.
         if let (Some(g), Some(r), Some(stats)) = (&group, &cfg.replication, &gateway_stats) {
-            let (stats, clock) = (stats.clone(), gateway_clock);
+            let (stats, clock, reg) = (stats.clone(), gateway_clock, registry.clone());
             let peers = r.peers.iter().map(|p| p.dc.clone()).collect::<Vec<_>>();
             // How long ago the gateway saw each peer progress (a follower asks).
             g.serve_staleness(Arc::new(move || {
                 let now = clock.elapsed().as_millis() as u64;
-                let seen = stats.peers.lock();
+                let ages: Vec<Option<u64>> = {
+                    let seen = stats.peers.lock();
+                    peers
+                        .iter()
+                        .map(|p| seen.get(p).map(|s| now.saturating_sub(s.in_last_progress_mono_ms)))
+                        .collect()
+                };
                 peers
                     .iter()
-                    .map(|p| (p.clone(), seen.get(p).map(|s| now.saturating_sub(s.in_last_progress_mono_ms))))
+                    .zip(ages)
+                    .map(|(p, age_ms)| {
+                        (p.clone(), crate::cluster::OriginProgress { age_ms, stale: reg.origin_stale(p) })
+                    })
                     .collect()
             }));
             tasks.push(tokio::spawn(group::follow_staleness(g.clone(), shut_rx.clone())));

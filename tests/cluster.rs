@@ -146,6 +146,21 @@ async fn a_dc_of_three_loses_no_acknowledged_write_when_its_leader_is_killed() {
         .await;
     }
 
+    // A consistent read on the other follower sees every write acknowledged before it
+    // (a read index from the leader, then its own apply), and a member's answers say
+    // whether it knows a leader and when it last heard from it.
+    let other = members.iter().position(|m| m.id != leader && m.id != members[follower].id).unwrap();
+    for i in 0..20 {
+        let id = format!("c{i}");
+        c.register(&reg_body("web", &id, true)).await.unwrap();
+        let seen = members[other].client().discover("default", "web", "consistent=true").await.unwrap();
+        assert!(ids_of(&seen).contains(&id), "a consistent read misses {id}: {seen}");
+    }
+    let answer = reqwest::get(format!("{}/v1/services/default/web", members[other].http)).await.unwrap();
+    assert_eq!(answer.headers()["x-tandem-known-leader"], "true");
+    let contact: u64 = answer.headers()["x-tandem-last-contact"].to_str().unwrap().parse().unwrap();
+    assert!(contact < 1_000, "a follower heard from its leader {contact} ms ago");
+
     // An ephemeral instance beating through the followers all along, and one that never
     // beats: the new leader must keep the first (its lease restarts with a full TTL) and
     // expire the second (it holds a lease for it although it never minted it).
@@ -221,6 +236,11 @@ async fn a_dc_of_three_loses_no_acknowledged_write_when_its_leader_is_killed() {
         .await;
     }
 
+    // `tandem cluster status` names the dead member and fails while it is down...
+    let nl_http = members.iter().find(|m| m.id == new_leader).unwrap().http.clone();
+    let (ok, out) = cluster_status(&nl_http).await;
+    assert!(!ok && out.contains(&format!("n{leader}")) && out.contains("unreachable"), "{out}");
+
     // The killed member comes back and catches up.
     members[li].server.start();
     let back = &members[li];
@@ -228,6 +248,10 @@ async fn a_dc_of_three_loses_no_acknowledged_write_when_its_leader_is_killed() {
         back.client().discover("default", "web", "").await.is_ok_and(|a| ids_of(&a).is_superset(&want))
     })
     .await;
+    // ... and passes once every member answers and follows the one serving leader.
+    let (ok, out) = cluster_status(&members[li].http).await;
+    assert!(ok && out.contains(&format!("n{new_leader} leads and serves writes")), "{out}");
+    eprintln!("{out}");
 
     // The new leader holds the leases: a heartbeat through a follower renews one (a
     // leader without it would answer 404), and the silent instance expires.
@@ -245,6 +269,34 @@ async fn a_dc_of_three_loses_no_acknowledged_write_when_its_leader_is_killed() {
     assert_eq!(ids(&beat), vec!["b1".to_owned()], "the lease that kept beating expired: {beat}");
     let status = nl.client().status().await.unwrap();
     assert_eq!(status["cluster"]["role"], "leader", "{status}");
+
+    // Cut off from a quorum, a member refuses consistent reads (it cannot know what it
+    // misses) and keeps serving plain ones.
+    let survivor = members.iter().position(|m| m.running()).unwrap();
+    for m in members.iter_mut().enumerate().filter(|(i, m)| *i != survivor && m.running()).map(|(_, m)| m) {
+        m.server.kill9();
+    }
+    let url = format!("{}/v1/services/default/web", members[survivor].http);
+    let refused = reqwest::get(format!("{url}?consistent=true")).await.unwrap();
+    assert_eq!(refused.status(), 503);
+    let body: Value = refused.json().await.unwrap();
+    let code = body["error"]["code"].as_str().unwrap_or_default().to_owned();
+    assert!(code == "no_leader" || code == "leader_unreachable", "{body}");
+    assert_eq!(reqwest::get(&url).await.unwrap().status(), 200, "plain reads go on");
+}
+
+/// `tandem cluster status --addr <addr>`: (exit status 0, standard output).
+async fn cluster_status(addr: &str) -> (bool, String) {
+    let addr = addr.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(common::tandem_bin())
+            .args(["cluster", "status", "--addr", &addr])
+            .output()
+            .expect("tandem runs");
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    })
+    .await
+    .unwrap()
 }
 
 /// The `[replication]` table of a test node (quick backoff, small batches).
@@ -352,6 +404,16 @@ async fn a_dc_group_replicates_through_its_leader_and_a_new_leader_resumes_witho
         })
         .await;
     }
+    // A follower's status shows the leader's gateway links and self-preservation (asked
+    // at the read), not its own idle ones.
+    for m in members.iter().filter(|m| m.running() && m.id != new_leader) {
+        let st = m.client().status().await.unwrap();
+        assert_eq!(st["from_leader"]["leader"], new_leader, "{st}");
+        assert_eq!(st["peers"]["dc-b"]["inbound"]["stale"], false, "{st}");
+        assert!(st["self_preservation"]["namespaces"].is_object(), "{st}");
+    }
+    let leader_status = nl.client().status().await.unwrap();
+    assert!(leader_status.get("from_leader").is_none(), "the leader answers for itself: {leader_status}");
     let held = b.client().discover("default", "web", "dc=dc-a").await.unwrap();
     eprintln!(
         "dc-a leader {leader} killed; {} writes acknowledged; dc-b holds {} of dc-a at {own:?}",

@@ -36,8 +36,8 @@ use serde_bytes::ByteBuf;
 pub use counting::{CountingStateMachine, COUNTING_SNAPSHOT_BYTES_MAX};
 pub use group_log::{GroupLog, PROPOSE_TIMEOUT};
 pub use network::{
-    forward, leader_status, staleness, Answer, ForwardAnswer, ForwardFn, Forwarded, MemberNetwork, MemberRpc,
-    RaftService, Request, Staleness, StalenessFn, StatusFn,
+    forward, leader_status, progress, read_index, Answer, ForwardAnswer, ForwardFn, Forwarded, MemberNetwork,
+    MemberRpc, OriginProgress, Progress, RaftService, Request, Staleness, StalenessFn, StatusFn,
 };
 pub use state_machine::{
     RegistryStateMachine, StateMachineCounters, APPLIED_FORMAT_V1, APPLY_EVENTS_PER_BATCH_MAX,

@@ -52,13 +52,20 @@ pub enum Request {
     Snapshot(InstallSnapshotRequest<TypeConfig>),
     /// A client's write a follower forwards to the leader.
     Forward(Forwarded),
-    /// A follower asks the leader which remote origins are stale (the leader runs the
-    /// gateway that sees their links).
+    /// A follower of an earlier version asks the leader which remote origins are stale
+    /// (the leader runs the gateway that sees their links). Answered, not asked, now:
+    /// [`Request::Progress`] replaced it.
     Staleness,
     /// A follower asks the leader for its `/v1/status` (for the parts only the leader
     /// knows: its gateway's peer links, its lease checks' self-preservation); the answer
     /// is that status as JSON.
     LeaderStatus,
+    /// A follower asks the leader how long ago its gateway saw each remote origin
+    /// progress.
+    Progress,
+    /// A follower asks the leader for a read index (`?consistent=true`): the leader
+    /// confirms with a quorum that it still leads and answers the index the read must see.
+    ReadIndex,
 }
 
 impl Request {
@@ -68,7 +75,11 @@ impl Request {
             Request::Append(rpc) => Some(&rpc.vote),
             Request::Vote(rpc) => Some(&rpc.vote),
             Request::Snapshot(rpc) => Some(&rpc.vote),
-            Request::Forward(_) | Request::Staleness | Request::LeaderStatus => None,
+            Request::Forward(_)
+            | Request::Staleness
+            | Request::LeaderStatus
+            | Request::Progress
+            | Request::ReadIndex => None,
         }
     }
 }
@@ -105,12 +116,24 @@ pub struct ForwardAnswer {
 /// Serves forwarded writes on this node (the HTTP API, set once it exists).
 pub type ForwardFn = Arc<dyn Fn(Forwarded) -> BoxFuture<'static, ForwardAnswer> + Send + Sync>;
 
-/// How long ago each remote origin progressed, as this node's gateway saw it (origin ->
-/// ms, `None`: never since it started).
-pub type Staleness = std::collections::BTreeMap<String, Option<u64>>;
+/// Which remote origins are stale, as this node sees them (origin -> stale): the answer to
+/// [`Request::Staleness`].
+pub type Staleness = std::collections::BTreeMap<String, bool>;
 
-/// Answers [`Request::Staleness`] on this node.
-pub type StalenessFn = Arc<dyn Fn() -> Staleness + Send + Sync>;
+/// How long ago each remote origin progressed, as this node's gateway saw it (origin ->
+/// ms, `None`: never since it started): the answer to [`Request::Progress`].
+pub type Progress = std::collections::BTreeMap<String, Option<u64>>;
+
+/// How one remote origin's copies stand on this node's gateway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OriginProgress {
+    /// Ms since they last progressed (`None`: never since the gateway started).
+    pub age_ms: Option<u64>,
+    pub stale: bool,
+}
+
+/// Answers [`Request::Progress`] and [`Request::Staleness`] on this node.
+pub type StalenessFn = Arc<dyn Fn() -> std::collections::BTreeMap<String, OriginProgress> + Send + Sync>;
 
 /// Answers [`Request::LeaderStatus`] on this node: its `/v1/status` as JSON.
 pub type StatusFn = Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
@@ -139,11 +162,16 @@ pub struct RaftService {
     forward: Arc<OnceLock<ForwardFn>>,
     staleness: Arc<OnceLock<StalenessFn>>,
     status: Arc<OnceLock<StatusFn>>,
+    /// When a leader's append (entries or heartbeat) in its current term last reached
+    /// this node.
+    last_append: Arc<parking_lot::Mutex<Option<std::time::Instant>>>,
 }
 
 type StatusAnswer = Answer<ByteBuf, openraft::error::Infallible>;
 type ForwardAnswerOf = Answer<ForwardAnswer, openraft::error::Infallible>;
 type StalenessAnswer = Answer<Staleness, openraft::error::Infallible>;
+type ProgressAnswer = Answer<Progress, openraft::error::Infallible>;
+type ReadIndexAnswer = Answer<u64, openraft::error::Infallible>;
 
 impl RaftService {
     /// Serves requests to `raft` from now on (once: a later call changes nothing).
@@ -164,6 +192,11 @@ impl RaftService {
     /// Answers status questions with `answer` from now on (once).
     pub fn serve_status(&self, answer: StatusFn) {
         let _ = self.status.set(answer);
+    }
+
+    /// When a leader's append last reached this node (`None`: never since it started).
+    pub fn last_append(&self) -> Option<std::time::Instant> {
+        *self.last_append.lock()
     }
 }
 
@@ -189,17 +222,34 @@ impl Handler for RaftService {
             };
             return encode(&ForwardAnswerOf::Done(serve(write).await));
         }
-        if let Request::Staleness = request {
+        if let Request::Staleness | Request::Progress = request {
             let Some(answer) = self.staleness.get() else {
                 return unavailable("this node's registry is not running yet".into());
             };
-            return encode(&StalenessAnswer::Done(answer()));
+            let seen = answer();
+            return match request {
+                Request::Staleness => encode(&StalenessAnswer::Done(
+                    seen.into_iter().map(|(origin, p)| (origin, p.stale)).collect(),
+                )),
+                _ => encode(&ProgressAnswer::Done(
+                    seen.into_iter().map(|(origin, p)| (origin, p.age_ms)).collect(),
+                )),
+            };
         }
         if let Request::LeaderStatus = request {
             let Some(answer) = self.status.get() else {
                 return unavailable("this node's API is not running yet".into());
             };
             return encode(&StatusAnswer::Done(ByteBuf::from(answer())));
+        }
+        if let Request::ReadIndex = request {
+            let Some(raft) = self.raft.get() else {
+                return unavailable("this node's Raft is not running yet".into());
+            };
+            return match raft.ensure_linearizable().await {
+                Ok(read) => encode(&ReadIndexAnswer::Done(read.map_or(0, |l| l.index))),
+                Err(e) => unavailable(format!("no read index here: {e}")),
+            };
         }
         let claimed = request.vote().and_then(|v| v.leader_id().voted_for());
         if claimed != Some(from) {
@@ -210,7 +260,12 @@ impl Handler for RaftService {
         };
         match request {
             Request::Append(rpc) => encode(&match raft.append_entries(rpc).await {
-                Ok(resp) => AppendAnswer::Done(resp),
+                Ok(resp) => {
+                    if !matches!(resp, AppendEntriesResponse::HigherVote(_)) {
+                        *self.last_append.lock() = Some(std::time::Instant::now());
+                    }
+                    AppendAnswer::Done(resp)
+                }
                 Err(e) => AppendAnswer::Refused(e),
             }),
             Request::Vote(rpc) => encode(&match raft.vote(rpc).await {
@@ -221,9 +276,11 @@ impl Handler for RaftService {
                 Ok(resp) => SnapshotAnswer::Done(resp),
                 Err(e) => SnapshotAnswer::Refused(e),
             }),
-            Request::Forward(_) | Request::Staleness | Request::LeaderStatus => {
-                unavailable("served above".into())
-            }
+            Request::Forward(_)
+            | Request::Staleness
+            | Request::LeaderStatus
+            | Request::Progress
+            | Request::ReadIndex => unavailable("served above".into()),
         }
     }
 }
@@ -319,14 +376,26 @@ impl RaftNetwork<TypeConfig> for MemberRpc {
     }
 }
 
-/// Asks member `to` (the leader) which remote origins are stale.
-pub async fn staleness(
+/// Asks member `to` (the leader) for a read index: the Raft index a linearizable read
+/// must see applied.
+pub async fn read_index(link: &MemberLink, to: NodeId, timeout: std::time::Duration) -> Result<u64, String> {
+    let answer = link.call(to, &encode(&Request::ReadIndex), timeout).await.map_err(|e| e.to_string())?;
+    match postcard::from_bytes::<ReadIndexAnswer>(&answer) {
+        Ok(Answer::Done(index)) => Ok(index),
+        Ok(Answer::Refused(e)) => Err(e.to_string()),
+        Ok(Answer::Unavailable(why)) => Err(format!("node {to}: {why}")),
+        Err(e) => Err(format!("node {to}: undecodable answer: {e}")),
+    }
+}
+
+/// Asks member `to` (the leader) how long ago each remote origin progressed.
+pub async fn progress(
     link: &MemberLink,
     to: NodeId,
     timeout: std::time::Duration,
-) -> Result<Staleness, String> {
-    let answer = link.call(to, &encode(&Request::Staleness), timeout).await.map_err(|e| e.to_string())?;
-    match postcard::from_bytes::<StalenessAnswer>(&answer) {
+) -> Result<Progress, String> {
+    let answer = link.call(to, &encode(&Request::Progress), timeout).await.map_err(|e| e.to_string())?;
+    match postcard::from_bytes::<ProgressAnswer>(&answer) {
         Ok(Answer::Done(answer)) => Ok(answer),
         Ok(Answer::Refused(e)) => Err(e.to_string()),
         Ok(Answer::Unavailable(why)) => Err(format!("node {to}: {why}")),
@@ -427,6 +496,37 @@ mod tests {
             &service.handle(1, vec![0xff; 3]).await,
         );
         assert!(matches!(read, Answer::Unavailable(w) if w.contains("undecodable")));
+    }
+
+    #[tokio::test]
+    async fn followers_of_either_version_read_the_leaders_progress() {
+        // A follower of this version asks for ages (`Progress`), one of the version
+        // before for booleans (`Staleness`): one served function answers both, and the
+        // variants before them keep their indexes.
+        let service = RaftService::default();
+        service.serve_staleness(Arc::new(|| {
+            [
+                ("dc-b".to_owned(), OriginProgress { age_ms: Some(40), stale: false }),
+                ("dc-c".to_owned(), OriginProgress { age_ms: None, stale: true }),
+            ]
+            .into()
+        }));
+        let read = answer::<Progress, openraft::error::Infallible>(
+            &service.handle(2, encode(&Request::Progress)).await,
+        );
+        assert!(
+            matches!(read, Answer::Done(p) if p == [("dc-b".to_owned(), Some(40)), ("dc-c".to_owned(), None)].into())
+        );
+        let read = answer::<Staleness, openraft::error::Infallible>(
+            &service.handle(2, encode(&Request::Staleness)).await,
+        );
+        assert!(
+            matches!(read, Answer::Done(s) if s == [("dc-b".to_owned(), false), ("dc-c".to_owned(), true)].into())
+        );
+        assert_eq!(encode(&Request::Staleness), [4]);
+        assert_eq!(encode(&Request::LeaderStatus), [5]);
+        assert_eq!(encode(&Request::Progress), [6]);
+        assert_eq!(encode(&Request::ReadIndex), [7]);
     }
 
     #[test]

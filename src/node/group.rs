@@ -248,7 +248,7 @@ impl Group {
     /// from its arrival: a round trip later than the truth at most.
     async fn poll_staleness(&self) {
         let Some(leader) = self.leader().filter(|l| *l != self.id) else { return };
-        match crate::cluster::staleness(&self.link, leader, STALENESS_POLL * 2).await {
+        match crate::cluster::progress(&self.link, leader, STALENESS_POLL * 2).await {
             Ok(said) => {
                 let now = std::time::Instant::now();
                 for (origin, age_ms) in said {
@@ -314,6 +314,47 @@ impl Group {
             tokio::time::timeout(within, m.wait_for(|m| m.last_applied.is_some_and(|l| l.index >= index)));
         let ok = matches!(reached.await, Ok(Ok(_)));
         ok
+    }
+
+    /// A linearizable read's barrier (`?consistent=true`): once it returns, this node has
+    /// applied every write acknowledged before it was called. The leader confirms with a
+    /// quorum that it still leads (a read index); a follower asks the leader for that
+    /// index over the member link and waits for its own apply to reach it. Bounded by
+    /// `forward_timeout_ms`.
+    pub async fn read_barrier(&self) -> Result<(), ReadBarrierError> {
+        let within = self.forward_timeout();
+        let index = if self.serving() {
+            match tokio::time::timeout(within, self.raft.ensure_linearizable()).await {
+                Ok(Ok(read)) => read.map_or(0, |l| l.index),
+                Ok(Err(e)) => return Err(ReadBarrierError::Unreachable(format!("not the leader: {e}"))),
+                Err(_) => return Err(ReadBarrierError::Unreachable(format!("no quorum within {within:?}"))),
+            }
+        } else {
+            let Some(leader) = self.leader().filter(|l| *l != self.id) else {
+                return Err(ReadBarrierError::NoLeader);
+            };
+            crate::cluster::read_index(&self.link, leader, within)
+                .await
+                .map_err(|e| ReadBarrierError::Unreachable(format!("node {leader}: {e}")))?
+        };
+        if self.applied(index, within).await {
+            Ok(())
+        } else {
+            Err(ReadBarrierError::Unreachable(format!(
+                "this node did not apply index {index} within {within:?}"
+            )))
+        }
+    }
+
+    /// Ms since this node last heard from a leader of its group (0 on the serving leader;
+    /// `None` when no leader is known).
+    pub fn last_contact_ms(&self) -> Option<u64> {
+        if self.serving() {
+            return Some(0);
+        }
+        self.leader()?;
+        let at = self.service.last_append();
+        Some(at.map_or(u64::MAX, |t| t.elapsed().as_millis() as u64))
     }
 
     /// What status shows of the group.
@@ -464,6 +505,16 @@ async fn take_over(group: &Group, registry: &crate::registry::Registry) -> anyho
 /// How often a follower asks the leader how remote origins progress (what only the
 /// leader's gateway sees: pings that found this DC caught up).
 pub const STALENESS_POLL: Duration = Duration::from_millis(250);
+
+/// Why a consistent read could not be served.
+#[derive(Debug)]
+pub enum ReadBarrierError {
+    /// No leader is known (`no_leader`).
+    NoLeader,
+    /// The leader did not confirm in time, or this node did not catch up
+    /// (`leader_unreachable`).
+    Unreachable(String),
+}
 
 /// How long a follower's `/v1/status` waits for the leader's.
 pub const LEADER_STATUS_TIMEOUT: Duration = Duration::from_secs(1);

@@ -389,7 +389,7 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         // A leader kill: the clients move off the member first (a DC's other members keep
         // answering; only writes wait for the next leader).
         if cluster.prepare(step.action).await.with_context(|| format!("fault {:?}", step.action))? {
-            follow_bases(&ctx, &cluster);
+            let _ = follow_bases(&ctx, &cluster);
             tokio::time::sleep(DRAIN).await;
         }
         let t0 = ctx.now();
@@ -418,8 +418,12 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         }
         let note = cluster.apply(step.action).await.with_context(|| format!("fault {:?}", step.action))?;
         // A split moved a DC to its replacement: the clients follow before the checker hears
-        // of it (a request read the base before its invocation time).
-        follow_bases(&ctx, &cluster);
+        // of it (a request read the base before its invocation time). Times are in ms: a
+        // request that read the old base in the same ms as the switch must not count as
+        // invoked after the declaration, so the declaration waits for the next ms.
+        if follow_bases(&ctx, &cluster) {
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
         let t1 = ctx.now();
         let label = ledger.label(step.action);
         ctx.say(&format!("fault: {label}{}", note.map(|n| format!(" ({n})")).unwrap_or_default()));
@@ -657,13 +661,16 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     Ok(report)
 }
 
-/// The drill's clients use the member each DC's [`Cluster`] names.
-fn follow_bases(ctx: &Ctx, cluster: &Cluster) {
+/// The drill's clients use the member each DC's [`Cluster`] names. Whether one moved.
+fn follow_bases(ctx: &Ctx, cluster: &Cluster) -> bool {
+    let mut moved = false;
     for side in 0..2 {
         if *ctx.bases[side].read() != cluster.dcs[side].base {
             *ctx.bases[side].write() = cluster.dcs[side].base.clone();
+            moved = true;
         }
     }
+    moved
 }
 
 fn cluster_did_processes(env: &Environment) -> bool {

@@ -1,0 +1,120 @@
+//! `tandem cluster status`: every member of a DC's group as its own `/v1/status` shows it,
+//! in one table, and whether they agree on a leader that serves writes.
+
+use serde_json::Value;
+use tandem_client::{Client, ClientError};
+
+/// One member's row.
+struct Row {
+    id: u64,
+    http: String,
+    status: Result<Value, String>,
+}
+
+/// The base URL of a member's `http_addr`, with the scheme the operator used.
+fn member_url(scheme: &str, http_addr: &str) -> String {
+    format!("{scheme}://{http_addr}")
+}
+
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Prints the group and returns whether it is sound: every member answers, they agree on
+/// one leader, and it serves writes. `client_for(url)` makes a client like the one the
+/// operator's flags make, for one member.
+pub async fn status(
+    first: &Client,
+    scheme: &str,
+    client_for: &dyn Fn(&str) -> Client,
+) -> Result<bool, ClientError> {
+    let asked = first.status().await?;
+    let dc = cell(&asked["dc"]);
+    let Some(members) = asked["cluster"]["members"].as_array().cloned() else {
+        println!("DC {dc}: a single node (no [cluster] in its config)");
+        return Ok(true);
+    };
+    let mut rows = Vec::new();
+    for m in &members {
+        let id = m["id"].as_u64().unwrap_or(0);
+        let http = cell(&m["http_addr"]);
+        let status = client_for(&member_url(scheme, &http)).status().await.map_err(|e| e.to_string());
+        rows.push(Row { id, http, status });
+    }
+    let leaders: std::collections::BTreeSet<String> =
+        rows.iter().filter_map(|r| r.status.as_ref().ok()).map(|s| cell(&s["cluster"]["leader"])).collect();
+    let serving: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.status.as_ref().is_ok_and(|s| s["cluster"]["serving_writes"] == true))
+        .map(|r| r.id)
+        .collect();
+    // The leader's own answer knows each member's matched index.
+    let matched = |id: u64| -> String {
+        rows.iter()
+            .filter_map(|r| r.status.as_ref().ok())
+            .find(|s| s["cluster"]["serving_writes"] == true)
+            .and_then(|s| s["cluster"]["members"].as_array().cloned())
+            .and_then(|ms| ms.into_iter().find(|m| m["id"].as_u64() == Some(id)))
+            .map_or("-".into(), |m| cell(&m["matched_index"]))
+    };
+    println!(
+        "DC {dc}: {} members; {}",
+        rows.len(),
+        match (serving.as_slice(), leaders.len()) {
+            ([one], 1) => format!("n{one} leads and serves writes"),
+            ([], _) => "no member serves writes (no leader, or one not yet taken over)".into(),
+            _ => format!(
+                "members disagree on the leader: {}",
+                leaders.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        }
+    );
+    println!(
+        "{:<6} {:<10} {:<8} {:>6} {:>7} {:>10} {:>10} {:>10}  http",
+        "node", "role", "serving", "term", "leader", "applied", "last_log", "matched"
+    );
+    for r in &rows {
+        match &r.status {
+            Ok(s) => {
+                let c = &s["cluster"];
+                println!(
+                    "{:<6} {:<10} {:<8} {:>6} {:>7} {:>10} {:>10} {:>10}  {}",
+                    format!("n{}", r.id),
+                    cell(&c["role"]),
+                    if c["serving_writes"] == true { "yes" } else { "-" },
+                    cell(&c["term"]),
+                    cell(&c["leader"]),
+                    cell(&c["applied_index"]),
+                    cell(&c["last_log_index"]),
+                    matched(r.id),
+                    r.http
+                );
+            }
+            Err(e) => println!("{:<6} unreachable: {e}  {}", format!("n{}", r.id), r.http),
+        }
+    }
+    let all_up = rows.iter().all(|r| r.status.is_ok());
+    Ok(all_up
+        && serving.len() == 1
+        && rows
+            .iter()
+            .filter_map(|r| r.status.as_ref().ok())
+            .all(|s| s["cluster"]["leader"].as_u64() == serving.first().copied()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_and_urls_read_plainly() {
+        assert_eq!(cell(&Value::Null), "-");
+        assert_eq!(cell(&Value::String("leader".into())), "leader");
+        assert_eq!(cell(&serde_json::json!(42)), "42");
+        assert_eq!(member_url("https", "10.0.0.2:8500"), "https://10.0.0.2:8500");
+    }
+}
