@@ -16,7 +16,9 @@ mod cluster;
 mod https;
 mod limits;
 use crate::health::HealthConfig;
-pub use cluster::{ClusterSection, MemberSection, MEMBERS_MAX};
+pub use cluster::{
+    ClusterSection, MemberSection, ELECTION_TIMEOUT_MS_DEFAULT, HEARTBEAT_INTERVAL_MS_DEFAULT, MEMBERS_MAX,
+};
 pub use https::{ClientCerts, HttpTlsSection, HANDSHAKE_TIMEOUT_MS_DEFAULT};
 pub use limits::{LimitsSection, NamespaceQuota, Quota};
 

@@ -290,7 +290,7 @@ fn lead_hooks(shared: Arc<NodeShared>, start_gateway: Option<StartGateway>) -> g
             if let NodeCommitter::Group(c) = &shared.committer {
                 for peer in cfg.replication.iter().flat_map(|r| &r.peers) {
                     let (dc, scope) = (peer.dc.clone(), peer.scope());
-                    c.with_log(move |log: &mut GroupLog| log.rescope(&dc, &scope))
+                    c.with_log(move |log: &mut GroupLog| log.take_over_write(|l| l.rescope(&dc, &scope)))
                         .await
                         .map_err(log_err)?
                         .with_context(|| format!("cannot record the replication scope of {}", peer.dc))?;
@@ -435,6 +435,10 @@ impl Node {
                 // A group's follower runs no gateway: the leader says.
                 if let Some(stale) = group.as_ref().and_then(|g| g.remote_stale(origin, stale_after)) {
                     return stale;
+                }
+                // A leader: what it applied itself (also before it led) is progress too.
+                if group.as_ref().is_some_and(|g| !g.progress_stale(origin, stale_after)) {
+                    return false;
                 }
                 let now = started.elapsed().as_millis() as u64;
                 // Stale means "not progressing": handshakes alone do not keep copies fresh.

@@ -79,9 +79,9 @@ pub fn dev_configs(
                 ca_cert: node.ca_cert,
                 cert: node.cert,
                 key: node.key,
-                heartbeat_interval_ms: 100,
-                election_timeout_min_ms: 500,
-                election_timeout_max_ms: 1_000,
+                heartbeat_interval_ms: crate::config::HEARTBEAT_INTERVAL_MS_DEFAULT,
+                election_timeout_min_ms: crate::config::ELECTION_TIMEOUT_MS_DEFAULT.0,
+                election_timeout_max_ms: crate::config::ELECTION_TIMEOUT_MS_DEFAULT.1,
                 forward_timeout_ms: 5_000,
                 accept_from: tandem_replicator::gateway::SourceRule::defaults(),
             });

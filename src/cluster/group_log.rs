@@ -141,6 +141,22 @@ impl GroupLog {
         }
     }
 
+    /// A write of the take-over (outside the committer's rounds: a peer's replication
+    /// scope): when an earlier one left the log unwritable (the lead lost while it was in
+    /// flight), the log recovers first (once this node leads with every earlier entry
+    /// applied). Only the committer's own failed writes start its recovery: without this,
+    /// a take-over interrupted once would fail on every retry until a client's write came,
+    /// which never comes while no member serves writes.
+    pub fn take_over_write<R>(
+        &mut self,
+        write: impl FnOnce(&mut Self) -> Result<R, LogError>,
+    ) -> Result<R, LogError> {
+        if !self.writable {
+            CommitLog::recover(self)?;
+        }
+        write(self)
+    }
+
     /// The state machine answered other than the committer built: an error, and the log
     /// is unwritable until a recovery (the state says what happened).
     fn differs(&mut self, what: String) -> LogError {

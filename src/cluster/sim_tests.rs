@@ -530,3 +530,50 @@ fn a_write_lost_with_its_leader_is_not_acknowledged_when_that_node_leads_again()
         }
     });
 }
+
+/// A take-over's write that failed (the node did not lead when it proposed) leaves the log
+/// unwritable; the next take-over's write must recover it once the node leads. Found by
+/// `tandem chaos partition-heal --nodes 3 --seed 1`: a new leader retried its take-over
+/// for 30 s, every attempt refused with "the group's log is not writable here".
+#[test]
+fn a_take_over_write_recovers_a_log_an_interrupted_one_left_unwritable() {
+    use crate::store::CommitLog;
+    use tandem_replicator::scope::Scope;
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let dirs: BTreeMap<NodeId, TempDir> = (1..=MEMBERS).map(|id| (id, TempDir::new().unwrap())).collect();
+    let wires = Arc::new(Wires::default());
+    let members = rt.block_on(async {
+        let mut members = BTreeMap::new();
+        for (id, dir) in &dirs {
+            members.insert(*id, start(*id, dir.path(), &wires).await);
+        }
+        let nodes: BTreeMap<NodeId, BasicNode> = (1..=MEMBERS).map(|id| (id, BasicNode::new(id))).collect();
+        members[&1].raft.initialize(nodes).await.unwrap();
+        members
+    });
+    let leader = || members.values().find_map(|m| m.raft.metrics().borrow().current_leader);
+    let deadline = Instant::now() + WITHIN;
+    while leader().is_none() {
+        assert!(Instant::now() < deadline, "no leader within {WITHIN:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A member that does not lead: its take-over write fails, and the log turns unwritable.
+    let f = (1..=MEMBERS).find(|id| Some(*id) != leader()).unwrap();
+    let mut log = GroupLog::new(members[&f].raft.clone(), members[&f].sm.clone(), rt.handle().clone())
+        .with_timeout(Duration::from_millis(400));
+    let scope = Scope::from_config(None);
+    assert!(log.take_over_write(|l| l.rescope("dc-b", &scope)).is_err());
+    assert!(!log.writable());
+    // It leads now: the plain write is still refused, the take-over write recovers first.
+    let deadline = Instant::now() + WITHIN;
+    while members[&f].raft.metrics().borrow().current_leader != Some(f) {
+        assert!(Instant::now() < deadline, "node {f} did not lead within {WITHIN:?}");
+        let _ = rt.block_on(members[&f].raft.trigger().elect());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let refused = log.rescope("dc-b", &scope).unwrap_err();
+    assert!(refused.to_string().contains("not writable"), "{refused}");
+    log.take_over_write(|l| l.rescope("dc-b", &scope)).expect("the take-over write recovers the log");
+    assert!(log.writable());
+}

@@ -56,14 +56,22 @@ pub struct ClusterSection {
     pub accept_from: Vec<SourceRule>,
 }
 
+/// The default Raft heartbeat interval (ms).
+pub const HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 100;
+/// The default election timeout range (ms): a killed leader's writes resume about 1.1 s
+/// later (kill to another member serving writes; about 2.1 s with 500..1000, where
+/// openraft's leader lease of the range's maximum makes the first candidate's votes
+/// fail): docs/cluster.md.
+pub const ELECTION_TIMEOUT_MS_DEFAULT: (u64, u64) = (300, 600);
+
 fn d_heartbeat() -> u64 {
-    100
+    HEARTBEAT_INTERVAL_MS_DEFAULT
 }
 fn d_election_min() -> u64 {
-    500
+    ELECTION_TIMEOUT_MS_DEFAULT.0
 }
 fn d_election_max() -> u64 {
-    1_000
+    ELECTION_TIMEOUT_MS_DEFAULT.1
 }
 fn d_forward_timeout() -> u64 {
     5_000

@@ -243,6 +243,14 @@ impl Group {
         Some(self.progress.stale(origin, stale_after_ms))
     }
 
+    /// No progress of remote origin `origin` within `stale_after_ms` that this member
+    /// saw itself (its applies of that origin's batches, as follower or leader, and what
+    /// a leader told it). A new leader's gateway has seen nothing yet: what the member
+    /// applied before keeps its copies fresh meanwhile.
+    pub fn progress_stale(&self, origin: &str, stale_after_ms: u64) -> bool {
+        self.progress.stale(origin, stale_after_ms)
+    }
+
     /// Asks the leader (when another member leads) how long ago each remote origin
     /// progressed, and keeps it for [`Group::remote_stale`]. The answer's age is counted
     /// from its arrival: a round trip later than the truth at most.
@@ -469,7 +477,12 @@ pub async fn lead(
                     tracing::info!(node = group.id, term, leases, "leading the DC's group: serving writes");
                 }
                 Err(e) => {
-                    tracing::warn!(node = group.id, term, error = %e, "cannot take over as leader yet; retrying");
+                    tracing::warn!(
+                        node = group.id,
+                        term,
+                        error = format!("{e:#}"),
+                        "cannot take over as leader yet; retrying"
+                    );
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
                         _ = shut.changed() => return,

@@ -219,6 +219,11 @@ impl NodeShared {
         let marks = self.live.read().remote.clone();
         let cfg = self.registry.config();
         let stale_after = cfg.replication.as_ref().map_or(30_000, |r| r.stale_after_ms);
+        // The flag reads answer with (a leader of a group also counts what it applied
+        // before it led), taken before the counters are locked: the rule reads them too.
+        let names: Vec<String> = stats.peers.lock().keys().cloned().collect();
+        let stale: BTreeMap<String, bool> =
+            names.into_iter().map(|dc| (dc.clone(), self.registry.origin_stale(&dc))).collect();
         for (dc, p) in stats.peers.lock().iter() {
             let applied = marks.get(dc).copied();
             let silent_ms = now_mono.saturating_sub(p.in_last_contact_mono_ms);
@@ -277,7 +282,7 @@ impl NodeShared {
                         chunks: p.in_snapshot_chunks,
                     }),
                 },
-                stale: p.stale(now_mono, stale_after),
+                stale: stale.get(dc).copied().unwrap_or_else(|| p.stale(now_mono, stale_after)),
             };
             out.insert(dc.clone(), PeerStatus { outbound, inbound });
         }

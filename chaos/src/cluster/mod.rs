@@ -154,6 +154,11 @@ impl Dc {
     pub fn node_count(&self) -> usize {
         self.nodes.len()
     }
+
+    /// The base URL of each of its processes.
+    pub fn node_bases(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.base.clone()).collect()
+    }
 }
 
 /// The two DCs and the fault machinery between them.

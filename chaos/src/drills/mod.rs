@@ -115,6 +115,11 @@ struct Ctx {
     api: Api,
     /// The DCs' base URLs; a split moves one to the replacement process.
     bases: [parking_lot::RwLock<String>; 2],
+    /// Every member's base URL, per DC (one entry for a DC of one node).
+    members: [Vec<String>; 2],
+    /// Per DC of several members: the Raft term its status last showed, and when that
+    /// poll was invoked (a term the drill did not cause is a leader change all the same).
+    terms: [Mutex<Option<(u64, Ms)>>; 2],
     names: [String; 2],
     ns: String,
     services: Vec<String>,
@@ -334,6 +339,8 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         checker: Mutex::new(Checker::new(ccfg)),
         api: cluster.api().clone(),
         bases: bases.clone().map(parking_lot::RwLock::new),
+        members: [cluster.dcs[0].node_bases(), cluster.dcs[1].node_bases()],
+        terms: [Mutex::new(None), Mutex::new(None)],
         names: names.clone(),
         ns: ns.clone(),
         services,

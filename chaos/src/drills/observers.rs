@@ -12,7 +12,8 @@ use tokio::time::Instant;
 
 use super::{Ctx, HB_TIMEOUT, OP_TIMEOUT, POLL_INTERVAL, POLL_TIMEOUT, SAMPLES_MAX};
 use crate::checker::{
-    InstanceRef, Ms, OpKind, Outcome, ServiceView, StatusObservation, StatusView, ViewObservation, ViewScope,
+    InstanceRef, Ms, OpKind, Outcome, ProcessEvent, ServiceView, StatusObservation, StatusView,
+    ViewObservation, ViewScope,
 };
 use crate::report::Sample;
 use crate::workload::{PlannedOp, Scheduled};
@@ -43,7 +44,7 @@ pub(super) fn sample_from(t_ms: u64, side: usize, peer: &str, v: &Value) -> Samp
     }
 }
 
-pub(super) async fn poll_status(ctx: &Ctx, side: usize) -> Option<(StatusView, Value)> {
+pub(super) async fn poll_status(ctx: &Arc<Ctx>, side: usize) -> Option<(StatusView, Value)> {
     // The base first, then the time: a poll of a replaced process is invoked before the
     // drill declares the replacement.
     let base = ctx.base(side);
@@ -61,6 +62,7 @@ pub(super) async fn poll_status(ctx: &Ctx, side: usize) -> Option<(StatusView, V
         result: result.clone(),
     });
     let raw = raw?;
+    watch_term(ctx, side, invoked, &raw);
     let mut sample = sample_from(completed, side, &ctx.names[1 - side], &raw);
     let mut samples = ctx.samples.lock();
     if let Some(peer) = samples.iter().rev().find(|s| s.side != side) {
@@ -75,6 +77,51 @@ pub(super) async fn poll_status(ctx: &Ctx, side: usize) -> Option<(StatusView, V
     }
     samples.push(sample);
     Some((result.ok()?, raw))
+}
+
+/// A DC group's term moved (a leader change, whoever caused it: a kill, or an election
+/// the load set off): the checker hears `LeaderLost` from the previous poll that showed the
+/// old term (no later than the change) and `LeaderServing` once a member is seen serving
+/// writes in the new term or a later one (no earlier than its take-over), found by a
+/// bounded task that asks every member.
+fn watch_term(ctx: &Arc<Ctx>, side: usize, invoked: Ms, raw: &Value) {
+    if ctx.members[side].len() < 2 {
+        return;
+    }
+    let Some(term) = raw.pointer("/cluster/term").and_then(Value::as_u64) else { return };
+    let previous = {
+        let mut t = ctx.terms[side].lock();
+        match *t {
+            // An answer older than one already seen.
+            Some((seen, _)) if seen > term => return,
+            Some((seen, _)) if seen == term => {
+                *t = Some((term, invoked));
+                return;
+            }
+            previous => {
+                *t = Some((term, invoked));
+                previous
+            }
+        }
+    };
+    let Some((_, lost_at)) = previous else { return };
+    ctx.checker.lock().process(&ctx.names[side], lost_at, ProcessEvent::LeaderLost);
+    let ctx = ctx.clone();
+    tokio::spawn(async move {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            for base in &ctx.members[side] {
+                let Ok((_, raw)) = ctx.api.status(base, Duration::from_millis(500)).await else { continue };
+                let serving = raw.pointer("/cluster/serving_writes").and_then(Value::as_bool) == Some(true);
+                let t = raw.pointer("/cluster/term").and_then(Value::as_u64).unwrap_or(0);
+                if serving && t >= term {
+                    ctx.checker.lock().process(&ctx.names[side], ctx.now(), ProcessEvent::LeaderServing);
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    });
 }
 
 pub(super) async fn poll_view(
@@ -297,7 +344,7 @@ pub(super) async fn remove_leftovers(ctx: &Ctx) -> usize {
 
 /// Polls both DCs until each has applied the other up to the position the other had at
 /// the first poll; returns the time that took, or `None` after `budget`.
-pub(super) async fn wait_caught_up(ctx: &Ctx, budget: Duration) -> Option<Ms> {
+pub(super) async fn wait_caught_up(ctx: &Arc<Ctx>, budget: Duration) -> Option<Ms> {
     let t0 = ctx.now();
     let deadline = Instant::now() + budget;
     let mut targets: Option<[crate::checker::Mark; 2]> = None;
