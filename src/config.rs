@@ -689,7 +689,7 @@ mod tests {
                 defaults.election_timeout_min_ms,
                 defaults.election_timeout_max_ms
             ),
-            (100, 500, 1_000)
+            (100, 300, 600)
         );
         assert_eq!(defaults.me().id, 2);
         type Breaks = fn(&mut ClusterSection);
@@ -700,7 +700,7 @@ mod tests {
             ("[cluster] members", |s| s.members[2].raft_addr = s.members[0].raft_addr),
             ("[cluster] members", |s| s.members.clear()),
             ("[cluster] election_timeout_min_ms", |s| s.election_timeout_min_ms = 200),
-            ("[cluster] election_timeout_max_ms", |s| s.election_timeout_max_ms = 500),
+            ("[cluster] election_timeout_max_ms", |s| s.election_timeout_max_ms = 300),
         ];
         for (key, breaks) in broken {
             let mut section = cluster_of(2);

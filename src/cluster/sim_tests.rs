@@ -409,6 +409,17 @@ fn run(seed: u64) -> String {
     })
 }
 
+/// Starts a member in each of `dirs` over `wires` and forms the group (member 1 asks).
+async fn formed_group(dirs: &BTreeMap<NodeId, TempDir>, wires: &Arc<Wires>) -> BTreeMap<NodeId, Member> {
+    let mut members = BTreeMap::new();
+    for (id, dir) in dirs {
+        members.insert(*id, start(*id, dir.path(), wires).await);
+    }
+    let nodes: BTreeMap<NodeId, BasicNode> = (1..=MEMBERS).map(|id| (id, BasicNode::new(id))).collect();
+    members[&1].raft.initialize(nodes).await.unwrap();
+    members
+}
+
 /// A local write whose entry the leader appended but never committed (it was cut off, and
 /// the new leader's entries took its index and its seqs) is answered as not written once
 /// the old leader leads again and settles it, never as written: settled by its event id,
@@ -421,15 +432,7 @@ fn a_write_lost_with_its_leader_is_not_acknowledged_when_that_node_leads_again()
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let dirs: BTreeMap<NodeId, TempDir> = (1..=MEMBERS).map(|id| (id, TempDir::new().unwrap())).collect();
     let wires = Arc::new(Wires::default());
-    let members = rt.block_on(async {
-        let mut members = BTreeMap::new();
-        for (id, dir) in &dirs {
-            members.insert(*id, start(*id, dir.path(), &wires).await);
-        }
-        let nodes: BTreeMap<NodeId, BasicNode> = (1..=MEMBERS).map(|id| (id, BasicNode::new(id))).collect();
-        members[&1].raft.initialize(nodes).await.unwrap();
-        members
-    });
+    let members = rt.block_on(formed_group(&dirs, &wires));
     let leader_of = |members: &BTreeMap<NodeId, Member>| {
         members.values().find_map(|m| {
             let metrics = m.raft.metrics().borrow().clone();
@@ -543,15 +546,7 @@ fn a_take_over_write_recovers_a_log_an_interrupted_one_left_unwritable() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let dirs: BTreeMap<NodeId, TempDir> = (1..=MEMBERS).map(|id| (id, TempDir::new().unwrap())).collect();
     let wires = Arc::new(Wires::default());
-    let members = rt.block_on(async {
-        let mut members = BTreeMap::new();
-        for (id, dir) in &dirs {
-            members.insert(*id, start(*id, dir.path(), &wires).await);
-        }
-        let nodes: BTreeMap<NodeId, BasicNode> = (1..=MEMBERS).map(|id| (id, BasicNode::new(id))).collect();
-        members[&1].raft.initialize(nodes).await.unwrap();
-        members
-    });
+    let members = rt.block_on(formed_group(&dirs, &wires));
     let leader = || members.values().find_map(|m| m.raft.metrics().borrow().current_leader);
     let deadline = Instant::now() + WITHIN;
     while leader().is_none() {
