@@ -376,16 +376,26 @@ impl RaftNetwork<TypeConfig> for MemberRpc {
     }
 }
 
-/// Asks member `to` (the leader) for a read index: the Raft index a linearizable read
-/// must see applied.
-pub async fn read_index(link: &MemberLink, to: NodeId, timeout: std::time::Duration) -> Result<u64, String> {
-    let answer = link.call(to, &encode(&Request::ReadIndex), timeout).await.map_err(|e| e.to_string())?;
-    match postcard::from_bytes::<ReadIndexAnswer>(&answer) {
-        Ok(Answer::Done(index)) => Ok(index),
+/// Sends `request` to member `to` and reads its `Answer<T, _>`: the answer, or why not.
+async fn ask<T: serde::de::DeserializeOwned>(
+    link: &MemberLink,
+    to: NodeId,
+    request: &Request,
+    timeout: std::time::Duration,
+) -> Result<T, String> {
+    let answer = link.call(to, &encode(request), timeout).await.map_err(|e| e.to_string())?;
+    match postcard::from_bytes::<Answer<T, openraft::error::Infallible>>(&answer) {
+        Ok(Answer::Done(answer)) => Ok(answer),
         Ok(Answer::Refused(e)) => Err(e.to_string()),
         Ok(Answer::Unavailable(why)) => Err(format!("node {to}: {why}")),
         Err(e) => Err(format!("node {to}: undecodable answer: {e}")),
     }
+}
+
+/// Asks member `to` (the leader) for a read index: the Raft index a linearizable read
+/// must see applied.
+pub async fn read_index(link: &MemberLink, to: NodeId, timeout: std::time::Duration) -> Result<u64, String> {
+    ask(link, to, &Request::ReadIndex, timeout).await
 }
 
 /// Asks member `to` (the leader) how long ago each remote origin progressed.
@@ -394,13 +404,7 @@ pub async fn progress(
     to: NodeId,
     timeout: std::time::Duration,
 ) -> Result<Progress, String> {
-    let answer = link.call(to, &encode(&Request::Progress), timeout).await.map_err(|e| e.to_string())?;
-    match postcard::from_bytes::<ProgressAnswer>(&answer) {
-        Ok(Answer::Done(answer)) => Ok(answer),
-        Ok(Answer::Refused(e)) => Err(e.to_string()),
-        Ok(Answer::Unavailable(why)) => Err(format!("node {to}: {why}")),
-        Err(e) => Err(format!("node {to}: undecodable answer: {e}")),
-    }
+    ask(link, to, &Request::Progress, timeout).await
 }
 
 /// Asks member `to` (the leader) for its `/v1/status`, as JSON.
@@ -409,13 +413,7 @@ pub async fn leader_status(
     to: NodeId,
     timeout: std::time::Duration,
 ) -> Result<Vec<u8>, String> {
-    let answer = link.call(to, &encode(&Request::LeaderStatus), timeout).await.map_err(|e| e.to_string())?;
-    match postcard::from_bytes::<StatusAnswer>(&answer) {
-        Ok(Answer::Done(json)) => Ok(json.into_vec()),
-        Ok(Answer::Refused(e)) => Err(e.to_string()),
-        Ok(Answer::Unavailable(why)) => Err(format!("node {to}: {why}")),
-        Err(e) => Err(format!("node {to}: undecodable answer: {e}")),
-    }
+    ask::<ByteBuf>(link, to, &Request::LeaderStatus, timeout).await.map(ByteBuf::into_vec)
 }
 
 /// Forwards a client's write to member `to` (the leader) over the link and returns its
@@ -427,14 +425,7 @@ pub async fn forward(
     write: Forwarded,
     timeout: std::time::Duration,
 ) -> Result<ForwardAnswer, String> {
-    let answer =
-        link.call(to, &encode(&Request::Forward(write)), timeout).await.map_err(|e| e.to_string())?;
-    match postcard::from_bytes::<ForwardAnswerOf>(&answer) {
-        Ok(Answer::Done(answer)) => Ok(answer),
-        Ok(Answer::Refused(e)) => Err(e.to_string()),
-        Ok(Answer::Unavailable(why)) => Err(format!("node {to}: {why}")),
-        Err(e) => Err(format!("node {to}: undecodable answer: {e}")),
-    }
+    ask(link, to, &Request::Forward(write), timeout).await
 }
 
 #[cfg(test)]

@@ -539,64 +539,55 @@ impl NodeShared {
                 );
             }
         }
-        let f = &self.forward_stats;
+        let (f, link) = (&self.forward_stats, g.link_stats());
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-        m.counter(
-            "tandem_cluster_writes_forwarded_total",
-            "Writes this node forwarded to the leader",
-            &labels,
-            get(&f.forwarded),
-        );
-        m.counter(
-            "tandem_cluster_writes_forward_failed_total",
-            "Forwarded writes that got no answer from the leader (503 leader_unreachable)",
-            &labels,
-            get(&f.failed),
-        );
-        m.counter(
-            "tandem_cluster_writes_apply_wait_timeouts_total",
-            "Forwarded writes answered before this node's apply reached them",
-            &labels,
-            get(&f.apply_wait_timeouts),
-        );
-        m.counter(
-            "tandem_cluster_writes_no_leader_total",
-            "Writes refused for want of a leader (503 no_leader, not_leader)",
-            &labels,
-            get(&f.no_leader),
-        );
-        m.counter(
-            "tandem_cluster_writes_served_for_members_total",
-            "Writes other members forwarded to this node",
-            &labels,
-            get(&f.served),
-        );
-        let link = g.link_stats();
-        m.counter("tandem_member_calls_total", "Requests sent to other members", &labels, get(&link.calls));
-        m.counter(
-            "tandem_member_calls_failed_total",
-            "Requests to other members that failed",
-            &labels,
-            get(&link.calls_failed),
-        );
-        m.counter(
-            "tandem_member_served_total",
-            "Requests served for other members",
-            &labels,
-            get(&link.served),
-        );
-        m.counter(
-            "tandem_member_frames_refused_total",
-            "Member-link requests or answers refused for their size",
-            &labels,
-            get(&link.frames_refused),
-        );
-        m.counter(
-            "tandem_member_connections_refused_total",
-            "Member-link connections refused (not a member of this DC, or not admitted)",
-            &labels,
-            get(&link.refused_connections) + get(&link.refused_admission),
-        );
+        let counters: [(&str, &str, u64); 10] = [
+            (
+                "tandem_cluster_writes_forwarded_total",
+                "Writes this node forwarded to the leader",
+                get(&f.forwarded),
+            ),
+            (
+                "tandem_cluster_writes_forward_failed_total",
+                "Forwarded writes that got no answer from the leader (503 leader_unreachable)",
+                get(&f.failed),
+            ),
+            (
+                "tandem_cluster_writes_apply_wait_timeouts_total",
+                "Forwarded writes answered before this node's apply reached them",
+                get(&f.apply_wait_timeouts),
+            ),
+            (
+                "tandem_cluster_writes_no_leader_total",
+                "Writes refused for want of a leader (503 no_leader, not_leader)",
+                get(&f.no_leader),
+            ),
+            (
+                "tandem_cluster_writes_served_for_members_total",
+                "Writes other members forwarded to this node",
+                get(&f.served),
+            ),
+            ("tandem_member_calls_total", "Requests sent to other members", get(&link.calls)),
+            (
+                "tandem_member_calls_failed_total",
+                "Requests to other members that failed",
+                get(&link.calls_failed),
+            ),
+            ("tandem_member_served_total", "Requests served for other members", get(&link.served)),
+            (
+                "tandem_member_frames_refused_total",
+                "Member-link requests or answers refused for their size",
+                get(&link.frames_refused),
+            ),
+            (
+                "tandem_member_connections_refused_total",
+                "Member-link connections refused (not a member of this DC, or not admitted)",
+                get(&link.refused_connections) + get(&link.refused_admission),
+            ),
+        ];
+        for (name, help, value) in counters {
+            m.counter(name, help, &labels, value);
+        }
     }
 
     /// The HTTP side's limits: connections open and refused, closes, refused requests.
