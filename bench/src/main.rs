@@ -13,6 +13,7 @@
 //! behaviour (nodes are started through the public `Node::start` with a `Config`).
 
 mod acl;
+mod cluster;
 mod floors;
 mod httpfloor;
 mod load;
@@ -40,7 +41,7 @@ use crate::sys::{CpuSplit, LOAD_THREAD, PROFILE, SERVER_THREAD};
 #[derive(Parser)]
 #[command(
     name = "tandem-bench",
-    about = "tandem benchmarks: register, heartbeat, discover, acl, watch, detect, replicate, floors, peers, raft"
+    about = "tandem benchmarks: register, heartbeat, discover, acl, watch, detect, replicate, floors, peers, raft, cluster"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -84,6 +85,14 @@ enum Cmd {
     /// process on the Raft log store, entries of one committer round; with the disk floors.
     /// Not part of `all`.
     Raft,
+    /// Durable register on a DC of three tandem nodes (a Raft group) against a 3-member
+    /// etcd 3.4 cluster, all six processes pinned to CPU 0 (issue 17): registrations per
+    /// Raft entry, fsyncs per node. Not part of `all`.
+    Cluster,
+    /// Internal: one member of `cluster`'s group in this process (prints its address,
+    /// answers `stats` on stdin, stops on stdin EOF).
+    #[command(hide = true)]
+    ServeMember,
     /// Internal: runs one node in this process for `memory` (prints its address, stops on
     /// stdin EOF).
     #[command(hide = true)]
@@ -169,6 +178,12 @@ pub struct Opts {
     /// `scale`: services listed by GET /v1/services.
     #[arg(long, global = true, default_value_t = 100_000)]
     scale_services: u64,
+    /// Internal (`serve-member`): this member's id.
+    #[arg(long, global = true, hide = true, default_value_t = 0)]
+    member_id: u64,
+    /// Internal (`serve-member`): every member as `id=raft_addr=http_addr`, comma-separated.
+    #[arg(long, global = true, hide = true, default_value = "")]
+    members: String,
 }
 
 /// What every benchmark gets: the two runtimes, the options, the report, an HTTP client.
@@ -323,6 +338,10 @@ fn main() -> anyhow::Result<()> {
         let base = cli.opts.data_dir.clone().unwrap_or_else(std::env::temp_dir);
         return scale::serve_probe(base, cli.opts.scale_leases, cli.opts.scale_interval_ms);
     }
+    if cli.cmd == Cmd::ServeMember {
+        let dir = cli.opts.data_dir.clone().unwrap_or_else(std::env::temp_dir);
+        return cluster::serve_member(dir, cli.opts.member_id, &cli.opts.members);
+    }
     if cli.cmd == Cmd::ServeWriteFloor {
         return writefloor::serve(cli.opts.watchers.clamp(1, watch::WATCHERS_MAX));
     }
@@ -418,6 +437,9 @@ fn main() -> anyhow::Result<()> {
         }
         if cmd == Cmd::Raft {
             raft::run(&mut ctx).await?;
+        }
+        if cmd == Cmd::Cluster {
+            cluster::run(&mut ctx).await?;
         }
         if matches!(cmd, Cmd::All | Cmd::Replicate) {
             repl::run(&mut ctx).await?;

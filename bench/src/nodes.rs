@@ -63,6 +63,16 @@ pub async fn seed(
     Ok(run)
 }
 
+/// The body of `register`'s (and `cluster`'s) `POST /v1/register`: a new ephemeral
+/// instance per request; `tag` keeps the ids of steps apart.
+pub fn register_body(tag: &str, i: u64) -> serde_json::Value {
+    json!({
+        "service": format!("svc-{}", i % 1000),
+        "instance_id": format!("{tag}-i{i}"),
+        "address": "10.20.30.40", "port": 8080, "zone": "zone-a", "version": "1.4.2",
+    })
+}
+
 pub async fn check(resp: Result<reqwest::Response, reqwest::Error>) -> OpResult {
     let resp = resp.map_err(|e| e.to_string())?;
     let status = resp.status();
@@ -152,11 +162,7 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
             .on_load(closed_loop(c.max(1), ctx.step(), u64::MAX, cpu_now, move |i| {
                 let (http, url) = (http.clone(), url.clone());
                 async move {
-                    let body = json!({
-                        "service": format!("svc-{}", i % 1000),
-                        "instance_id": format!("s{step}-i{i}"),
-                        "address": "10.20.30.40", "port": 8080, "zone": "zone-a", "version": "1.4.2",
-                    });
+                    let body = register_body(&format!("s{step}"), i);
                     check(http.post(url.as_str()).json(&body).send().await).await
                 }
             }))

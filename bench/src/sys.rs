@@ -161,6 +161,16 @@ pub fn process_cpu(pid: u32) -> Option<Duration> {
     stat_cpu(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
+/// Sends SIGINT to process `pid` (a child this process started, e.g. `perf stat`, which
+/// then writes its counts and exits).
+#[allow(unsafe_code)]
+pub fn interrupt(pid: u32) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: kill(2) takes two integers and touches no memory of this process.
+        unsafe { libc::kill(pid, libc::SIGINT) };
+    }
+}
+
 /// Resident set size of a process, bytes.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

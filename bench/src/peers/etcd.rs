@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use serde_json::json;
 
 use super::{b64, free_tcp, instance_value, measured, ok_json, row, spawn, wait_ready, PeerFigures, Proc};
-use crate::load::{closed_loop, rate};
+use crate::load::{closed_loop, rate, OpResult};
 use crate::sys::rss_bytes;
 use crate::{cpu_now, Ctx};
 
@@ -46,6 +46,18 @@ pub(crate) async fn start_etcd(ctx: &Ctx, bin: &Path) -> anyhow::Result<(Proc, S
     Ok((proc, client_url, dir))
 }
 
+/// One registration at etcd, as `compare` (and `cluster`) measure it: a lease grant, then
+/// a put of the instance's value with that lease. `tag` keeps the keys of steps apart.
+pub(crate) async fn register_once(http: reqwest::Client, base: Arc<String>, tag: String, i: u64) -> OpResult {
+    let g =
+        ok_json(http.post(format!("{base}/v3/lease/grant")).json(&json!({"TTL": 30})).send().await).await?;
+    let id = g["ID"].as_str().ok_or("grant without ID")?.to_owned();
+    let (svc, inst) = (format!("svc-{}", i % 1000), format!("{tag}-i{i}"));
+    let body = json!({"key": b64(format!("/services/{svc}/{inst}").as_bytes()),
+                      "value": b64(instance_value(&svc, &inst).as_bytes()), "lease": id});
+    ok_json(http.post(format!("{base}/v3/kv/put")).json(&body).send().await).await.map(|_| ())
+}
+
 pub(super) async fn etcd(ctx: &mut Ctx, bin: &Path) -> anyhow::Result<PeerFigures> {
     let (proc, client_url, _dir) = start_etcd(ctx, bin).await?;
     let version =
@@ -61,18 +73,7 @@ pub(super) async fn etcd(ctx: &mut Ctx, bin: &Path) -> anyhow::Result<PeerFigure
         let (run, cpu) = measured(
             &proc,
             ctx.on_load(closed_loop(c, ctx.step(), u64::MAX, cpu_now, move |i| {
-                let (http, base) = (http.clone(), base.clone());
-                async move {
-                    let g = ok_json(
-                        http.post(format!("{base}/v3/lease/grant")).json(&json!({"TTL": 30})).send().await,
-                    )
-                    .await?;
-                    let id = g["ID"].as_str().ok_or("grant without ID")?.to_owned();
-                    let (svc, inst) = (format!("svc-{}", i % 1000), format!("c{c}-i{i}"));
-                    let body = json!({"key": b64(format!("/services/{svc}/{inst}").as_bytes()),
-                                      "value": b64(instance_value(&svc, &inst).as_bytes()), "lease": id});
-                    ok_json(http.post(format!("{base}/v3/kv/put")).json(&body).send().await).await.map(|_| ())
-                }
+                register_once(http.clone(), base.clone(), format!("c{c}"), i)
             })),
         )
         .await?;

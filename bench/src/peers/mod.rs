@@ -32,7 +32,7 @@ use crate::sys::process_cpu;
 use crate::Ctx;
 
 use etcd::etcd;
-pub(crate) use etcd::start_etcd;
+pub(crate) use etcd::{register_once as etcd_register_once, start_etcd};
 use rnacos::rnacos;
 
 /// What a peer measured, for ratios.
@@ -56,7 +56,7 @@ impl Proc {
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
-    fn cpu(&self) -> Duration {
+    pub(crate) fn cpu(&self) -> Duration {
         process_cpu(self.pid()).unwrap_or_default()
     }
 }
@@ -74,11 +74,11 @@ pub(crate) fn find_bin(name: &str, extra: &[PathBuf]) -> Option<PathBuf> {
     std::env::split_paths(&path).chain(extra.iter().cloned()).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
-fn free_tcp() -> anyhow::Result<u16> {
+pub(crate) fn free_tcp() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn spawn(
+pub(crate) fn spawn(
     ctx: &Ctx,
     name: &'static str,
     bin: &Path,
@@ -103,7 +103,7 @@ fn spawn(
     Ok(Proc { child, name })
 }
 
-async fn wait_ready(http: &reqwest::Client, url: &str, within: Duration) -> anyhow::Result<()> {
+pub(crate) async fn wait_ready(http: &reqwest::Client, url: &str, within: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
     loop {
         if let Ok(r) = http.get(url).send().await {
@@ -116,7 +116,7 @@ async fn wait_ready(http: &reqwest::Client, url: &str, within: Duration) -> anyh
     }
 }
 
-async fn ok_json(resp: Result<reqwest::Response, reqwest::Error>) -> Result<Value, String> {
+pub(crate) async fn ok_json(resp: Result<reqwest::Response, reqwest::Error>) -> Result<Value, String> {
     let resp = resp.map_err(|e| e.to_string())?;
     let status = resp.status();
     let body = resp.bytes().await.map_err(|e| e.to_string())?;
