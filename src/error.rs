@@ -61,6 +61,12 @@ pub const LEADER_UNREACHABLE: &str = "leader_unreachable";
 /// 503 with `Retry-After: 1`. Nothing was written.
 pub const NOT_LEADER: &str = "not_leader";
 
+/// A blocking query's `index` is ahead of what this member of a DC group applied, and the
+/// member is cut off from its leader, so it cannot catch up: 503 with `Retry-After: 1`
+/// rather than an answer at a lower index than the client already saw (read another
+/// member, or query without `index` to start over).
+pub const BEHIND: &str = "behind";
+
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} ({}): {}", self.status.as_u16(), self.code, self.message)
@@ -84,7 +90,8 @@ pub struct ErrorCode(pub &'static str);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let retry = matches!(self.code, LOG_UNWRITABLE | NO_LEADER | LEADER_UNREACHABLE | NOT_LEADER);
+        let retry =
+            matches!(self.code, LOG_UNWRITABLE | NO_LEADER | LEADER_UNREACHABLE | NOT_LEADER | BEHIND);
         let code = self.code;
         let mut r = (self.status, axum::Json(ErrorBody::new(self.code, self.message))).into_response();
         r.extensions_mut().insert(ErrorCode(code));

@@ -255,6 +255,13 @@ async fn discover(
         };
         let _waiting = limits::take_slot(&node, client, false)?;
         node.registry.wait_for(&ns, &svc, idx, wait).await;
+        if let Some(g) = &node.group {
+            behind(node.registry.view().index(), idx, g.cut_off(), g.last_contact_ms()).inspect_err(
+                |_| {
+                    node.forward_stats.reads_behind.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                },
+            )?;
+        }
     } else if q.wait.is_some() {
         return Err(ApiError::invalid_field("wait", "needs index").into());
     }
@@ -275,15 +282,39 @@ async fn discover(
     Ok((headers, body).into_response())
 }
 
+/// A member of a group whose view stands below a blocking query's `index` once the wait
+/// is over, while it is cut off from its leader, refuses (`behind`): the client saw that
+/// index on another member, and an answer from here would take it back. A member in
+/// contact with its leader answers as a single node does (its group itself stands lower:
+/// an index from another history).
+/// (`cut_off` and `last_contact_ms` as `Group::cut_off` and `Group::last_contact_ms` say.)
+fn behind(applied: u64, index: u64, cut_off: bool, last_contact_ms: Option<u64>) -> Result<(), ApiError> {
+    if applied >= index || !cut_off {
+        return Ok(());
+    }
+    let contact = match last_contact_ms {
+        Some(ms) => format!("it last heard from a leader {ms}ms ago"),
+        None => "it has not heard from a leader since it started".to_owned(),
+    };
+    Err(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        crate::error::BEHIND,
+        format!(
+            "this member has applied up to index {applied}, behind the query's index {index}, and {contact}; \
+             read another member, or query without index to start over"
+        ),
+    ))
+}
+
 /// On a node of a group: whether it knows a leader, and how long ago it last heard from
-/// it (0 on the leader), so a client can tell a cut-off follower's answer.
+/// one (0 on the leader; also while no leader is known), so a client can tell a cut-off
+/// member's answer.
 fn group_headers(headers: &mut HeaderMap, group: &crate::node::group::Group) {
-    let contact = group.last_contact_ms();
     headers.insert(
         "x-tandem-known-leader",
-        HeaderValue::from_static(if contact.is_some() { "true" } else { "false" }),
+        HeaderValue::from_static(if group.knows_leader() { "true" } else { "false" }),
     );
-    if let Some(ms) = contact.filter(|ms| *ms != u64::MAX) {
+    if let Some(ms) = group.last_contact_ms() {
         if let Ok(v) = HeaderValue::from_str(&ms.to_string()) {
             headers.insert("x-tandem-last-contact", v);
         }
@@ -580,5 +611,20 @@ mod tests {
         assert!(parse_wait("1h").is_err());
         assert!(parse_wait("x").is_err());
         assert!(parse_wait("99999999999999999999m").is_err());
+    }
+
+    /// A client that saw index 120 on one member asks a member that applied only up to
+    /// 100: cut off from its leader, that member refuses rather than take the client back;
+    /// in contact (or caught up), it answers.
+    #[test]
+    fn a_cut_off_member_behind_the_query_index_refuses_instead_of_going_back() {
+        let refused = behind(100, 120, true, Some(2_500)).unwrap_err();
+        assert_eq!((refused.status, refused.code), (StatusCode::SERVICE_UNAVAILABLE, crate::error::BEHIND));
+        assert!(refused.message.contains("100") && refused.message.contains("2500ms"), "{}", refused.message);
+        let resp = refused.into_response();
+        assert_eq!(resp.headers().get(axum::http::header::RETRY_AFTER).unwrap(), "1");
+        assert!(behind(100, 120, true, None).unwrap_err().message.contains("not heard from a leader"));
+        assert!(behind(100, 120, false, Some(50)).is_ok(), "in contact with its leader: answers");
+        assert!(behind(120, 120, true, Some(2_500)).is_ok(), "caught up with the client: answers");
     }
 }

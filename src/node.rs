@@ -278,7 +278,7 @@ fn lead_hooks(shared: Arc<NodeShared>, start_gateway: Option<StartGateway>) -> g
                 let gw = shared.gateway.lock().take();
                 if let Some(gw) = gw {
                     gw.shutdown().await;
-                    tracing::info!("replication gateway stopped: another node leads");
+                    tracing::info!("replication gateway stopped: this node no longer serves writes");
                 }
             }) as futures::future::BoxFuture<'static, ()>
         })

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use serde::Deserialize as _;
 use serde_json::Value;
-use tandem_client::api::{DiscoverAnswer, ErrorBody, RegisterRequest, StatusChange, StatusName};
+use tandem_client::api::{
+    DiscoverAnswer, ErrorBody, HeartbeatBatch, HeartbeatBatchAnswer, HeartbeatItem, RegisterRequest,
+    StatusChange, StatusName,
+};
 
 use crate::checker::{Mark, ObservedInstance, Outcome, PeerLinkView, ServiceView, StatusView, ViewScope};
 
@@ -111,6 +114,35 @@ impl Api {
         self.write(self.http.put(format!("{base}/v1/heartbeat/{ns}/{svc}/{id}")), timeout).await
     }
 
+    /// `POST /v1/heartbeats` for `ids` of one service: the leases renewed, or why not.
+    pub async fn heartbeats(
+        &self,
+        base: &str,
+        ns: &str,
+        svc: &str,
+        ids: &[String],
+        timeout: Duration,
+    ) -> Result<HeartbeatBatchAnswer, String> {
+        let body = HeartbeatBatch {
+            instances: ids
+                .iter()
+                .map(|id| HeartbeatItem {
+                    namespace: Some(ns.to_owned()),
+                    service: svc.to_owned(),
+                    instance_id: id.clone(),
+                })
+                .collect(),
+        };
+        let (s, body) = self
+            .send(self.http.post(format!("{base}/v1/heartbeats")).json(&body), timeout)
+            .await
+            .map_err(|e| e.1)?;
+        if s != 200 {
+            return Err(format!("{s} {}", error_code(&body)));
+        }
+        HeartbeatBatchAnswer::deserialize(&body).map_err(|e| format!("the answer: {e}"))
+    }
+
     pub async fn deregister(&self, base: &str, ns: &str, svc: &str, id: &str, timeout: Duration) -> Outcome {
         self.write(self.http.delete(format!("{base}/v1/instances/{ns}/{svc}/{id}")), timeout).await
     }
@@ -160,6 +192,44 @@ impl Api {
         parse_view(&body)
     }
 
+    /// A discovery read of one member as a client that follows the index sees it
+    /// (`?dc=all`, with `index` and `wait` when given): the status and the group headers.
+    pub async fn read_member(
+        &self,
+        base: &str,
+        ns: &str,
+        svc: &str,
+        index: Option<(u64, u64)>,
+        timeout: Duration,
+    ) -> Result<MemberRead, String> {
+        let q = match index {
+            Some((i, wait_ms)) => format!("?dc=all&index={i}&wait={wait_ms}ms"),
+            None => "?dc=all".to_owned(),
+        };
+        let resp = self
+            .http
+            .get(format!("{base}/v1/services/{ns}/{svc}{q}"))
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| short_error(&e))?;
+        let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let read = MemberRead {
+            status: resp.status().as_u16(),
+            index: header("x-tandem-index").and_then(|v| v.parse().ok()),
+            last_contact_ms: header("x-tandem-last-contact").and_then(|v| v.parse().ok()),
+            known_leader: header("x-tandem-known-leader").map(|v| v == "true"),
+            code: String::new(),
+        };
+        let text = resp.text().await.map_err(|e| e.to_string())?;
+        let code = if read.status == 200 {
+            String::new()
+        } else {
+            error_code(&serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        };
+        Ok(MemberRead { code, ..read })
+    }
+
     /// `/v1/status`: the parts the checker uses, and the whole answer.
     pub async fn status(&self, base: &str, timeout: Duration) -> Result<(StatusView, Value), String> {
         let (s, body) =
@@ -187,6 +257,20 @@ impl Api {
         }
         Ok(text)
     }
+}
+
+/// What [`Api::read_member`] saw.
+#[derive(Clone, Debug)]
+pub struct MemberRead {
+    pub status: u16,
+    /// `X-Tandem-Index`.
+    pub index: Option<u64>,
+    /// `X-Tandem-Last-Contact`: how long ago the member last heard from its leader.
+    pub last_contact_ms: Option<u64>,
+    /// `X-Tandem-Known-Leader`.
+    pub known_leader: Option<bool>,
+    /// The error code of an answer other than 200.
+    pub code: String,
 }
 
 fn short_error(e: &reqwest::Error) -> String {

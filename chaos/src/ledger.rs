@@ -31,8 +31,11 @@ pub enum FaultKind {
     Down(usize),
     /// An old process of this side runs next to its replacement (until it is killed).
     Split(usize),
-    /// The leader of this side's group was killed (until the killed member is back).
+    /// The leader of this side's group was killed or cut off from the group (until the
+    /// member is back).
     Leader(usize),
+    /// A follower of this side's group was cut off from the group (until it rejoined).
+    Member(usize),
 }
 
 /// What the checker must be told about the DCs' processes for one step: (side, event).
@@ -74,7 +77,8 @@ pub struct FaultLedger {
     packets: bool,
     down: [bool; 2],
     split: [bool; 2],
-    leader: [bool; 2],
+    /// A member of the side's group is out (killed or cut off).
+    member_out: [bool; 2],
 }
 
 impl FaultLedger {
@@ -88,7 +92,7 @@ impl FaultLedger {
             packets: false,
             down: [false; 2],
             split: [false; 2],
-            leader: [false; 2],
+            member_out: [false; 2],
         }
     }
 
@@ -107,7 +111,7 @@ impl FaultLedger {
             && !self.packets
             && self.down == [false; 2]
             && self.split == [false; 2]
-            && self.leader == [false; 2]
+            && self.member_out == [false; 2]
     }
 
     /// The faults in force (which must be healed), in the order they started.
@@ -148,10 +152,12 @@ impl FaultLedger {
             ]),
             // The DC keeps answering; its writes and lease checks stop until another member
             // serves (the step is done then), which starts every lease over.
-            Action::KillLeader { side } => {
+            Action::KillLeader { side } | Action::IsolateMember { side, leader: true } => {
                 events.before.push((side, ProcessEvent::LeaderLost));
                 events.after.push((side, ProcessEvent::LeaderServing));
             }
+            // The clients move off the follower first; its group keeps its leader.
+            Action::IsolateMember { leader: false, .. } | Action::RejoinMember { .. } => {}
             Action::RestartMember { .. }
             | Action::Save { .. }
             | Action::EndSplit { .. }
@@ -190,6 +196,14 @@ impl FaultLedger {
             Action::KillLeader { side } => format!("kill -9 the leader of {}", self.names[side]),
             Action::RestartMember { side } => {
                 format!("restart {}'s killed member (follower)", self.names[side])
+            }
+            Action::IsolateMember { side, leader } => format!(
+                "cut {}'s {} off from its group",
+                self.names[side],
+                if leader { "leader" } else { "follower" }
+            ),
+            Action::RejoinMember { side } => {
+                format!("join {}'s cut-off member to its group", self.names[side])
             }
         }
     }
@@ -246,11 +260,21 @@ impl FaultLedger {
             Action::KillLeader { side } => {
                 let label = format!("kill -9 {}'s leader", self.names[side]);
                 self.open(FaultKind::Leader(side), label, started);
-                self.leader[side] = true;
+                self.member_out[side] = true;
             }
-            Action::RestartMember { side } => {
+            Action::IsolateMember { side, leader } => {
+                let (kind, who) = if leader {
+                    (FaultKind::Leader(side), "leader")
+                } else {
+                    (FaultKind::Member(side), "follower")
+                };
+                self.open(kind, format!("{}'s {who} cut off from its group", self.names[side]), started);
+                self.member_out[side] = true;
+            }
+            Action::RestartMember { side } | Action::RejoinMember { side } => {
                 self.close(FaultKind::Leader(side), done);
-                self.leader[side] = false;
+                self.close(FaultKind::Member(side), done);
+                self.member_out[side] = false;
             }
         }
         if action.starts_fault() {
@@ -400,6 +424,16 @@ mod tests {
             }
         );
         assert_eq!(events(Action::RestartMember { side: 0 }), ProcessEvents::default());
+        // A leader cut off is a leader lost as a kill is; a follower cut off loses none.
+        assert_eq!(
+            events(Action::IsolateMember { side: 1, leader: true }),
+            ProcessEvents {
+                before: vec![(1, ProcessEvent::LeaderLost)],
+                after: vec![(1, ProcessEvent::LeaderServing)]
+            }
+        );
+        assert_eq!(events(Action::IsolateMember { side: 1, leader: false }), ProcessEvents::default());
+        assert_eq!(events(Action::RejoinMember { side: 1 }), ProcessEvents::default());
         for link in [Action::Cut(Cut::Both), Action::Heal, Action::Packets(PACKETS), Action::ClearPackets] {
             assert_eq!(events(link), ProcessEvents::default(), "{link:?}");
         }

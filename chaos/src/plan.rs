@@ -23,10 +23,13 @@ pub enum DrillKind {
     RestoreRollback,
     SplitIncarnation,
     LeaderKill,
+    LeaderIsolated,
+    FollowerPartition,
+    FailoverLeases,
 }
 
 impl DrillKind {
-    pub const ALL: [DrillKind; 10] = [
+    pub const ALL: [DrillKind; 13] = [
         DrillKind::PartitionHeal,
         DrillKind::OneWayPartition,
         DrillKind::FlappingLink,
@@ -37,6 +40,9 @@ impl DrillKind {
         DrillKind::RestoreRollback,
         DrillKind::SplitIncarnation,
         DrillKind::LeaderKill,
+        DrillKind::LeaderIsolated,
+        DrillKind::FollowerPartition,
+        DrillKind::FailoverLeases,
     ];
 
     pub fn name(self) -> &'static str {
@@ -51,6 +57,9 @@ impl DrillKind {
             DrillKind::RestoreRollback => "restore-rollback",
             DrillKind::SplitIncarnation => "split-incarnation",
             DrillKind::LeaderKill => "leader-kill",
+            DrillKind::LeaderIsolated => "leader-isolated",
+            DrillKind::FollowerPartition => "follower-partition",
+            DrillKind::FailoverLeases => "failover-leases",
         }
     }
 
@@ -74,6 +83,15 @@ impl DrillKind {
             DrillKind::LeaderKill => {
                 "kill -9 the leader of a DC's Raft group under writes (each DC in turn), restart it as a follower; nothing acked is lost, no lease that kept beating expires"
             }
+            DrillKind::LeaderIsolated => {
+                "cut the leader of a DC's group off from its other members (it keeps running and keeps its link to the other DC); the majority elects another, the old one stops serving, commits and ships nothing"
+            }
+            DrillKind::FollowerPartition => {
+                "cut a follower off from its group: it keeps serving discovery flagged with its last contact, refuses writes, and a client that alternates members never sees the index go back"
+            }
+            DrillKind::FailoverLeases => {
+                "10,000 leases beating in batches through the followers of one DC while its leader is killed three times: not one expires or turns unhealthy"
+            }
         }
     }
 
@@ -90,6 +108,9 @@ impl DrillKind {
             DrillKind::RestoreRollback => 24_000,
             DrillKind::SplitIncarnation => 18_000,
             DrillKind::LeaderKill => 20_000,
+            DrillKind::LeaderIsolated => 20_000,
+            DrillKind::FollowerPartition => 18_000,
+            DrillKind::FailoverLeases => 30_000,
         }
     }
 
@@ -97,7 +118,10 @@ impl DrillKind {
     /// the drills about a group, one node otherwise.
     pub fn nodes_default(self) -> usize {
         match self {
-            DrillKind::LeaderKill => 3,
+            DrillKind::LeaderKill
+            | DrillKind::LeaderIsolated
+            | DrillKind::FollowerPartition
+            | DrillKind::FailoverLeases => 3,
             _ => 1,
         }
     }
@@ -105,7 +129,12 @@ impl DrillKind {
     /// Why this drill cannot run with `nodes` per DC, if it cannot.
     pub fn refuses_nodes(self, nodes: usize) -> Option<String> {
         match self {
-            DrillKind::LeaderKill if nodes < 3 => {
+            DrillKind::LeaderKill
+            | DrillKind::LeaderIsolated
+            | DrillKind::FollowerPartition
+            | DrillKind::FailoverLeases
+                if nodes < 3 =>
+            {
                 Some(format!("{self} needs a group of at least three nodes per DC (--nodes 3), not {nodes}"))
             }
             // A DC's data dir copied back, or a replacement next to the old process: one
@@ -132,6 +161,11 @@ impl DrillKind {
         matches!(self, DrillKind::OneWayPartition | DrillKind::PacketChaos | DrillKind::SplitIncarnation)
     }
 
+    /// Cuts one member off from its group: the members' links run through relays.
+    pub fn cuts_members(self) -> bool {
+        matches!(self, DrillKind::LeaderIsolated | DrillKind::FollowerPartition)
+    }
+
     pub fn needs_processes(self) -> bool {
         matches!(
             self,
@@ -141,6 +175,7 @@ impl DrillKind {
                 | DrillKind::RestoreRollback
                 | DrillKind::SplitIncarnation
                 | DrillKind::LeaderKill
+                | DrillKind::FailoverLeases
         )
     }
 }
@@ -253,6 +288,18 @@ pub enum Action {
     RestartMember {
         side: usize,
     },
+    /// One member of the DC's group is cut off from the others (every member link to and
+    /// from it drops), the leader when `leader`, else a follower. It keeps running, keeps
+    /// answering HTTP and keeps its link to the other DC.
+    IsolateMember {
+        side: usize,
+        leader: bool,
+    },
+    /// The member an `IsolateMember` cut off is joined to its group again; done once it
+    /// follows the leader and applied what the leader had.
+    RejoinMember {
+        side: usize,
+    },
 }
 
 impl Action {
@@ -266,6 +313,7 @@ impl Action {
                 | Action::Pause { .. }
                 | Action::Split { .. }
                 | Action::KillLeader { .. }
+                | Action::IsolateMember { .. }
         )
     }
 
@@ -436,6 +484,29 @@ pub fn plan(kind: DrillKind, seed: u64, span_ms: Option<u64>, caps: Capabilities
                 side = 1 - side;
             }
         }
+        DrillKind::LeaderIsolated | DrillKind::FollowerPartition => {
+            let leader = kind == DrillKind::LeaderIsolated;
+            let mut side = rng.gen_range(0..2usize);
+            while t + 3_500 <= end {
+                let cut = rng.gen_range(2_000..3_500);
+                at(t, Action::IsolateMember { side, leader });
+                at(t + cut, Action::RejoinMember { side });
+                side = 1 - side;
+                t += cut + rng.gen_range(3_000..4_500);
+            }
+        }
+        DrillKind::FailoverLeases => {
+            // The leases beat at the first DC: its leader dies three times.
+            for _ in 0..3 {
+                if t + 3_000 > end {
+                    break;
+                }
+                let down = rng.gen_range(1_500..3_000);
+                at(t, Action::KillLeader { side: 0 });
+                at(t + down, Action::RestartMember { side: 0 });
+                t += down + rng.gen_range(3_000..4_500);
+            }
+        }
         DrillKind::LeaderKill => {
             let mut side = rng.gen_range(0..2usize);
             while t + 3_000 <= end {
@@ -483,7 +554,10 @@ mod tests {
                         Action::Split { side } => split[side] = true,
                         Action::EndSplit { side } => split[side] = false,
                         Action::KillLeader { side } => leaderless[side] = true,
-                        Action::RestartMember { side } => leaderless[side] = false,
+                        Action::RestartMember { side } | Action::RejoinMember { side } => {
+                            leaderless[side] = false
+                        }
+                        Action::IsolateMember { side, .. } => leaderless[side] = true,
                     }
                 }
                 assert!(

@@ -60,6 +60,25 @@ openraft::declare_raft_types!(
         AsyncRuntime = openraft::TokioRuntime,
 );
 
+/// Whether member `id` leads with a quorum behind it: openraft says it leads, and a quorum
+/// of the members acknowledged it (heartbeats count) within `quorum_lost_after_ms`.
+///
+/// openraft 0.9 keeps a leader cut off from every other member in the leader state until
+/// it hears of a higher term, which a minority never does; such a node must not serve
+/// writes, run the lease checker or ship replication (docs/cluster.md, "Failure modes").
+/// The bound is the election timeout's maximum: by then the majority may have elected
+/// another leader. A leader that has not heard from a quorum yet in its term (`None`)
+/// counts as leading: its take-over starts with a read index, which needs a quorum.
+pub fn leads_with_quorum(
+    metrics: &openraft::RaftMetrics<NodeId, openraft::BasicNode>,
+    id: NodeId,
+    quorum_lost_after_ms: u64,
+) -> bool {
+    metrics.state == openraft::ServerState::Leader
+        && metrics.current_leader == Some(id)
+        && metrics.millis_since_quorum_ack.is_none_or(|ms| ms <= quorum_lost_after_ms)
+}
+
 /// One stored Raft entry of this group.
 pub type RaftEntry = openraft::Entry<TypeConfig>;
 

@@ -572,3 +572,62 @@ fn a_take_over_write_recovers_a_log_an_interrupted_one_left_unwritable() {
     log.take_over_write(|l| l.rescope("dc-b", &scope)).expect("the take-over write recovers the log");
     assert!(log.writable());
 }
+
+/// A leader cut off from every other member stays a leader in openraft's eyes (0.9 has no
+/// check-quorum: a minority never hears of the higher term), so the node must tell for
+/// itself: it stops counting as leading once no quorum acknowledged it within the
+/// election timeout's maximum, and a healthy leader never does. Found by `tandem chaos
+/// leader-isolated`: the isolated node kept `serving_writes`, its lease checker and its
+/// replication gateway running.
+#[test]
+fn a_leader_cut_off_from_its_quorum_stops_leading_within_the_election_timeout() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let dirs: BTreeMap<NodeId, TempDir> = (1..=MEMBERS).map(|id| (id, TempDir::new().unwrap())).collect();
+    let wires = Arc::new(Wires::default());
+    let members = rt.block_on(formed_group(&dirs, &wires));
+    let bound = config().election_timeout_max;
+    let leads = |id: NodeId| leads_with_quorum(&members[&id].raft.metrics().borrow(), id, bound);
+    let leader =
+        || members.keys().copied().find(|id| members[id].raft.metrics().borrow().current_leader == Some(*id));
+    let deadline = Instant::now() + WITHIN;
+    while leader().is_none_or(|a| !leads(a)) {
+        assert!(Instant::now() < deadline, "no leader within {WITHIN:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let a = leader().unwrap();
+    // Healthy: it keeps leading with its quorum (sampled over several election timeouts).
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(bound / 10));
+        assert!(leads(a), "a healthy leader lost its quorum: {:?}", members[&a].raft.metrics().borrow());
+    }
+    for other in (1..=MEMBERS).filter(|o| *o != a) {
+        wires.cut.write().extend([(a, other), (other, a)]);
+    }
+    let cut_at = Instant::now();
+    while leads(a) {
+        assert!(
+            cut_at.elapsed() < WITHIN,
+            "node {a} still leads with a quorum {WITHIN:?} after it was cut off"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let m = members[&a].raft.metrics().borrow().clone();
+    assert_eq!(
+        (m.state, m.current_leader),
+        (openraft::ServerState::Leader, Some(a)),
+        "openraft alone still calls the cut-off node the leader"
+    );
+    // The others elect one of themselves, which leads with its quorum.
+    let deadline = Instant::now() + WITHIN;
+    while !members.keys().any(|id| *id != a && leads(*id)) {
+        assert!(Instant::now() < deadline, "the majority elected no leader within {WITHIN:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!leads(a));
+    wires.cut.write().clear();
+    rt.block_on(async {
+        for (_, m) in members {
+            m.raft.shutdown().await.unwrap();
+        }
+    });
+}

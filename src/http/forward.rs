@@ -47,7 +47,7 @@ pub const FORWARD_ANSWER_BYTES_MAX: usize = 1 << 20;
 #[derive(Clone, Copy, Debug)]
 pub struct ForwardedWrite;
 
-/// What forwarding did, for metrics.
+/// What forwarding did, and the group's read refusals, for metrics.
 #[derive(Debug, Default)]
 pub struct ForwardStats {
     /// Writes this node forwarded to the leader, and those that got no answer.
@@ -60,6 +60,9 @@ pub struct ForwardStats {
     pub no_leader: AtomicU64,
     /// Writes other members forwarded to this node.
     pub served: AtomicU64,
+    /// Blocking queries refused because this member, cut off from its leader, is behind
+    /// their index (`behind`).
+    pub reads_behind: AtomicU64,
 }
 
 fn is_write(method: &Method, path: &str) -> bool {

@@ -277,12 +277,17 @@ impl Group {
     }
 
     /// Whether this node serves writes now: it leads, in the term it took over in.
+    /// A leader that has not heard from a quorum within the election timeout's maximum
+    /// does not serve ([`crate::cluster::leads_with_quorum`]).
     pub fn serving(&self) -> bool {
         let m = self.raft.metrics();
         let m = m.borrow();
-        m.state == ServerState::Leader
-            && m.current_leader == Some(self.id)
-            && *self.serving.borrow() == Some(m.current_term)
+        self.leads(&m) && *self.serving.borrow() == Some(m.current_term)
+    }
+
+    /// Whether `m` says this node leads with a quorum behind it.
+    fn leads(&self, m: &openraft::RaftMetrics<NodeId, BasicNode>) -> bool {
+        crate::cluster::leads_with_quorum(m, self.id, self.section.election_timeout_max_ms)
     }
 
     /// Where a write received here goes.
@@ -354,15 +359,32 @@ impl Group {
         }
     }
 
-    /// Ms since this node last heard from a leader of its group (0 on the serving leader;
-    /// `None` when no leader is known).
+    /// Ms since this node last heard from a leader of its group: 0 on the serving leader;
+    /// on a leader without its quorum, since a quorum last acknowledged it; on any other
+    /// member, since a leader's append or heartbeat last reached it, whether or not it
+    /// knows a leader now (an election under way, or cut off). `None`: not since it
+    /// started.
     pub fn last_contact_ms(&self) -> Option<u64> {
         if self.serving() {
             return Some(0);
         }
-        self.leader()?;
-        let at = self.service.last_append();
-        Some(at.map_or(u64::MAX, |t| t.elapsed().as_millis() as u64))
+        if self.leader() == Some(self.id) {
+            return self.raft.metrics().borrow().millis_since_quorum_ack;
+        }
+        self.service.last_append().map(|t| t.elapsed().as_millis() as u64)
+    }
+
+    /// Whether this node knows a leader that can serve: itself serving writes, or another
+    /// member (a leader without its quorum knows none).
+    pub fn knows_leader(&self) -> bool {
+        self.serving() || self.leader().is_some_and(|l| l != self.id)
+    }
+
+    /// Whether this member is cut off from its group: no leader known, or none heard from
+    /// (a leader: no quorum's acknowledgement) within the election timeout's maximum.
+    pub fn cut_off(&self) -> bool {
+        !self.knows_leader()
+            || self.last_contact_ms().is_none_or(|ms| ms > self.section.election_timeout_max_ms)
     }
 
     /// What status shows of the group.
@@ -440,12 +462,6 @@ pub struct MemberStatus {
 /// How long [`lead`] waits between two looks at the group when nothing changed.
 const LEAD_POLL: Duration = Duration::from_millis(500);
 
-/// The node's leadership task: when this node leads in a term it has not taken over in,
-/// it waits until every earlier entry is applied here (a read-index round with a quorum),
-/// then takes over the leases and the owners (`Registry::take_lead`: every lease from its
-/// record's published health with a full TTL, the restart's code path), runs the node's
-/// `on_lead` hook (each peer's scope, the replication gateway) and only then serves writes. When another node leads, it
-/// stops serving at once (`Group::serving` reads the live term). Stops with the node.
 /// What the node does besides the leases when it starts leading (before it serves
 /// writes; an error retries the take-over) and when it stops.
 pub struct LeadHooks {
@@ -453,6 +469,16 @@ pub struct LeadHooks {
     pub on_follow: Arc<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>,
 }
 
+/// The node's leadership task: when this node leads in a term it has not taken over in,
+/// it waits until every earlier entry is applied here (a read-index round with a quorum),
+/// then takes over the leases and the owners (`Registry::take_lead`: every lease from its
+/// record's published health with a full TTL, the restart's code path), runs the node's
+/// `on_lead` hook (each peer's scope, the replication gateway) and only then serves
+/// writes. When another node leads, or this one lost its quorum (no acknowledgement from
+/// a quorum within the election timeout's maximum: it is cut off in a minority), it stops
+/// serving at once (`Group::serving` reads the live term and the quorum's last
+/// acknowledgement) and runs `on_follow`; regaining the quorum in the same term is a new
+/// take-over. Stops with the node.
 pub async fn lead(
     group: Arc<Group>,
     registry: Arc<crate::registry::Registry>,
@@ -461,9 +487,9 @@ pub async fn lead(
 ) {
     let mut metrics = group.raft.metrics();
     loop {
-        let (leads, term) = {
+        let (leads, term, quorum_ack_ms) = {
             let m = metrics.borrow_and_update();
-            (m.state == ServerState::Leader && m.current_leader == Some(group.id), m.current_term)
+            (group.leads(&m), m.current_term, m.millis_since_quorum_ack)
         };
         let served = *group.serving.borrow();
         if leads && served != Some(term) {
@@ -492,7 +518,16 @@ pub async fn lead(
         } else if !leads && served.is_some() {
             group.serving.send_replace(None);
             (hooks.on_follow)().await;
-            tracing::info!(node = group.id, term, leader = ?group.leader(), "no longer leading the DC's group");
+            if group.leader() == Some(group.id) {
+                tracing::warn!(
+                    node = group.id,
+                    term,
+                    quorum_ack_ms,
+                    "no quorum of the group acknowledged this leader lately: stopped serving writes"
+                );
+            } else {
+                tracing::info!(node = group.id, term, leader = ?group.leader(), "no longer leading the DC's group");
+            }
         }
         tokio::select! {
             r = metrics.changed() => if r.is_err() { return },

@@ -541,7 +541,7 @@ impl NodeShared {
         }
         let (f, link) = (&self.forward_stats, g.link_stats());
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-        let counters: [(&str, &str, u64); 10] = [
+        let counters: [(&str, &str, u64); 11] = [
             (
                 "tandem_cluster_writes_forwarded_total",
                 "Writes this node forwarded to the leader",
@@ -561,6 +561,11 @@ impl NodeShared {
                 "tandem_cluster_writes_no_leader_total",
                 "Writes refused for want of a leader (503 no_leader, not_leader)",
                 get(&f.no_leader),
+            ),
+            (
+                "tandem_cluster_reads_behind_total",
+                "Blocking queries refused: this member, cut off from its leader, is behind their index (503 behind)",
+                get(&f.reads_behind),
             ),
             (
                 "tandem_cluster_writes_served_for_members_total",

@@ -8,12 +8,13 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::bail;
+use anyhow::{bail, Context as _};
 use serde_json::Value;
 use tokio::time::Instant;
 
 use super::{free_port, toml_str, Cluster};
 use crate::plan::Action;
+use crate::relay::{Faults, Relay};
 
 /// Longest wait for another member to serve writes after a leader kill (an election takes
 /// about a second with the default timings).
@@ -36,28 +37,63 @@ pub struct Failover {
     pub gap_ms: u64,
 }
 
-/// A DC's members: (id, raft address, HTTP address).
-pub(super) struct Members(Vec<(u64, SocketAddr, SocketAddr)>);
+/// A DC's members: (id, raft address it listens on, HTTP address), and where each member
+/// dials each other (`dial[k][j]`: the listen address, or a relay in front of it).
+pub(super) struct Members {
+    list: Vec<(u64, SocketAddr, SocketAddr)>,
+    dial: Vec<Vec<SocketAddr>>,
+}
 
 /// Members 1..=N of a group whose HTTP addresses are `http`, each with a free member-link
-/// port.
+/// port, dialled directly.
 pub(super) fn members(http: &[SocketAddr]) -> anyhow::Result<Members> {
-    let mut out = Vec::new();
+    let mut list = Vec::new();
     for (k, h) in http.iter().enumerate() {
-        out.push((k as u64 + 1, SocketAddr::from(([127, 0, 0, 1], free_port(true)?)), *h));
+        list.push((k as u64 + 1, SocketAddr::from(([127, 0, 0, 1], free_port(true)?)), *h));
     }
-    Ok(Members(out))
+    let dial = (0..list.len()).map(|_| list.iter().map(|m| m.1).collect()).collect();
+    Ok(Members { list, dial })
+}
+
+/// One relay on a member link: member `from`'s dials to member `to` (indices).
+pub(super) struct MemberRelay {
+    pub from: usize,
+    pub to: usize,
+    pub relay: Relay,
+}
+
+/// Puts a relay in front of every member for every other member's dials (a member's
+/// `[cluster] members` lists the relay as the other's `raft_addr`; the node certificates
+/// name the members, not their addresses), so that a drill can cut one member off.
+pub(super) async fn relay_members(members: &mut Members, seed: u64) -> anyhow::Result<Vec<MemberRelay>> {
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("constant address");
+    let n = members.list.len();
+    let mut out = Vec::new();
+    for from in 0..n {
+        for to in (0..n).filter(|to| *to != from) {
+            let seed = seed.wrapping_add(1_000 + (from * n + to) as u64);
+            let relay = Relay::start(any, members.list[to].1, Faults::NONE, seed)
+                .await
+                .with_context(|| format!("relay member {} -> {}", from + 1, to + 1))?;
+            members.dial[from][to] = relay.local_addr();
+            out.push(MemberRelay { from, to, relay });
+        }
+    }
+    Ok(out)
 }
 
 /// The `[cluster]` table of member `k` (0-based) of DC `dc`, with the node certificate
 /// `tandem certs --nodes` made, and the default Raft timings.
 pub(super) fn cluster_section(dc: &str, k: usize, members: &Members, certs: &Path) -> String {
     let list: Vec<String> = members
-        .0
+        .list
         .iter()
-        .map(|(id, raft, http)| format!("{{ id = {id}, raft_addr = \"{raft}\", http_addr = \"{http}\" }}"))
+        .zip(&members.dial[k])
+        .map(|((id, _, http), raft)| {
+            format!("{{ id = {id}, raft_addr = \"{raft}\", http_addr = \"{http}\" }}")
+        })
         .collect();
-    let id = members.0[k].0;
+    let id = members.list[k].0;
     let name = format!("n{id}.{dc}.tandem-node");
     let mut s = String::new();
     let _ = writeln!(
@@ -112,6 +148,9 @@ impl Cluster {
     /// off it (the drill's clients follow `Dc::base` before the step). Returns whether the
     /// clients must be given time to finish requests sent to the old base.
     pub async fn prepare(&mut self, action: Action) -> anyhow::Result<bool> {
+        if let Action::IsolateMember { side, leader } = action {
+            return self.prepare_isolation(side, leader).await;
+        }
         let Action::KillLeader { side } = action else { return Ok(false) };
         if self.dcs[side].nodes.len() < 3 {
             bail!("{} is not a group of three or more: no leader to kill", self.dcs[side].name);

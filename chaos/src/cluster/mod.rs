@@ -32,11 +32,13 @@ use crate::relay::{Direction, Faults, LinkFaults, Probability, Relay};
 
 mod group;
 mod incarnations;
+mod isolation;
 mod netns;
 
 pub use group::{Failover, DRAIN};
 use incarnations::OldIncarnation;
 pub use incarnations::SplitCheck;
+pub use isolation::{Isolation, Probes, PROBE_SERVICE};
 use netns::Netns;
 
 /// The DC names of the sandbox.
@@ -71,6 +73,9 @@ pub struct NodeTuning {
     pub purge_grace_ms: u64,
     pub batch_events_max: usize,
     pub window_batches_max: usize,
+    /// In a group: every member link runs through a relay, so that one member can be cut
+    /// off (the drills that do; a relay costs a hop on every Raft message).
+    pub relay_members: bool,
 }
 
 impl Default for NodeTuning {
@@ -89,6 +94,7 @@ impl Default for NodeTuning {
             purge_grace_ms: 600_000,
             batch_events_max: 64,
             window_batches_max: 4,
+            relay_members: false,
         }
     }
 }
@@ -135,14 +141,16 @@ pub struct Dc {
     netns: Option<String>,
     /// Members a leader kill took down (indices into `nodes`), until they restart.
     killed: Vec<usize>,
-    /// The member the next leader kill takes down (chosen by [`Cluster::prepare`]).
+    /// The member the next leader kill or cut takes down (chosen by [`Cluster::prepare`]).
     doomed: Option<usize>,
+    /// The member cut off from the group, while it is.
+    cut: Option<isolation::MemberCut>,
 }
 
 impl Dc {
     fn new(name: &str, nodes: Vec<Node>, netns: Option<String>) -> Dc {
         let base = nodes.first().map(|n| n.base.clone()).unwrap_or_default();
-        Dc { name: name.to_owned(), base, nodes, netns, killed: Vec::new(), doomed: None }
+        Dc { name: name.to_owned(), base, nodes, netns, killed: Vec::new(), doomed: None, cut: None }
     }
 
     /// The log files of its processes.
@@ -179,6 +187,12 @@ pub struct Cluster {
     split_checks: Vec<SplitCheck>,
     /// Per leader kill: the DC, and how long after the kill another member served writes.
     failovers: Vec<Failover>,
+    /// Per DC: the relays on its member links (`relay_members`).
+    member_relays: [Vec<group::MemberRelay>; 2],
+    /// Every member cut off and joined again.
+    isolations: Vec<Isolation>,
+    /// Where the probes of a cut-off member read: (namespace, service).
+    probe_target: Option<(String, String)>,
 }
 
 fn free_port(udp: bool) -> anyhow::Result<u16> {
@@ -310,6 +324,9 @@ impl Cluster {
             generation: [0; 2],
             split_checks: Vec::new(),
             failovers: Vec::new(),
+            member_relays: Default::default(),
+            isolations: Vec::new(),
+            probe_target: None,
         }
     }
 
@@ -368,10 +385,15 @@ impl Cluster {
             }
         }
         let mut dcs = Vec::new();
+        let mut member_relays: [Vec<group::MemberRelay>; 2] = Default::default();
         for side in 0..2 {
             let name = SANDBOX_DCS[side];
             let peers: Vec<SocketAddr> = relays[side].iter().map(Relay::local_addr).collect();
-            let members = if nodes > 1 { Some(group::members(&http[side])?) } else { None };
+            let mut members = if nodes > 1 { Some(group::members(&http[side])?) } else { None };
+            if let (Some(m), true) = (members.as_mut(), tuning.relay_members) {
+                member_relays[side] =
+                    group::relay_members(m, relay_seed.wrapping_add(side as u64 * 100)).await?;
+            }
             let mut dc_nodes = Vec::new();
             for k in 0..nodes {
                 let (data_dir, config, log) = if nodes == 1 {
@@ -415,6 +437,7 @@ impl Cluster {
         let [a, b]: [Dc; 2] = dcs.try_into().map_err(|_| anyhow::anyhow!("two DCs"))?;
         let mut c =
             Cluster::assemble(Environment::Sandbox, [a, b], Some(relays), bin, api, Some(dir), tuning);
+        c.member_relays = member_relays;
         c.spawn(0)?;
         c.spawn(1)?;
         c.wait_ready(0).await?;
@@ -559,6 +582,8 @@ impl Cluster {
             Action::EndSplit { side } => self.end_split(side).await?,
             Action::KillLeader { side } => return self.kill_leader(side).await.map(Some),
             Action::RestartMember { side } => self.restart_members(side).await?,
+            Action::IsolateMember { side, leader } => return self.isolate(side, leader).await.map(Some),
+            Action::RejoinMember { side } => return self.rejoin(side).await.map(Some),
         }
         Ok(None)
     }
@@ -691,6 +716,11 @@ impl Cluster {
             Action::EndSplit { side } => vec!["end-split".into(), self.dcs[side].name.clone()],
             Action::KillLeader { side } => vec!["kill-leader".into(), self.dcs[side].name.clone()],
             Action::RestartMember { side } => vec!["restart-member".into(), self.dcs[side].name.clone()],
+            Action::IsolateMember { side, leader } => vec![
+                if leader { "isolate-leader" } else { "isolate-follower" }.into(),
+                self.dcs[side].name.clone(),
+            ],
+            Action::RejoinMember { side } => vec!["rejoin-member".into(), self.dcs[side].name.clone()],
         };
         let line = format!("{hook} {}", args.join(" "));
         // The arguments go in as positional parameters, never through the shell's parser.
@@ -769,6 +799,9 @@ impl Cluster {
             for r in relays.into_iter().flatten() {
                 r.shutdown().await;
             }
+        }
+        for r in std::mem::take(&mut self.member_relays).into_iter().flatten() {
+            r.relay.shutdown().await;
         }
         // Namespaces go with `self` (Drop).
     }

@@ -17,6 +17,7 @@
 
 mod cli;
 mod figures;
+mod leases;
 mod observers;
 
 use std::collections::BTreeSet;
@@ -269,7 +270,22 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         return Ok(r);
     }
     let dir = fresh_dir(opts)?;
-    let mut tuning = NodeTuning { purge_grace_ms: opts.kind.purge_grace_ms(), ..NodeTuning::default() };
+    let mut tuning = NodeTuning {
+        purge_grace_ms: opts.kind.purge_grace_ms(),
+        relay_members: opts.kind.cuts_members(),
+        ..NodeTuning::default()
+    };
+    if opts.kind == DrillKind::FailoverLeases {
+        // Ten thousand leases beat once a second, in batches; they may miss a few rounds
+        // while a leader dies, never enough to turn suspect.
+        tuning = NodeTuning {
+            heartbeat_interval_ms: 1_000,
+            suspect_after_ms: 3_000,
+            unhealthy_after_ms: 6_000,
+            expire_after_ms: 12_000,
+            ..tuning
+        };
+    }
     if let Environment::Targets { .. } = opts.env {
         tuning = NodeTuning::default();
     }
@@ -307,6 +323,22 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     let fixed = schedule_fixed(opts.seed, &wl);
     let mut services = wl.services.clone();
     services.extend(wl.fixed_service.clone());
+    if let Some(svc) = wl.services.first() {
+        cluster.set_probe_target(&ns, svc);
+    }
+    let lease_stats = Arc::new(Mutex::new(leases::LeaseStats::default()));
+    let mut bulk_ids = Arc::new(Vec::new());
+    if opts.kind == DrillKind::FailoverLeases && cluster_did_processes(&opts.env) {
+        let t = Instant::now();
+        let ids =
+            leases::register(cluster.api(), &bases[0], &ns, leases::BULK_LEASES, tuning.expire_after_ms)
+                .await
+                .context("registering the leases")?;
+        let mut s = lease_stats.lock();
+        (s.registered, s.register_ms) = (ids.len(), t.elapsed().as_millis() as u64);
+        say(&format!("{} leases registered at {} in {}ms", s.registered, names[0], s.register_ms));
+        bulk_ids = Arc::new(ids);
+    }
     say(&format!(
         "dir {} | {} {} | {} {} | namespace {ns} | ~{} ops/s per DC, {} faults, span {:.1}s",
         dir.display(),
@@ -375,8 +407,12 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         tokio::spawn(progress(ctx.clone(), Duration::from_secs(2))),
     ]);
     let pollers = Tasks(vec![tokio::spawn(poller(ctx.clone(), 0)), tokio::spawn(poller(ctx.clone(), 1))]);
-    let heartbeaters =
+    let mut heartbeaters =
         Tasks(vec![tokio::spawn(heartbeater(ctx.clone(), 0)), tokio::spawn(heartbeater(ctx.clone(), 1))]);
+    if !bulk_ids.is_empty() {
+        heartbeaters.0.push(tokio::spawn(leases::beat(ctx.clone(), bulk_ids.clone(), lease_stats.clone())));
+        heartbeaters.0.push(tokio::spawn(leases::watch(ctx.clone(), lease_stats.clone())));
+    }
     let mut executors = Tasks(vec![
         tokio::spawn(executor(ctx.clone(), 0, ops_a)),
         tokio::spawn(executor(ctx.clone(), 1, ops_b)),
@@ -528,6 +564,9 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    if !bulk_ids.is_empty() {
+        leases::peer_end(&ctx, &lease_stats).await;
+    }
     ctx.stop_heartbeats.store(true, Ordering::Relaxed);
     drop(heartbeaters);
     background.0.iter().for_each(JoinHandle::abort);
@@ -551,6 +590,9 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     let metrics_snapshots = snapshot_metrics(&ctx.api, &[ctx.base(0), ctx.base(1)]).await;
     let split_checks = cluster.split_checks().to_vec();
     let failovers = cluster.failovers().to_vec();
+    let isolations = cluster.isolations().to_vec();
+    let probe_leftovers =
+        if opts.kind.cuts_members() { cluster.probe_leftovers(&ns).await } else { Vec::new() };
     let logs: Vec<String> =
         cluster.dcs.iter().flat_map(|d| d.log_paths().map(|p| p.display().to_string())).collect();
     cluster.shutdown().await;
@@ -620,6 +662,19 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
             ),
         });
     }
+    if opts.kind == DrillKind::FailoverLeases && cluster_did_processes(&opts.env) {
+        let kills = the_plan.actions.iter().filter(|a| matches!(a.action, Action::KillLeader { .. })).count();
+        let done = failovers.len();
+        let mut e = leases::expectation(&lease_stats.lock(), kills, &names);
+        e.passed &= done == kills;
+        e.detail.push_str(&format!("; {done} of {kills} kills answered by another member serving writes"));
+        expectations.push(e);
+    }
+    if opts.kind.cuts_members() && cluster_did_processes(&opts.env) {
+        let cuts =
+            the_plan.actions.iter().filter(|a| matches!(a.action, Action::IsolateMember { .. })).count();
+        expectations.extend(isolation_expectations(cuts, &isolations, &probe_leftovers));
+    }
     let passed = check.passed() && expectations.iter().all(|e| e.passed);
     let mut report = DrillReport {
         drill: opts.kind.name().into(),
@@ -685,4 +740,86 @@ fn cluster_did_processes(env: &Environment) -> bool {
         Environment::Sandbox | Environment::Netns => true,
         Environment::Targets { hook, .. } => hook.is_some(),
     }
+}
+
+/// What `leader-isolated` and `follower-partition` expect of every member they cut off
+/// (besides the checker's invariants): see `crate::cluster::Isolation`.
+fn isolation_expectations(
+    cuts: usize,
+    isolations: &[crate::cluster::Isolation],
+    leftovers: &[String],
+) -> Vec<Expectation> {
+    let mut out = Vec::new();
+    let each = |what: &dyn Fn(&crate::cluster::Isolation) -> String| {
+        isolations
+            .iter()
+            .map(|i| format!("{} n{}: {}", i.dc, i.member, what(i)))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let all_back = cuts > 0 && isolations.len() == cuts;
+    if isolations.iter().any(|i| i.was_leader) {
+        out.push(Expectation {
+            name: "leader-cut-off".into(),
+            passed: all_back && isolations.iter().all(|i| i.next.is_some() && i.stepped_down_ms.is_some()),
+            detail: format!(
+                "{} of {cuts} cuts rejoined; the majority served writes, the cut-off leader stopped serving: {}",
+                isolations.len(),
+                each(&|i| format!(
+                    "n{} served {}, it stopped {}",
+                    i.next.map_or(0, |n| n.0),
+                    i.next.map_or("never".into(), |n| format!("{}ms after the cut", n.1)),
+                    i.stepped_down_ms.map_or("never".into(), |ms| format!("{ms}ms after the cut"))
+                ))
+            ),
+        });
+    }
+    let acked: u64 = isolations.iter().map(|i| i.probes.writes_acked).sum();
+    out.push(Expectation {
+        name: "cut-off-writes".into(),
+        passed: all_back && acked == 0 && leftovers.is_empty(),
+        detail: format!(
+            "writes to the cut-off member: {} acknowledged (must be 0), {} refused, {} unknown; probe instances either DC shows at the end: {}",
+            acked,
+            isolations.iter().map(|i| i.probes.writes_refused).sum::<u64>(),
+            isolations.iter().map(|i| i.probes.writes_unknown).sum::<u64>(),
+            if leftovers.is_empty() { "none".to_owned() } else { leftovers.join(", ") }
+        ),
+    });
+    out.push(Expectation {
+        name: "cut-off-reads".into(),
+        passed: all_back
+            && isolations.iter().all(|i| {
+                i.probes.reads_answered > 0 && i.probes.reads_failed == 0 && i.probes.last_contact_max_ms >= Some(1_000)
+            }),
+        detail: format!(
+            "plain reads of the cut-off member answered, flagged with its last contact (at least 1000ms once cut off): {}",
+            each(&|i| format!(
+                "{} answered, {} failed, last contact up to {}ms",
+                i.probes.reads_answered,
+                i.probes.reads_failed,
+                i.probes.last_contact_max_ms.map_or("-".into(), |ms| ms.to_string())
+            ))
+        ),
+    });
+    out.push(Expectation {
+        name: "index-never-back".into(),
+        passed: all_back
+            && isolations.iter().all(|i| i.probes.backwards == 0 && i.probes.alternate_reads > 0),
+        detail: format!(
+            "a client alternating members with blocking queries at its highest index: {}",
+            each(&|i| format!(
+                "{} answered, {} refused, {} went back{}",
+                i.probes.alternate_reads,
+                i.probes.alternate_refused,
+                i.probes.backwards,
+                if i.probes.details.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", i.probes.details.join("; "))
+                }
+            ))
+        ),
+    });
+    out
 }

@@ -21,6 +21,25 @@ use crate::tls::{self, NameRule, NodeName, ReloadableTls, TlsError, TlsMaterial}
 
 /// Close code: the peer is not a configured member of this DC's group.
 const CLOSE_NOT_A_MEMBER: u32 = 1;
+/// Stream reset code: the caller gave the call up (its timeout, or it dropped the call)
+/// before an answer came.
+const RESET_GIVEN_UP: u32 = 2;
+
+/// A call's request stream, reset when the call ends without an answer: QUIC would
+/// otherwise keep retransmitting the finished request, and a request given up while the
+/// link was cut (a forwarded write the client was told failed) would be served once it
+/// healed, seconds later. A request the callee already received is served either way:
+/// only that window stays in doubt.
+struct ResetUnlessAnswered(Option<quinn::SendStream>);
+
+impl Drop for ResetUnlessAnswered {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.0.take() {
+            let _ = s.reset(RESET_GIVEN_UP.into());
+        }
+    }
+}
+
 /// Stream reset code: the request or answer is over [`FRAME_BYTES_MAX`].
 const RESET_TOO_LARGE: u32 = 1;
 
@@ -202,11 +221,16 @@ impl MemberLink {
         let conn = self.connection(&slot, deadline).await?;
         let failed = |reason: String| CallError::Failed { node: to, reason };
         let exchange = async {
-            let (mut send, mut recv) = conn.open_bi().await.map_err(|e| failed(e.to_string()))?;
-            send.write_all(request).await.map_err(|e| failed(e.to_string()))?;
-            send.finish().map_err(|e| failed(e.to_string()))?;
+            let (send, mut recv) = conn.open_bi().await.map_err(|e| failed(e.to_string()))?;
+            let mut send = ResetUnlessAnswered(Some(send));
+            let stream = send.0.as_mut().expect("set above");
+            stream.write_all(request).await.map_err(|e| failed(e.to_string()))?;
+            stream.finish().map_err(|e| failed(e.to_string()))?;
             match recv.read_to_end(FRAME_BYTES_MAX).await {
-                Ok(answer) => Ok(answer),
+                Ok(answer) => {
+                    send.0 = None;
+                    Ok(answer)
+                }
                 Err(quinn::ReadToEndError::TooLong) => {
                     self.inner.stats.frames_refused.fetch_add(1, Ordering::Relaxed);
                     let _ = recv.stop(RESET_TOO_LARGE.into());

@@ -306,3 +306,64 @@ fn node_certificates_load_as_nodes_and_refuse_overwrites() {
         Err(TlsError::InvalidDcName { .. })
     ));
 }
+
+/// A UDP forwarder for one client with a switch that drops everything both ways (a cut
+/// member link). Its tasks stop with the test's runtime.
+async fn cuttable_proxy(upstream: SocketAddr) -> (SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::AtomicBool;
+    let front = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    let back = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    back.connect(upstream).await.unwrap();
+    let cut = Arc::new(AtomicBool::new(false));
+    let client = Arc::new(parking_lot::Mutex::new(None::<SocketAddr>));
+    let (f, b, c, k) = (front.clone(), back.clone(), cut.clone(), client.clone());
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_535];
+        while let Ok((n, from)) = f.recv_from(&mut buf).await {
+            *k.lock() = Some(from);
+            if !c.load(Ordering::Relaxed) {
+                let _ = b.send(&buf[..n]).await;
+            }
+        }
+    });
+    let (f, b, c, k) = (front.clone(), back, cut.clone(), client);
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_535];
+        while let Ok(n) = b.recv(&mut buf).await {
+            let to = *k.lock();
+            if let (Some(to), false) = (to, c.load(Ordering::Relaxed)) {
+                let _ = f.send_to(&buf[..n], to).await;
+            }
+        }
+    });
+    (front.local_addr().unwrap(), cut)
+}
+
+/// A call given up (its timeout, or its caller dropped it: a forwarded write whose leader
+/// stopped leading) while the link was cut must never reach the member once the link
+/// heals: QUIC would otherwise retransmit the finished request seconds later, and a write
+/// the client was told failed would take effect after the client moved on (a register
+/// landing after its deregister). Found by `tandem chaos follower-partition`.
+#[tokio::test]
+async fn a_call_given_up_while_the_link_was_cut_is_not_delivered_after_it_heals() {
+    let pki = pki();
+    let (a1, a2) = (free_addr(), free_addr());
+    let n2 = start(&pki.nodes_a[1], a2, &[(1, a1), (2, a2)]).unwrap();
+    let (via, cut) = cuttable_proxy(a2).await;
+    let n1 = start(&pki.nodes_a[0], a1, &[(1, a1), (2, via)]).unwrap();
+    assert_eq!(n1.call(2, b"before", WITHIN).await.unwrap(), b"1:before");
+    cut.store(true, Ordering::Relaxed);
+    let given_up = n1.call(2, b"given up", Duration::from_millis(300)).await;
+    assert!(matches!(given_up, Err(CallError::Timeout { .. })), "{given_up:?}");
+    let dropped = tokio::time::timeout(Duration::from_millis(300), n1.call(2, b"dropped", WITHIN)).await;
+    assert!(dropped.is_err(), "the cut link answered");
+    cut.store(false, Ordering::Relaxed);
+    // Long enough for QUIC's retransmissions (probe timeouts back off from ~1 s), then a
+    // call that goes through: only the calls that were answered were served.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(n1.call(2, b"after", WITHIN).await.unwrap(), b"1:after");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(n2.stats().served.load(Ordering::Relaxed), 2, "a call given up was served after the heal");
+    n1.shutdown().await;
+    n2.shutdown().await;
+}
