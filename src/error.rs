@@ -61,9 +61,9 @@ pub const LEADER_UNREACHABLE: &str = "leader_unreachable";
 /// 503 with `Retry-After: 1`. Nothing was written.
 pub const NOT_LEADER: &str = "not_leader";
 
-/// A blocking query's `index` is ahead of what this member of a DC group applied, and the
-/// member is cut off from its leader, so it cannot catch up: 503 with `Retry-After: 1`
-/// rather than an answer at a lower index than the client already saw (read another
+/// A blocking query's `index` is ahead of what this member of a DC group applied when its
+/// `wait` ran out (it is cut off from its leader, or catching up): 503 with `Retry-After:
+/// 1` rather than an answer at a lower index than the client already saw (read another
 /// member, or query without `index` to start over).
 pub const BEHIND: &str = "behind";
 

@@ -283,18 +283,19 @@ async fn discover(
 }
 
 /// A member of a group whose view stands below a blocking query's `index` once the wait
-/// is over, while it is cut off from its leader, refuses (`behind`): the client saw that
-/// index on another member, and an answer from here would take it back. A member in
-/// contact with its leader answers as a single node does (its group itself stands lower:
-/// an index from another history).
-/// (`cut_off` and `last_contact_ms` as `Group::cut_off` and `Group::last_contact_ms` say.)
+/// is over refuses (`behind`): the client saw that index on another member, and an answer
+/// from here would take it back. Cut off from its leader, it says since when; in contact,
+/// it is catching up (a member that just rejoined). (`cut_off` and `last_contact_ms` as
+/// `Group::cut_off` and `Group::last_contact_ms` say.) A single node answers at its index
+/// whatever the query's (an index from another history, such as a restored one).
 fn behind(applied: u64, index: u64, cut_off: bool, last_contact_ms: Option<u64>) -> Result<(), ApiError> {
-    if applied >= index || !cut_off {
+    if applied >= index {
         return Ok(());
     }
-    let contact = match last_contact_ms {
-        Some(ms) => format!("it last heard from a leader {ms}ms ago"),
-        None => "it has not heard from a leader since it started".to_owned(),
+    let contact = match (cut_off, last_contact_ms) {
+        (false, _) => "it is catching up with its leader".to_owned(),
+        (true, Some(ms)) => format!("it last heard from a leader {ms}ms ago"),
+        (true, None) => "it has not heard from a leader since it started".to_owned(),
     };
     Err(ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -614,8 +615,8 @@ mod tests {
     }
 
     /// A client that saw index 120 on one member asks a member that applied only up to
-    /// 100: cut off from its leader, that member refuses rather than take the client back;
-    /// in contact (or caught up), it answers.
+    /// 100: that member refuses rather than take the client back, cut off or catching up
+    /// (just rejoined); caught up, it answers.
     #[test]
     fn a_cut_off_member_behind_the_query_index_refuses_instead_of_going_back() {
         let refused = behind(100, 120, true, Some(2_500)).unwrap_err();
@@ -624,7 +625,8 @@ mod tests {
         let resp = refused.into_response();
         assert_eq!(resp.headers().get(axum::http::header::RETRY_AFTER).unwrap(), "1");
         assert!(behind(100, 120, true, None).unwrap_err().message.contains("not heard from a leader"));
-        assert!(behind(100, 120, false, Some(50)).is_ok(), "in contact with its leader: answers");
+        let catching_up = behind(100, 120, false, Some(50)).unwrap_err();
+        assert!(catching_up.message.contains("catching up"), "{}", catching_up.message);
         assert!(behind(120, 120, true, Some(2_500)).is_ok(), "caught up with the client: answers");
     }
 }

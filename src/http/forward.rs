@@ -60,8 +60,8 @@ pub struct ForwardStats {
     pub no_leader: AtomicU64,
     /// Writes other members forwarded to this node.
     pub served: AtomicU64,
-    /// Blocking queries refused because this member, cut off from its leader, is behind
-    /// their index (`behind`).
+    /// Blocking queries refused because this member had not applied their index when their
+    /// wait ran out (`behind`).
     pub reads_behind: AtomicU64,
 }
 

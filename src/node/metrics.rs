@@ -564,7 +564,7 @@ impl NodeShared {
             ),
             (
                 "tandem_cluster_reads_behind_total",
-                "Blocking queries refused: this member, cut off from its leader, is behind their index (503 behind)",
+                "Blocking queries refused: this member had not applied their index when their wait ran out (503 behind)",
                 get(&f.reads_behind),
             ),
             (
