@@ -1,7 +1,7 @@
 //! `failover-leases`: many leases beating through the followers of a DC whose leader dies
 //! again and again. Before the drill's clock starts, [`register`] makes [`BULK_LEASES`]
-//! ephemeral instances of one service (no workload uses it) at the first DC; then
-//! [`beat`] renews them all every heartbeat interval in batches (`POST /v1/heartbeats`,
+//! ephemeral instances of one service (no workload uses it) at the first DC and
+//! [`settle`] renews them until all read healthy; then [`beat`] renews them all every heartbeat interval in batches (`POST /v1/heartbeats`,
 //! [`BATCH`] per request) at the member the drill's clients use (never the leader a kill
 //! is about to take: the clients move off it first), and [`watch`] reads the service there
 //! every second. Not one lease may expire or turn unhealthy: a new leader starts every
@@ -41,6 +41,8 @@ const DETAILS_MAX: usize = 5;
 pub struct LeaseStats {
     pub registered: usize,
     pub register_ms: u64,
+    /// From the last registration until every lease read healthy.
+    pub settle_ms: u64,
     pub rounds: u64,
     pub batches_failed: u64,
     pub renewed: u64,
@@ -102,6 +104,52 @@ pub async fn register(api: &Api, base: &str, ns: &str, n: usize, ttl_ms: u64) ->
         r??;
     }
     Ok(Arc::try_unwrap(ids).unwrap_or_else(|a| (*a).clone()))
+}
+
+/// Longest [`settle`] beats before the drill starts.
+const SETTLE_MAX: Duration = Duration::from_secs(30);
+
+/// Beats every lease at `base` every `interval` until a read there shows all of them
+/// healthy (the first ones registered went without renewals while the rest were
+/// registered); how long it took, or why not within [`SETTLE_MAX`].
+pub async fn settle(
+    api: &Api,
+    base: &str,
+    ns: &str,
+    ids: &[String],
+    interval: Duration,
+) -> anyhow::Result<u64> {
+    let t = Instant::now();
+    loop {
+        let round = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        for chunk in ids.chunks(BATCH) {
+            let (api, base, ns, chunk) = (api.clone(), base.to_owned(), ns.to_owned(), chunk.to_vec());
+            set.spawn(async move { api.heartbeats(&base, &ns, BULK_SERVICE, &chunk, HB_TIMEOUT * 2).await });
+        }
+        let (mut renewed, mut unknown, mut failed) = (0, 0, Vec::new());
+        while let Some(r) = set.join_next().await {
+            match r {
+                Ok(Ok(a)) => (renewed, unknown) = (renewed + a.renewed, unknown + a.unknown.len()),
+                Ok(Err(e)) => failed.push(e),
+                Err(e) => failed.push(e.to_string()),
+            }
+        }
+        if let Ok(v) = api.view(base, ns, BULK_SERVICE, ViewScope::All, POLL_TIMEOUT).await {
+            let healthy = v.instances.iter().filter(|i| i.health == "healthy").count();
+            if healthy == ids.len() {
+                return Ok(t.elapsed().as_millis() as u64);
+            }
+            if t.elapsed() > SETTLE_MAX {
+                failed.truncate(3);
+                bail!(
+                    "{healthy} of {} leases healthy after {SETTLE_MAX:?} of renewals (the last round: {renewed} renewed, {unknown} unknown, failed batches: {failed:?})",
+                    ids.len()
+                );
+            }
+        }
+        tokio::time::sleep_until(round + interval).await;
+    }
 }
 
 /// Renews every lease of `ids` at the first DC's current base, every heartbeat interval,
@@ -186,10 +234,11 @@ pub fn expectation(s: &LeaseStats, kills: usize, names: &[String; 2]) -> Expecta
         name: "no-lease-expired".into(),
         passed,
         detail: format!(
-            "{n} leases registered at {a} in {}ms, beaten in batches of {BATCH} through the followers across {kills} leader kills: \
+            "{n} leases registered at {a} in {}ms, all healthy {}ms later, beaten in batches of {BATCH} through the followers across {kills} leader kills: \
              {} rounds, {} renewals, {} batches refused or lost, {} leases unknown to a renewal; \
              {} reads of {a}: fewest instances {}, fewest healthy {}; {b} at the end: {}{}",
             s.register_ms,
+            s.settle_ms,
             s.rounds,
             s.renewed,
             s.batches_failed,

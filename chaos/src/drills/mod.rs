@@ -283,6 +283,7 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
             suspect_after_ms: 3_000,
             unhealthy_after_ms: 6_000,
             expire_after_ms: 12_000,
+            self_preservation_window_ms: 8_000,
             ..tuning
         };
     }
@@ -334,9 +335,18 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
             leases::register(cluster.api(), &bases[0], &ns, leases::BULK_LEASES, tuning.expire_after_ms)
                 .await
                 .context("registering the leases")?;
+        let register_ms = t.elapsed().as_millis() as u64;
+        let every = Duration::from_millis(tuning.heartbeat_interval_ms);
+        let settle_ms = leases::settle(cluster.api(), &bases[0], &ns, &ids, every)
+            .await
+            .context("renewing the leases until all are healthy")?;
         let mut s = lease_stats.lock();
-        (s.registered, s.register_ms) = (ids.len(), t.elapsed().as_millis() as u64);
-        say(&format!("{} leases registered at {} in {}ms", s.registered, names[0], s.register_ms));
+        (s.registered, s.register_ms, s.settle_ms) = (ids.len(), register_ms, settle_ms);
+        say(&format!(
+            "{} leases registered at {} in {register_ms}ms, all healthy {settle_ms}ms later",
+            s.registered, names[0]
+        ));
+        drop(s);
         bulk_ids = Arc::new(ids);
     }
     say(&format!(
