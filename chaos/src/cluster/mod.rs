@@ -195,13 +195,22 @@ pub struct Cluster {
     probe_target: Option<(String, String)>,
 }
 
+/// A loopback port free now that this process has not handed out before (UDP or TCP): the
+/// OS may hand the same port to two binds in a row once each is closed, and two members
+/// of a group on one port number (a raft port and an HTTP port included) are refused.
 fn free_port(udp: bool) -> anyhow::Result<u16> {
-    let port = if udp {
-        std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port()
-    } else {
-        std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()
-    };
-    Ok(port)
+    static GIVEN: parking_lot::Mutex<Option<std::collections::HashSet<u16>>> = parking_lot::Mutex::new(None);
+    for _ in 0..1_000 {
+        let port = if udp {
+            std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port()
+        } else {
+            std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()
+        };
+        if GIVEN.lock().get_or_insert_with(Default::default).insert(port) {
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no loopback port this drill has not used yet")
 }
 
 fn toml_str(p: &Path) -> String {
