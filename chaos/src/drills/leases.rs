@@ -59,6 +59,17 @@ pub struct LeaseStats {
 }
 
 impl LeaseStats {
+    /// One round of renewals, done at `at_ms`.
+    fn record(&mut self, r: &Renewal, at_ms: u64) {
+        self.rounds += 1;
+        self.renewed += r.renewed;
+        self.batches_failed += r.failed.len() as u64;
+        if r.unknown > 0 {
+            self.unknown += r.unknown;
+            self.note(format!("{} leases unknown to a renewal at {at_ms}ms", r.unknown));
+        }
+    }
+
     fn note(&mut self, s: String) {
         if self.details.len() < DETAILS_MAX {
             self.details.push(s);
@@ -109,6 +120,35 @@ pub async fn register(api: &Api, base: &str, ns: &str, n: usize, ttl_ms: u64) ->
 /// Longest [`settle`] beats before the drill starts.
 const SETTLE_MAX: Duration = Duration::from_secs(30);
 
+/// One renewal of every lease: what the batches' answers said.
+#[derive(Default)]
+struct Renewal {
+    renewed: u64,
+    unknown: u64,
+    /// Why batches were refused or lost (a leader change, mostly).
+    failed: Vec<String>,
+}
+
+/// Renews every lease of `ids` at `base`, all batches at once.
+async fn renew_all(api: &Api, base: &str, ns: &str, ids: &[String]) -> Renewal {
+    let mut set = tokio::task::JoinSet::new();
+    for chunk in ids.chunks(BATCH) {
+        let (api, base, ns, chunk) = (api.clone(), base.to_owned(), ns.to_owned(), chunk.to_vec());
+        set.spawn(async move { api.heartbeats(&base, &ns, BULK_SERVICE, &chunk, HB_TIMEOUT * 2).await });
+    }
+    let mut r = Renewal::default();
+    while let Some(done) = set.join_next().await {
+        match done {
+            Ok(Ok(a)) => {
+                (r.renewed, r.unknown) = (r.renewed + a.renewed as u64, r.unknown + a.unknown.len() as u64)
+            }
+            Ok(Err(e)) => r.failed.push(e),
+            Err(e) => r.failed.push(e.to_string()),
+        }
+    }
+    r
+}
+
 /// Beats every lease at `base` every `interval` until a read there shows all of them
 /// healthy (the first ones registered went without renewals while the rest were
 /// registered); how long it took, or why not within [`SETTLE_MAX`].
@@ -122,29 +162,20 @@ pub async fn settle(
     let t = Instant::now();
     loop {
         let round = Instant::now();
-        let mut set = tokio::task::JoinSet::new();
-        for chunk in ids.chunks(BATCH) {
-            let (api, base, ns, chunk) = (api.clone(), base.to_owned(), ns.to_owned(), chunk.to_vec());
-            set.spawn(async move { api.heartbeats(&base, &ns, BULK_SERVICE, &chunk, HB_TIMEOUT * 2).await });
-        }
-        let (mut renewed, mut unknown, mut failed) = (0, 0, Vec::new());
-        while let Some(r) = set.join_next().await {
-            match r {
-                Ok(Ok(a)) => (renewed, unknown) = (renewed + a.renewed, unknown + a.unknown.len()),
-                Ok(Err(e)) => failed.push(e),
-                Err(e) => failed.push(e.to_string()),
-            }
-        }
+        let mut r = renew_all(api, base, ns, ids).await;
         if let Ok(v) = api.view(base, ns, BULK_SERVICE, ViewScope::All, POLL_TIMEOUT).await {
             let healthy = v.instances.iter().filter(|i| i.health == "healthy").count();
             if healthy == ids.len() {
                 return Ok(t.elapsed().as_millis() as u64);
             }
             if t.elapsed() > SETTLE_MAX {
-                failed.truncate(3);
+                r.failed.truncate(3);
                 bail!(
-                    "{healthy} of {} leases healthy after {SETTLE_MAX:?} of renewals (the last round: {renewed} renewed, {unknown} unknown, failed batches: {failed:?})",
-                    ids.len()
+                    "{healthy} of {} leases healthy after {SETTLE_MAX:?} of renewals (the last round: {} renewed, {} unknown, failed batches: {:?})",
+                    ids.len(),
+                    r.renewed,
+                    r.unknown,
+                    r.failed
                 );
             }
         }
@@ -153,34 +184,13 @@ pub async fn settle(
 }
 
 /// Renews every lease of `ids` at the first DC's current base, every heartbeat interval,
-/// until the drill stops its heartbeats.
+/// until the drill stops its heartbeats. A refused or lost batch (no leader for a moment)
+/// is retried the next round.
 pub async fn beat(ctx: Arc<Ctx>, ids: Arc<Vec<String>>, stats: Arc<Mutex<LeaseStats>>) {
     while !ctx.stop_heartbeats.load(Ordering::Relaxed) {
         let round = Instant::now();
-        let base = ctx.base(0);
-        let mut set = tokio::task::JoinSet::new();
-        for chunk in ids.chunks(BATCH) {
-            let (ctx, base, chunk) = (ctx.clone(), base.clone(), chunk.to_vec());
-            set.spawn(async move {
-                ctx.api.heartbeats(&base, &ctx.ns, BULK_SERVICE, &chunk, HB_TIMEOUT * 2).await
-            });
-        }
-        while let Some(r) = set.join_next().await {
-            let mut s = stats.lock();
-            match r {
-                Ok(Ok(answer)) => {
-                    s.renewed += answer.renewed as u64;
-                    if !answer.unknown.is_empty() {
-                        s.unknown += answer.unknown.len() as u64;
-                        let at = ctx.now();
-                        s.note(format!("{} leases unknown to a renewal at {at}ms", answer.unknown.len()));
-                    }
-                }
-                // A refused or lost batch (no leader for a moment) is retried next round.
-                Ok(Err(_)) | Err(_) => s.batches_failed += 1,
-            }
-        }
-        stats.lock().rounds += 1;
+        let r = renew_all(&ctx.api, &ctx.base(0), &ctx.ns, &ids).await;
+        stats.lock().record(&r, ctx.now());
         tokio::time::sleep_until(round + ctx.heartbeat_interval).await;
     }
 }
