@@ -15,9 +15,10 @@
 //! Every child process is killed when the [`Cluster`] is dropped (also on panic), and the
 //! namespaces are deleted; every wait has a timeout.
 //!
-//! The network namespaces of `--netns` are set up and torn down in `netns`.
+//! The network namespaces of `--netns` are set up and torn down in `netns`; the nodes'
+//! configs, certificates and ports are written in `configs`; groups (`--nodes N`) and the
+//! leader kill are in `group`, a member cut off from its group in `isolation`.
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -30,11 +31,13 @@ use crate::api::Api;
 use crate::plan::{Action, Capabilities, Cut, PacketFaults};
 use crate::relay::{Direction, Faults, LinkFaults, Probability, Relay};
 
+mod configs;
 mod group;
 mod incarnations;
 mod isolation;
 mod netns;
 
+use configs::{free_port, make_certs, node_config, toml_str};
 pub use group::{Failover, DRAIN};
 use incarnations::OldIncarnation;
 pub use incarnations::SplitCheck;
@@ -193,96 +196,6 @@ pub struct Cluster {
     isolations: Vec<Isolation>,
     /// Where the probes of a cut-off member read: (namespace, service).
     probe_target: Option<(String, String)>,
-}
-
-/// A loopback port free now that this process has not handed out before (UDP or TCP): the
-/// OS may hand the same port to two binds in a row once each is closed, and two members
-/// of a group on one port number (a raft port and an HTTP port included) are refused.
-fn free_port(udp: bool) -> anyhow::Result<u16> {
-    static GIVEN: parking_lot::Mutex<Option<std::collections::HashSet<u16>>> = parking_lot::Mutex::new(None);
-    for _ in 0..1_000 {
-        let port = if udp {
-            std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port()
-        } else {
-            std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()
-        };
-        if GIVEN.lock().get_or_insert_with(Default::default).insert(port) {
-            return Ok(port);
-        }
-    }
-    anyhow::bail!("no loopback port this drill has not used yet")
-}
-
-fn toml_str(p: &Path) -> String {
-    let s = p.display().to_string();
-    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn node_config(
-    dc: &str,
-    data_dir: &Path,
-    http: SocketAddr,
-    listen: SocketAddr,
-    peer: &str,
-    peer_addrs: &[SocketAddr],
-    certs: &Path,
-    t: &NodeTuning,
-) -> String {
-    let peer_addr = peer_addrs.first().copied().unwrap_or(listen);
-    let more: Vec<String> = peer_addrs.iter().skip(1).map(|a| format!("\"{a}\"")).collect();
-    let mut s = String::new();
-    let _ = writeln!(s, "# Written by `tandem chaos` for one drill.");
-    let _ = writeln!(s, "dc = \"{dc}\"\ndata_dir = {}\nhttp_addr = \"{http}\"\n", toml_str(data_dir));
-    let _ = writeln!(
-        s,
-        "[health]\nheartbeat_interval_ms = {}\nsuspect_after_ms = {}\nunhealthy_after_ms = {}\nexpire_after_ms = {}\ncheck_interval_ms = {}\n",
-        t.heartbeat_interval_ms, t.suspect_after_ms, t.unhealthy_after_ms, t.expire_after_ms, t.check_interval_ms
-    );
-    let _ = writeln!(s, "[protection]\nself_preservation_window_ms = {}\n", t.self_preservation_window_ms);
-    // The drill's nodes serve only the drill (loopback or the drill's own namespaces).
-    let _ = writeln!(s, "[acl]\nenabled = false\n");
-    let _ = writeln!(
-        s,
-        "[replication]\nlisten = \"{listen}\"\npeers = [{{ dc = \"{peer}\", addr = \"{peer_addr}\", addrs = [{}] }}]\nca_cert = {}\ncert = {}\nkey = {}",
-        more.join(", "),
-        toml_str(&certs.join("ca.pem")),
-        toml_str(&certs.join(format!("{dc}.pem"))),
-        toml_str(&certs.join(format!("{dc}.key")))
-    );
-    let _ = writeln!(
-        s,
-        "batch_events_max = {}\nwindow_batches_max = {}\nbackoff_initial_ms = {}\nbackoff_max_ms = {}\nstale_after_ms = {}\npurge_grace_ms = {}\nping_interval_ms = {}\n",
-        t.batch_events_max,
-        t.window_batches_max,
-        t.backoff_initial_ms,
-        t.backoff_max_ms,
-        t.stale_after_ms,
-        t.purge_grace_ms,
-        t.ping_interval_ms
-    );
-    let _ = writeln!(s, "[log]\nlevel = \"info,quinn=warn,rustls=warn,openraft=warn\"");
-    s
-}
-
-async fn make_certs(bin: &Path, dir: &Path, nodes: usize) -> anyhow::Result<()> {
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        Command::new(bin)
-            .args(["certs", "--out"])
-            .arg(dir)
-            .args(["--dc", SANDBOX_DCS[0], "--dc", SANDBOX_DCS[1], "--force"])
-            .args(if nodes > 1 { vec!["--nodes".to_owned(), nodes.to_string()] } else { Vec::new() })
-            .stdin(Stdio::null())
-            .output(),
-    )
-    .await
-    .context("`tandem certs` timed out")?
-    .with_context(|| format!("cannot run {}", bin.display()))?;
-    if !out.status.success() {
-        bail!("`tandem certs` failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(())
 }
 
 impl Cluster {

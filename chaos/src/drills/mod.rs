@@ -13,9 +13,12 @@
 //! Where things are: this file runs one drill ([`run_drill`]); `observers` holds the tasks
 //! that run beside the fault plan (executors, heartbeaters, pollers, progress) and the
 //! waits on the DCs; `figures` turns the checker's report and the status samples into the
-//! report's figures; `cli` is `tandem chaos`'s command line ([`main`]).
+//! report's figures; `expectations` judges what each drill expects beyond the invariants;
+//! `leases` is `failover-leases`' load of 10,000 leases; `cli` is `tandem chaos`'s command
+//! line ([`main`]).
 
 mod cli;
+mod expectations;
 mod figures;
 mod leases;
 mod observers;
@@ -39,7 +42,7 @@ use crate::checker::{
 use crate::cluster::{Cluster, Environment, NodeTuning, SetupError, DRAIN};
 use crate::ledger::{FaultLedger, StepEffect};
 use crate::plan::{plan, Action, Cut, DrillKind, Plan};
-use crate::report::{DrillReport, Expectation, Figures, Sample};
+use crate::report::{DrillReport, Figures, Sample};
 use crate::workload::{schedule, schedule_fixed, Scheduled, WorkloadConfig};
 
 pub use cli::{main, parse_duration_ms};
@@ -613,78 +616,23 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     };
     let samples = ctx.samples.lock().clone();
     let figures = figures(&check, &samples, relay, converged_at.map(|c| c.saturating_sub(workload_end)));
-    let mut expectations = Vec::new();
-    if opts.kind == DrillKind::LongPartition && cluster_did_processes(&opts.env) {
-        let purged = purge_floor_before_heal[0] > 0;
-        expectations.push(Expectation {
-            name: "purge".into(),
-            passed: purged,
-            detail: format!(
-                "{}'s purge floor reached {} before the heal ({} {}): once {} lost its disk, its empty cursor was below the floor and only a snapshot could catch it up",
-                names[0], purge_floor_before_heal[0], names[1], purge_floor_before_heal[1], names[1]
-            ),
-        });
-        let ab = figures.snapshots_sent[0] >= 1 && figures.snapshots_installed[1] >= 1;
-        let ba = figures.snapshots_sent[1] >= 1 && figures.snapshots_installed[0] >= 1;
-        expectations.push(Expectation {
-            name: "snapshot-path".into(),
-            passed: ab && ba,
-            detail: format!(
-                "{a}->{b}: {} sent / {} installed (cursor below purge floor); {b}->{a}: {} sent / {} installed (new epoch){}",
-                figures.snapshots_sent[0],
-                figures.snapshots_installed[1],
-                figures.snapshots_sent[1],
-                figures.snapshots_installed[0],
-                metrics_snapshots.map(|(s, i)| format!("; /metrics at the end: sent {s}, installed {i}")).unwrap_or_default(),
-                a = names[0],
-                b = names[1]
-            ),
-        });
-    }
-    if opts.kind == DrillKind::SplitIncarnation && cluster_did_processes(&opts.env) {
-        let fenced = split_checks.iter().filter(|c| c.fenced).count();
-        expectations.push(Expectation {
-            name: "fenced".into(),
-            passed: !split_checks.is_empty() && fenced == split_checks.len(),
-            detail: if split_checks.is_empty() {
-                "no split was ended".into()
-            } else {
-                split_checks.iter().map(|c| format!("{}: {}", c.dc, c.detail)).collect::<Vec<_>>().join("; ")
-            },
-        });
-    }
-    if opts.kind == DrillKind::LeaderKill && cluster_did_processes(&opts.env) {
-        let kills = the_plan.actions.iter().filter(|a| matches!(a.action, Action::KillLeader { .. })).count();
-        let mut gaps: Vec<u64> = failovers.iter().map(|f| f.gap_ms).collect();
-        gaps.sort_unstable();
-        expectations.push(Expectation {
-            name: "leader-failover".into(),
-            passed: kills > 0 && failovers.len() == kills,
-            detail: format!(
-                "{} of {kills} leader kills answered by another member serving writes (kill to a status poll seeing it: max {}ms): {}",
-                failovers.len(),
-                gaps.last().copied().unwrap_or(0),
-                failovers
-                    .iter()
-                    .map(|f| format!("{} n{}->n{} {}ms", f.dc, f.killed, f.next, f.gap_ms))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        });
-    }
-    if opts.kind == DrillKind::FailoverLeases && cluster_did_processes(&opts.env) {
-        let kills = the_plan.actions.iter().filter(|a| matches!(a.action, Action::KillLeader { .. })).count();
-        let done = failovers.len();
-        let mut e = leases::expectation(&lease_stats.lock(), kills, &names);
-        e.passed &= done == kills;
-        e.detail.push_str(&format!("; {done} of {kills} kills answered by another member serving writes"));
-        expectations.push(e);
-    }
-    if opts.kind.cuts_members() && cluster_did_processes(&opts.env) {
-        let cuts =
-            the_plan.actions.iter().filter(|a| matches!(a.action, Action::IsolateMember { .. })).count();
-        expectations.extend(isolation_expectations(cuts, &isolations, &probe_leftovers));
-    }
+    let expectations = if cluster_did_processes(&opts.env) {
+        expectations::expectations(&expectations::Seen {
+            kind: opts.kind,
+            names: &names,
+            plan: &the_plan,
+            purge_floor_before_heal,
+            figures: &figures,
+            metrics_snapshots,
+            split_checks: &split_checks,
+            failovers: &failovers,
+            isolations: &isolations,
+            probe_leftovers: &probe_leftovers,
+            leases: &lease_stats.lock(),
+        })
+    } else {
+        Vec::new()
+    };
     let passed = check.passed() && expectations.iter().all(|e| e.passed);
     let mut report = DrillReport {
         drill: opts.kind.name().into(),
@@ -750,86 +698,4 @@ fn cluster_did_processes(env: &Environment) -> bool {
         Environment::Sandbox | Environment::Netns => true,
         Environment::Targets { hook, .. } => hook.is_some(),
     }
-}
-
-/// What `leader-isolated` and `follower-partition` expect of every member they cut off
-/// (besides the checker's invariants): see `crate::cluster::Isolation`.
-fn isolation_expectations(
-    cuts: usize,
-    isolations: &[crate::cluster::Isolation],
-    leftovers: &[String],
-) -> Vec<Expectation> {
-    let mut out = Vec::new();
-    let each = |what: &dyn Fn(&crate::cluster::Isolation) -> String| {
-        isolations
-            .iter()
-            .map(|i| format!("{} n{}: {}", i.dc, i.member, what(i)))
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
-    let all_back = cuts > 0 && isolations.len() == cuts;
-    if isolations.iter().any(|i| i.was_leader) {
-        out.push(Expectation {
-            name: "leader-cut-off".into(),
-            passed: all_back && isolations.iter().all(|i| i.next.is_some() && i.stepped_down_ms.is_some()),
-            detail: format!(
-                "{} of {cuts} cuts rejoined; the majority served writes, the cut-off leader stopped serving: {}",
-                isolations.len(),
-                each(&|i| format!(
-                    "n{} served {}, it stopped {}",
-                    i.next.map_or(0, |n| n.0),
-                    i.next.map_or("never".into(), |n| format!("{}ms after the cut", n.1)),
-                    i.stepped_down_ms.map_or("never".into(), |ms| format!("{ms}ms after the cut"))
-                ))
-            ),
-        });
-    }
-    let acked: u64 = isolations.iter().map(|i| i.probes.writes_acked).sum();
-    out.push(Expectation {
-        name: "cut-off-writes".into(),
-        passed: all_back && acked == 0 && leftovers.is_empty(),
-        detail: format!(
-            "writes to the cut-off member: {} acknowledged (must be 0), {} refused, {} unknown; probe instances either DC shows at the end: {}",
-            acked,
-            isolations.iter().map(|i| i.probes.writes_refused).sum::<u64>(),
-            isolations.iter().map(|i| i.probes.writes_unknown).sum::<u64>(),
-            if leftovers.is_empty() { "none".to_owned() } else { leftovers.join(", ") }
-        ),
-    });
-    out.push(Expectation {
-        name: "cut-off-reads".into(),
-        passed: all_back
-            && isolations.iter().all(|i| {
-                i.probes.reads_answered > 0 && i.probes.reads_failed == 0 && i.probes.last_contact_max_ms >= Some(1_000)
-            }),
-        detail: format!(
-            "plain reads of the cut-off member answered, flagged with its last contact (at least 1000ms once cut off): {}",
-            each(&|i| format!(
-                "{} answered, {} failed, last contact up to {}ms",
-                i.probes.reads_answered,
-                i.probes.reads_failed,
-                i.probes.last_contact_max_ms.map_or("-".into(), |ms| ms.to_string())
-            ))
-        ),
-    });
-    out.push(Expectation {
-        name: "index-never-back".into(),
-        passed: all_back
-            && isolations.iter().all(|i| i.probes.backwards == 0 && i.probes.alternate_reads > 0),
-        detail: format!(
-            "a client alternating members with blocking queries at its highest index: {}",
-            each(&|i| format!(
-                "{} answered, {} refused, {} went back{}",
-                i.probes.alternate_reads,
-                i.probes.alternate_refused,
-                i.probes.backwards,
-                if i.probes.details.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", i.probes.details.join("; "))
-                }
-            ))
-        ),
-    });
-    out
 }

@@ -1,0 +1,184 @@
+//! What each drill expects beyond the checker's invariants (the report's expectation
+//! rows): the snapshot path of `long-partition`, the fencing of `split-incarnation`, the
+//! failovers of `leader-kill`, the leases of `failover-leases` and the cut-off member of
+//! `leader-isolated` and `follower-partition`. Judged only where the drill controlled
+//! the processes (a target without a fault hook was only marked).
+
+use super::leases::{self, LeaseStats};
+use crate::cluster::{Failover, Isolation, SplitCheck};
+use crate::plan::{Action, DrillKind, Plan};
+use crate::report::{Expectation, Figures};
+
+/// What the drill saw that its expectations judge.
+pub(super) struct Seen<'a> {
+    pub kind: DrillKind,
+    pub names: &'a [String; 2],
+    pub plan: &'a Plan,
+    pub purge_floor_before_heal: [u64; 2],
+    pub figures: &'a Figures,
+    /// Snapshots sent and installed, summed from both DCs' `/metrics` at the end.
+    pub metrics_snapshots: Option<(u64, u64)>,
+    pub split_checks: &'a [SplitCheck],
+    pub failovers: &'a [Failover],
+    pub isolations: &'a [Isolation],
+    pub probe_leftovers: &'a [String],
+    pub leases: &'a LeaseStats,
+}
+
+/// The expectation rows of `s.kind` (none for the drills that have none).
+pub(super) fn expectations(s: &Seen<'_>) -> Vec<Expectation> {
+    let mut out = Vec::new();
+    if s.kind == DrillKind::LongPartition {
+        let purged = s.purge_floor_before_heal[0] > 0;
+        out.push(Expectation {
+            name: "purge".into(),
+            passed: purged,
+            detail: format!(
+                "{}'s purge floor reached {} before the heal ({} {}): once {} lost its disk, its empty cursor was below the floor and only a snapshot could catch it up",
+                s.names[0], s.purge_floor_before_heal[0], s.names[1], s.purge_floor_before_heal[1], s.names[1]
+            ),
+        });
+        let ab = s.figures.snapshots_sent[0] >= 1 && s.figures.snapshots_installed[1] >= 1;
+        let ba = s.figures.snapshots_sent[1] >= 1 && s.figures.snapshots_installed[0] >= 1;
+        out.push(Expectation {
+            name: "snapshot-path".into(),
+            passed: ab && ba,
+            detail: format!(
+                "{a}->{b}: {} sent / {} installed (cursor below purge floor); {b}->{a}: {} sent / {} installed (new epoch){}",
+                s.figures.snapshots_sent[0],
+                s.figures.snapshots_installed[1],
+                s.figures.snapshots_sent[1],
+                s.figures.snapshots_installed[0],
+                s.metrics_snapshots.map(|(sent, inst)| format!("; /metrics at the end: sent {sent}, installed {inst}")).unwrap_or_default(),
+                a = s.names[0],
+                b = s.names[1]
+            ),
+        });
+    }
+    if s.kind == DrillKind::SplitIncarnation {
+        let fenced = s.split_checks.iter().filter(|c| c.fenced).count();
+        out.push(Expectation {
+            name: "fenced".into(),
+            passed: !s.split_checks.is_empty() && fenced == s.split_checks.len(),
+            detail: if s.split_checks.is_empty() {
+                "no split was ended".into()
+            } else {
+                s.split_checks
+                    .iter()
+                    .map(|c| format!("{}: {}", c.dc, c.detail))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            },
+        });
+    }
+    if s.kind == DrillKind::LeaderKill {
+        let kills = s.plan.actions.iter().filter(|a| matches!(a.action, Action::KillLeader { .. })).count();
+        let mut gaps: Vec<u64> = s.failovers.iter().map(|f| f.gap_ms).collect();
+        gaps.sort_unstable();
+        out.push(Expectation {
+            name: "leader-failover".into(),
+            passed: kills > 0 && s.failovers.len() == kills,
+            detail: format!(
+                "{} of {kills} leader kills answered by another member serving writes (kill to a status poll seeing it: max {}ms): {}",
+                s.failovers.len(),
+                gaps.last().copied().unwrap_or(0),
+                s.failovers
+                    .iter()
+                    .map(|f| format!("{} n{}->n{} {}ms", f.dc, f.killed, f.next, f.gap_ms))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
+    }
+    if s.kind == DrillKind::FailoverLeases {
+        let kills = s.plan.actions.iter().filter(|a| matches!(a.action, Action::KillLeader { .. })).count();
+        let done = s.failovers.len();
+        let mut e = leases::expectation(s.leases, kills, s.names);
+        e.passed &= done == kills;
+        e.detail.push_str(&format!("; {done} of {kills} kills answered by another member serving writes"));
+        out.push(e);
+    }
+    if s.kind.cuts_members() {
+        let cuts = s.plan.actions.iter().filter(|a| matches!(a.action, Action::IsolateMember { .. })).count();
+        out.extend(isolation_expectations(cuts, s.isolations, s.probe_leftovers));
+    }
+    out
+}
+
+/// What `leader-isolated` and `follower-partition` expect of every member they cut off
+/// (besides the checker's invariants): see `Isolation`.
+fn isolation_expectations(cuts: usize, isolations: &[Isolation], leftovers: &[String]) -> Vec<Expectation> {
+    let mut out = Vec::new();
+    let each = |what: &dyn Fn(&Isolation) -> String| {
+        isolations
+            .iter()
+            .map(|i| format!("{} n{}: {}", i.dc, i.member, what(i)))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let all_back = cuts > 0 && isolations.len() == cuts;
+    if isolations.iter().any(|i| i.was_leader) {
+        out.push(Expectation {
+            name: "leader-cut-off".into(),
+            passed: all_back && isolations.iter().all(|i| i.next.is_some() && i.stepped_down_ms.is_some()),
+            detail: format!(
+                "{} of {cuts} cuts rejoined; the majority served writes, the cut-off leader stopped serving: {}",
+                isolations.len(),
+                each(&|i| format!(
+                    "n{} served {}, it stopped {}",
+                    i.next.map_or(0, |n| n.0),
+                    i.next.map_or("never".into(), |n| format!("{}ms after the cut", n.1)),
+                    i.stepped_down_ms.map_or("never".into(), |ms| format!("{ms}ms after the cut"))
+                ))
+            ),
+        });
+    }
+    let acked: u64 = isolations.iter().map(|i| i.probes.writes_acked).sum();
+    out.push(Expectation {
+        name: "cut-off-writes".into(),
+        passed: all_back && acked == 0 && leftovers.is_empty(),
+        detail: format!(
+            "writes to the cut-off member: {} acknowledged (must be 0), {} refused, {} unknown; probe instances either DC shows at the end: {}",
+            acked,
+            isolations.iter().map(|i| i.probes.writes_refused).sum::<u64>(),
+            isolations.iter().map(|i| i.probes.writes_unknown).sum::<u64>(),
+            if leftovers.is_empty() { "none".to_owned() } else { leftovers.join(", ") }
+        ),
+    });
+    out.push(Expectation {
+        name: "cut-off-reads".into(),
+        passed: all_back
+            && isolations.iter().all(|i| {
+                i.probes.reads_answered > 0 && i.probes.reads_failed == 0 && i.probes.last_contact_max_ms >= Some(1_000)
+            }),
+        detail: format!(
+            "plain reads of the cut-off member answered, flagged with its last contact (at least 1000ms once cut off): {}",
+            each(&|i| format!(
+                "{} answered, {} failed, last contact up to {}ms",
+                i.probes.reads_answered,
+                i.probes.reads_failed,
+                i.probes.last_contact_max_ms.map_or("-".into(), |ms| ms.to_string())
+            ))
+        ),
+    });
+    out.push(Expectation {
+        name: "index-never-back".into(),
+        passed: all_back
+            && isolations.iter().all(|i| i.probes.backwards == 0 && i.probes.alternate_reads > 0),
+        detail: format!(
+            "a client alternating members with blocking queries at its highest index: {}",
+            each(&|i| format!(
+                "{} answered, {} refused, {} went back{}",
+                i.probes.alternate_reads,
+                i.probes.alternate_refused,
+                i.probes.backwards,
+                if i.probes.details.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", i.probes.details.join("; "))
+                }
+            ))
+        ),
+    });
+    out
+}
