@@ -5,16 +5,19 @@
 //!
 //! While it is cut off, three probes run against the DC (bounded: each request has a
 //! timeout, each loop stops at the rejoin):
-//! - **writes** to the cut-off member (registrations of a service no workload uses): none
-//!   may be acknowledged, since no quorum can have made them durable;
+//! - **writes** to the cut-off member (persistent registrations of a service no workload
+//!   uses): one acknowledged must be in both DCs at the end (a follower's forwarded write
+//!   may complete once the link heals), one refused (`no_leader`, `not_leader`, 4xx) in
+//!   neither; a cut-off leader's own log commits nothing (its entries are replaced);
 //! - **plain reads** of the cut-off member: answered (it keeps serving discovery), and
 //!   flagged: its `X-Tandem-Last-Contact` grows past the election timeout;
 //! - **a client that alternates members** (the cut-off one included) with blocking queries
 //!   carrying the highest index it saw: no answer may carry a lower index.
 //!
-//! At the end of the drill the probe service must be empty in both DCs: nothing the
-//! cut-off member accepted was committed or shipped ([`Cluster::probe_leftovers`]).
+//! At the end of the drill the probe service is read in both DCs
+//! ([`Cluster::probe_visible`]) and judged against what the writes were told.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,6 +71,9 @@ pub struct Isolation {
 pub struct Probes {
     pub writes_acked: u64,
     pub writes_refused: u64,
+    /// The ids of the writes acknowledged, and of those refused.
+    pub acked_ids: Vec<String>,
+    pub refused_ids: Vec<String>,
     pub writes_unknown: u64,
     pub reads_answered: u64,
     pub reads_failed: u64,
@@ -90,6 +96,8 @@ impl Probes {
     fn merge(&mut self, o: Probes) {
         self.writes_acked += o.writes_acked;
         self.writes_refused += o.writes_refused;
+        self.acked_ids.extend(o.acked_ids);
+        self.refused_ids.extend(o.refused_ids);
         self.writes_unknown += o.writes_unknown;
         self.reads_answered += o.reads_answered;
         self.reads_failed += o.reads_failed;
@@ -261,16 +269,18 @@ impl Cluster {
         &self.isolations
     }
 
-    /// The probe instances either DC shows (`ns`, [`PROBE_SERVICE`]): there must be none.
-    pub async fn probe_leftovers(&self, ns: &str) -> Vec<String> {
-        let mut out = Vec::new();
-        for dc in &self.dcs {
-            match self.api.view(&dc.base, ns, PROBE_SERVICE, ViewScope::All, Duration::from_secs(3)).await {
-                Ok(v) => out.extend(v.instances.iter().map(|i| format!("{}: {}", dc.name, i.id))),
-                Err(e) => out.push(format!("{}: cannot read {PROBE_SERVICE}: {e}", dc.name)),
-            }
+    /// The probe instances each DC shows (`ns`, [`PROBE_SERVICE`]), or why not.
+    pub async fn probe_visible(&self, ns: &str) -> Result<[BTreeSet<String>; 2], String> {
+        let mut out: [BTreeSet<String>; 2] = Default::default();
+        for (side, dc) in self.dcs.iter().enumerate() {
+            let v = self
+                .api
+                .view(&dc.base, ns, PROBE_SERVICE, ViewScope::All, Duration::from_secs(3))
+                .await
+                .map_err(|e| format!("{}: cannot read {PROBE_SERVICE}: {e}", dc.name))?;
+            out[side] = v.instances.into_iter().map(|i| i.id).collect();
         }
-        out
+        Ok(out)
     }
 }
 
@@ -298,15 +308,19 @@ async fn probe_writes(api: Api, base: String, ns: String, side: usize, stop: Arc
         match api.register(&base, &ns, PROBE_SERVICE, &id, "10.9.9.9", 9, true, 0, PROBE_TIMEOUT).await {
             Outcome::Acked { .. } => {
                 p.writes_acked += 1;
-                p.note(format!("write {id} to the cut-off member was acknowledged"));
+                p.acked_ids.push(id);
             }
-            Outcome::Failed { .. } => p.writes_refused += 1,
+            Outcome::Failed { .. } => {
+                p.writes_refused += 1;
+                p.refused_ids.push(id);
+            }
             Outcome::Pending => p.writes_unknown += 1,
             Outcome::Unknown { message } => {
                 // `no_leader` and `not_leader` wrote nothing; `leader_unreachable` and a
                 // timeout leave the write in doubt.
                 if message.starts_with("503 no_leader") || message.starts_with("503 not_leader") {
                     p.writes_refused += 1;
+                    p.refused_ids.push(id);
                 } else {
                     p.writes_unknown += 1;
                 }

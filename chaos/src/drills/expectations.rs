@@ -4,6 +4,8 @@
 //! `leader-isolated` and `follower-partition`. Judged only where the drill controlled
 //! the processes (a target without a fault hook was only marked).
 
+use std::collections::BTreeSet;
+
 use super::leases::{self, LeaseStats};
 use crate::cluster::{Failover, Isolation, SplitCheck};
 use crate::plan::{Action, DrillKind, Plan};
@@ -21,7 +23,9 @@ pub(super) struct Seen<'a> {
     pub split_checks: &'a [SplitCheck],
     pub failovers: &'a [Failover],
     pub isolations: &'a [Isolation],
-    pub probe_leftovers: &'a [String],
+    /// The probe instances each DC showed at the end (`leader-isolated`,
+    /// `follower-partition`).
+    pub probes_visible: &'a Result<[BTreeSet<String>; 2], String>,
     pub leases: &'a LeaseStats,
 }
 
@@ -100,14 +104,19 @@ pub(super) fn expectations(s: &Seen<'_>) -> Vec<Expectation> {
     }
     if s.kind.cuts_members() {
         let cuts = s.plan.actions.iter().filter(|a| matches!(a.action, Action::IsolateMember { .. })).count();
-        out.extend(isolation_expectations(cuts, s.isolations, s.probe_leftovers));
+        out.extend(isolation_expectations(cuts, s.isolations, s.probes_visible, s.names));
     }
     out
 }
 
 /// What `leader-isolated` and `follower-partition` expect of every member they cut off
 /// (besides the checker's invariants): see `Isolation`.
-fn isolation_expectations(cuts: usize, isolations: &[Isolation], leftovers: &[String]) -> Vec<Expectation> {
+fn isolation_expectations(
+    cuts: usize,
+    isolations: &[Isolation],
+    visible: &Result<[BTreeSet<String>; 2], String>,
+    names: &[String; 2],
+) -> Vec<Expectation> {
     let mut out = Vec::new();
     let each = |what: &dyn Fn(&Isolation) -> String| {
         isolations
@@ -133,16 +142,31 @@ fn isolation_expectations(cuts: usize, isolations: &[Isolation], leftovers: &[St
             ),
         });
     }
-    let acked: u64 = isolations.iter().map(|i| i.probes.writes_acked).sum();
+    // An acknowledged write is in both DCs; a refused one in neither.
+    let mut wrong = Vec::new();
+    match visible {
+        Ok(seen) => {
+            for (side, ids) in seen.iter().enumerate() {
+                for i in isolations {
+                    let lost = i.probes.acked_ids.iter().filter(|id| !ids.contains(*id));
+                    wrong.extend(lost.map(|id| format!("acknowledged {id} missing at {}", names[side])));
+                    let made = i.probes.refused_ids.iter().filter(|id| ids.contains(*id));
+                    wrong.extend(made.map(|id| format!("refused {id} present at {}", names[side])));
+                }
+            }
+        }
+        Err(e) => wrong.push(e.clone()),
+    }
+    let visible_n = visible.as_ref().map_or(0, |v| v[0].len().max(v[1].len()));
     out.push(Expectation {
         name: "cut-off-writes".into(),
-        passed: all_back && acked == 0 && leftovers.is_empty(),
+        passed: all_back && wrong.is_empty(),
         detail: format!(
-            "writes to the cut-off member: {} acknowledged (must be 0), {} refused, {} unknown; probe instances either DC shows at the end: {}",
-            acked,
+            "writes to the cut-off member: {} acknowledged (each must be in both DCs), {} refused (in neither), {} unknown; {visible_n} probe instances at the end{}",
+            isolations.iter().map(|i| i.probes.writes_acked).sum::<u64>(),
             isolations.iter().map(|i| i.probes.writes_refused).sum::<u64>(),
             isolations.iter().map(|i| i.probes.writes_unknown).sum::<u64>(),
-            if leftovers.is_empty() { "none".to_owned() } else { leftovers.join(", ") }
+            if wrong.is_empty() { String::new() } else { format!(": {}", wrong.join(", ")) }
         ),
     });
     out.push(Expectation {

@@ -604,8 +604,8 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     let split_checks = cluster.split_checks().to_vec();
     let failovers = cluster.failovers().to_vec();
     let isolations = cluster.isolations().to_vec();
-    let probe_leftovers =
-        if opts.kind.cuts_members() { cluster.probe_leftovers(&ns).await } else { Vec::new() };
+    let probes_visible =
+        if opts.kind.cuts_members() { cluster.probe_visible(&ns).await } else { Ok(Default::default()) };
     let logs: Vec<String> =
         cluster.dcs.iter().flat_map(|d| d.log_paths().map(|p| p.display().to_string())).collect();
     cluster.shutdown().await;
@@ -627,7 +627,7 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
             split_checks: &split_checks,
             failovers: &failovers,
             isolations: &isolations,
-            probe_leftovers: &probe_leftovers,
+            probes_visible: &probes_visible,
             leases: &lease_stats.lock(),
         })
     } else {
