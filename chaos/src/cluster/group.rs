@@ -66,13 +66,14 @@ pub(super) struct MemberRelay {
 /// `[cluster] members` lists the relay as the other's `raft_addr`; the node certificates
 /// name the members, not their addresses), so that a drill can cut one member off.
 pub(super) async fn relay_members(members: &mut Members, seed: u64) -> anyhow::Result<Vec<MemberRelay>> {
-    let any: SocketAddr = "127.0.0.1:0".parse().expect("constant address");
     let n = members.list.len();
     let mut out = Vec::new();
     for from in 0..n {
         for to in (0..n).filter(|to| *to != from) {
             let seed = seed.wrapping_add(1_000 + (from * n + to) as u64);
-            let relay = Relay::start(any, members.list[to].1, Faults::NONE, seed)
+            // On a port of free_port's, so that no node is given it as well.
+            let at = SocketAddr::from(([127, 0, 0, 1], free_port(true)?));
+            let relay = Relay::start(at, members.list[to].1, Faults::NONE, seed)
                 .await
                 .with_context(|| format!("relay member {} -> {}", from + 1, to + 1))?;
             members.dial[from][to] = relay.local_addr();

@@ -295,12 +295,13 @@ impl Cluster {
             }
         }
         // relays[side][k]: side's dials to the other side's node k.
-        let any: SocketAddr = "127.0.0.1:0".parse().expect("constant address");
         let mut relays: [Vec<Relay>; 2] = Default::default();
         for side in 0..2 {
             for (k, to) in listen[1 - side].iter().enumerate() {
                 let seed = relay_seed.wrapping_add((2 * k + side) as u64);
-                let r = Relay::start(any, *to, Faults::NONE, seed).await.with_context(|| {
+                // On a port of free_port's, so that no node is given it as well.
+                let at = loopback(free_port(true)?);
+                let r = Relay::start(at, *to, Faults::NONE, seed).await.with_context(|| {
                     format!("relay {} -> {} node {k}", SANDBOX_DCS[side], SANDBOX_DCS[1 - side])
                 })?;
                 relays[side].push(r);

@@ -29,8 +29,8 @@ pub const BULK_SERVICE: &str = "bulk-leases";
 const BATCH: usize = 500;
 /// Registrations in flight at once.
 const REGISTER_CONCURRENCY: usize = 32;
-/// Attempts per registration (a leader change may refuse one).
-const REGISTER_ATTEMPTS: usize = 10;
+/// Attempts per registration, 300 ms apart (an election under way refuses them).
+const REGISTER_ATTEMPTS: usize = 30;
 /// Pause between two reads of the service.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// Most problems kept for the report (the counts stay exact).
@@ -103,7 +103,7 @@ pub async fn register(api: &Api, base: &str, ns: &str, n: usize, ttl_ms: u64) ->
                         }
                         other => last = format!("{other:?}"),
                     }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
                 }
                 if !done {
                     bail!("registering {id} failed {REGISTER_ATTEMPTS} times; last: {last}");
