@@ -87,18 +87,7 @@ pub fn serve_member(dir: PathBuf, id: u64, members: &str) -> anyhow::Result<()> 
     let paths = tandem_replicator::tls::node_cert_paths(&certs, &node);
     let mut cfg = crate::bench_config(&dir.join(format!("n{id}")), DC);
     cfg.http_addr = me.http_addr;
-    cfg.cluster = Some(ClusterSection {
-        node_id: id,
-        members: members.clone(),
-        ca_cert: paths.ca_cert,
-        cert: paths.cert,
-        key: paths.key,
-        heartbeat_interval_ms: tandem::config::HEARTBEAT_INTERVAL_MS_DEFAULT,
-        election_timeout_min_ms: tandem::config::ELECTION_TIMEOUT_MS_DEFAULT.0,
-        election_timeout_max_ms: tandem::config::ELECTION_TIMEOUT_MS_DEFAULT.1,
-        forward_timeout_ms: 5_000,
-        accept_from: tandem_replicator::gateway::SourceRule::defaults(),
-    });
+    cfg.cluster = Some(ClusterSection::with_defaults(id, members.clone(), paths));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     rt.block_on(async {
         let node = tandem::node::Node::start(cfg, None).await?;

@@ -73,18 +73,7 @@ pub fn dev_configs(
                     })
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            c.cluster = Some(crate::config::ClusterSection {
-                node_id: k,
-                members,
-                ca_cert: node.ca_cert,
-                cert: node.cert,
-                key: node.key,
-                heartbeat_interval_ms: crate::config::HEARTBEAT_INTERVAL_MS_DEFAULT,
-                election_timeout_min_ms: crate::config::ELECTION_TIMEOUT_MS_DEFAULT.0,
-                election_timeout_max_ms: crate::config::ELECTION_TIMEOUT_MS_DEFAULT.1,
-                forward_timeout_ms: 5_000,
-                accept_from: tandem_replicator::gateway::SourceRule::defaults(),
-            });
+            c.cluster = Some(crate::config::ClusterSection::with_defaults(k, members, node));
         }
         Ok(c)
     };

@@ -78,6 +78,27 @@ fn d_forward_timeout() -> u64 {
 }
 
 impl ClusterSection {
+    /// Member `node_id` of `members` with its node certificate `tls` and every other key
+    /// at its default: for the groups a process writes itself (`tandem dev`, benchmarks).
+    pub fn with_defaults(
+        node_id: u64,
+        members: Vec<MemberSection>,
+        tls: tandem_replicator::tls::TlsPaths,
+    ) -> ClusterSection {
+        ClusterSection {
+            node_id,
+            members,
+            ca_cert: tls.ca_cert,
+            cert: tls.cert,
+            key: tls.key,
+            heartbeat_interval_ms: d_heartbeat(),
+            election_timeout_min_ms: d_election_min(),
+            election_timeout_max_ms: d_election_max(),
+            forward_timeout_ms: d_forward_timeout(),
+            accept_from: SourceRule::defaults(),
+        }
+    }
+
     /// The section's own rules: (key, reason) of the first one broken.
     pub fn validate(&self) -> Result<(), (String, String)> {
         let inv = |key: &str, reason: String| Err((format!("[cluster] {key}"), reason));
