@@ -392,3 +392,38 @@ fn a_history_loss_excuses_the_owners_own_lost_instances_but_not_their_return() {
     assert_eq!(failed(&r), vec![Invariant::NoResurrection], "{:#?}", r.violations().collect::<Vec<_>>());
     assert!(r.result(Invariant::NoLostAck).unwrap().passed);
 }
+
+/// A DC whose first history never settled its epoch (it ran on the provisional epoch 1
+/// and never reached its peer: a partition from early on), then lost its disk and started
+/// over on the provisional epoch 1 again. Its second history's instances settle with it
+/// into a new epoch at the heal (the epoch carries their state): the peer showing them
+/// once its mark moved there is no resurrection. (`long-partition --nodes 3` seed 1: the
+/// checker took them for the first history's, which shared the epoch number.)
+#[test]
+fn instances_of_a_provisional_epoch_reused_after_a_disk_loss_settle_with_it() {
+    const PROVISIONAL: u64 = 1;
+    const SETTLED: u64 = 0x12c937;
+    let mut h = H::new();
+    let first = Mark { epoch: PROVISIONAL, seq: 3 };
+    h.status(B, 100, first, &[]);
+    h.c.process(B, 300, ProcessEvent::Killed);
+    h.c.process(B, 300, ProcessEvent::HistoryLost);
+    h.c.process(B, 400, ProcessEvent::Spawned);
+    h.c.process(B, 500, ProcessEvent::Ready);
+    h.status(B, 600, Mark { epoch: PROVISIONAL, seq: 0 }, &[]);
+    let op = h.c.invoke(B, &inst("y"), OpKind::Register { persistent: true, ttl_ms: 0 }, 700);
+    h.c.complete(op, 705, Outcome::Acked { version: Some(1), epoch: Some(PROVISIONAL) });
+    h.show(B, "y", B, 1);
+    h.observe(B, 800);
+    h.status(B, 900, Mark { epoch: PROVISIONAL, seq: 1 }, &[]);
+    // The heal: dc-b settles into a new epoch carrying y; dc-a installs its snapshot.
+    h.status(B, 1_000, Mark { epoch: SETTLED, seq: 1 }, &[]);
+    h.status(A, 1_100, Mark { epoch: EPOCH_A, seq: 0 }, &[(B, Mark { epoch: SETTLED, seq: 1 })]);
+    h.show(A, "y", B, 1);
+    h.observe(A, 1_200);
+    h.observe(B, 1_200);
+    h.status(A, 1_300, Mark { epoch: EPOCH_A, seq: 0 }, &[(B, Mark { epoch: SETTLED, seq: 1 })]);
+    h.status(B, 1_300, Mark { epoch: SETTLED, seq: 1 }, &[(A, Mark { epoch: EPOCH_A, seq: 0 })]);
+    let r = h.c.finish(1_400);
+    assert!(r.result(Invariant::NoResurrection).unwrap().passed, "{:#?}", r.violations().collect::<Vec<_>>());
+}

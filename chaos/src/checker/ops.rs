@@ -141,6 +141,7 @@ impl Checker {
                             persistent: *persistent,
                             ttl_ms: *ttl_ms,
                             epoch: None,
+                            history: 0,
                             reg_invoked: at,
                             reg_acked: None,
                             reg_failed: false,
@@ -209,6 +210,11 @@ impl Checker {
         let (kind, inst_ref, invoked) =
             (self.ops[pos].kind.clone(), self.ops[pos].instance.clone(), self.ops[pos].invoked);
         let reused = self.cfg.reused_services.contains(&inst_ref.service);
+        // The owner's losses of history before the operation (each a 0 in its epochs once
+        // judged; process events are known at once, statuses only once judged).
+        let history = self.insts.get(&inst_ref).and_then(|i| self.dcs.get(&i.owner)).map_or(0, |d| {
+            d.events.iter().filter(|(t, ev)| *ev == super::ProcessEvent::HistoryLost && *t <= invoked).count()
+        });
         let Some(inst) = self.insts.get_mut(&inst_ref) else { return };
         inst.life.on_complete(&kind, invoked, at, &outcome);
         if reused {
@@ -224,6 +230,7 @@ impl Checker {
                 inst.reg_acked.get_or_insert(at);
                 if inst.epoch.is_none() {
                     inst.epoch = epoch;
+                    inst.history = history;
                 }
                 inst.last_renewal = Some(inst.last_renewal.map_or(invoked, |r| r.max(invoked)));
                 inst.status_acked.get_or_insert((invoked, "up".into()));

@@ -46,6 +46,9 @@ pub(super) struct Inst {
     pub(super) persistent: bool,
     pub(super) ttl_ms: u64,
     pub(super) epoch: Option<u64>,
+    /// Which history of its owner acknowledged it: the owner's losses of history before
+    /// (a provisional epoch number comes back after each loss).
+    pub(super) history: usize,
     pub(super) reg_invoked: Ms,
     pub(super) reg_acked: Option<Ms>,
     pub(super) reg_failed: bool,

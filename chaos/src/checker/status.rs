@@ -104,7 +104,10 @@ impl Checker {
             }
         }
         st.log = Some((o.completed, s.log));
-        if !st.epochs.contains(&s.log.epoch) {
+        // Each history since the last loss (the 0 marker) lists its epochs once: a
+        // provisional epoch reused by the history after a loss is that history's.
+        let since_loss = st.epochs.iter().rposition(|e| *e == 0).map_or(0, |p| p + 1);
+        if !st.epochs[since_loss..].contains(&s.log.epoch) {
             st.epochs.push(s.log.epoch);
         }
         // Applied marks.
@@ -170,7 +173,7 @@ impl Checker {
                     if inst.owner != origin {
                         continue;
                     }
-                    let Some(pos) = inst.epoch.and_then(|e| epochs.iter().position(|x| *x == e)) else {
+                    let Some(pos) = inst.epoch.map(|e| epoch_position(&epochs, inst.history, e)) else {
                         continue;
                     };
                     // Only a history restarted from nothing (a provisional epoch in between)
@@ -267,6 +270,25 @@ impl Checker {
 
 /// An epoch of generation >= 1 (docs/replication.md, "Epochs"): one a DC took knowing its
 /// peers' epochs; generation 0 is a new data dir's provisional epoch.
+/// Where epoch `e` of the owner's `history`-th history (after that many losses, each a 0
+/// in `epochs`) stands in `epochs`: a provisional epoch number comes back after each loss,
+/// and an instance is of the history that acknowledged it. Not listed (no status showed
+/// it): the end of that history's epochs.
+fn epoch_position(epochs: &[u64], history: usize, e: u64) -> usize {
+    let start = match history {
+        0 => 0,
+        h => epochs
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| **x == 0)
+            .nth(h - 1)
+            .map_or(epochs.len(), |(i, _)| i + 1),
+    };
+    let end =
+        epochs[start.min(epochs.len())..].iter().position(|x| *x == 0).map_or(epochs.len(), |p| start + p);
+    epochs[start.min(end)..end].iter().position(|x| *x == e).map_or(end.saturating_sub(1), |p| start + p)
+}
+
 fn settled_epoch(epoch: u64) -> bool {
     epoch >> 20 != 0
 }
