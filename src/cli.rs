@@ -77,6 +77,16 @@ enum ClusterCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Hand the lead of the DC's group to member --to (its node id): the leader stops
+    /// serving writes (clients see 503 no_leader and retry), lets --to catch up and
+    /// campaign, and answers once --to leads; then waits until it serves writes. About one
+    /// election timeout of refused writes. --addr: any member (a follower forwards it).
+    TransferLeader {
+        #[arg(long)]
+        to: u64,
+        #[command(flatten)]
+        conn: Conn,
+    },
 }
 
 #[derive(Subcommand)]
@@ -301,7 +311,8 @@ fn check_tls(cmd: &Cmd) -> Result<(), ClientError> {
         | Cmd::Discover { conn, .. }
         | Cmd::Watch { conn, .. }
         | Cmd::Status { conn }
-        | Cmd::Cluster { cmd: ClusterCmd::Status { conn } } => conn,
+        | Cmd::Cluster { cmd: ClusterCmd::Status { conn } }
+        | Cmd::Cluster { cmd: ClusterCmd::TransferLeader { conn, .. } } => conn,
         Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } | Cmd::Chaos { .. } | Cmd::Acl { .. } => {
             return Ok(())
         }
@@ -628,6 +639,12 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
                 Ok(false) => return ExitCode::from(1),
                 Err(e) => Err(e),
             }
+        }
+        Cmd::Cluster { cmd: ClusterCmd::TransferLeader { conn, to } } => {
+            let scheme =
+                conn.addr.first().and_then(|a| a.split_once("://")).map_or("http", |(s, _)| s).to_owned();
+            let member = |url: &str| conn.client_of(&[url.to_owned()]);
+            cluster::transfer_leader(&conn.client(), to, &scheme, &member).await
         }
         Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } | Cmd::Chaos { .. } | Cmd::Acl { .. } => {
             Ok(())

@@ -67,6 +67,11 @@ pub const NOT_LEADER: &str = "not_leader";
 /// member, or query without `index` to start over).
 pub const BEHIND: &str = "behind";
 
+/// A leadership transfer did not happen (`POST /v1/admin/cluster/transfer-leader`): the
+/// target did not answer, catch up or win in time, or another transfer is under way
+/// (503). The leader keeps, or takes back, the lead; nothing was lost.
+pub const TRANSFER_FAILED: &str = "transfer_failed";
+
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} ({}): {}", self.status.as_u16(), self.code, self.message)

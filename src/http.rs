@@ -58,6 +58,7 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .route("/v1/admin/reload", post(reload))
         .route("/v1/admin/retire-dc", post(retire_dc))
         .route("/v1/admin/unretire-dc", post(unretire_dc))
+        .route("/v1/admin/cluster/transfer-leader", post(transfer_leader))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         // Innermost: on a DC group's follower, a write goes to the leader (every check
@@ -596,6 +597,39 @@ async fn unretire_dc(
     let unretired =
         node.committer.unretire(req.dc).await.map_err(|e| ApiError::unavailable(e.to_string()))?;
     Ok(Json(UnretireAnswer { unretired }).into_response())
+}
+
+/// The body of `POST /v1/admin/cluster/transfer-leader`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TransferRequest {
+    to: u64,
+}
+
+/// POST /v1/admin/cluster/transfer-leader: the group's leader hands its lead to member
+/// `to` (docs/cluster.md, "What an operator does"). Sent to a follower, it is forwarded to
+/// the leader like any write.
+async fn transfer_leader(
+    State(node): State<Arc<NodeShared>>,
+    Extension(note): Extension<audit::AuditNote>,
+    body: Result<Json<TransferRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    use crate::node::group::TransferError;
+    let req = json_body(body)?;
+    note.target(format!("node {}", req.to));
+    let Some(group) = node.group.as_ref() else {
+        return Err(ApiError::invalid_field("to", "this node is not a member of a DC group ([cluster])"));
+    };
+    match group.transfer_lead(req.to).await {
+        Ok(done) => Ok(Json(done).into_response()),
+        Err(e @ TransferError::UnknownMember(_)) => Err(ApiError::invalid_field("to", e)),
+        Err(e @ TransferError::NotServing) => {
+            Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, crate::error::NOT_LEADER, e.to_string()))
+        }
+        Err(e @ (TransferError::Busy | TransferError::Failed { .. })) => {
+            Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, crate::error::TRANSFER_FAILED, e.to_string()))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ use group::Group;
 
 pub mod committer;
 pub mod data_dir;
+pub mod forward_batch;
 pub mod group;
 mod metrics;
 pub mod status;

@@ -421,3 +421,102 @@ async fn a_dc_group_replicates_through_its_leader_and_a_new_leader_resumes_witho
         ids(&held).len()
     );
 }
+
+/// `tandem cluster transfer-leader --to N --addr <a follower>` (with its exit status and
+/// standard output and error).
+async fn transfer_leader(addr: &str, to: u64) -> (bool, String) {
+    let addr = addr.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(common::tandem_bin())
+            .args(["cluster", "transfer-leader", "--to", &to.to_string(), "--addr", &addr])
+            .output()
+            .expect("tandem runs");
+        let text =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    })
+    .await
+    .unwrap()
+}
+
+/// Single heartbeats a follower receives at once go to the leader several to a request,
+/// each with its own answer; then the lead is handed to a follower on an operator's word
+/// and back, with no acknowledged write lost and the leases kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_batches_heartbeats_and_the_lead_moves_on_an_operators_word() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = start_dc(dir.path());
+    let leader = serving_leader(&members).await;
+    let follower = members.iter().position(|m| m.id != leader).unwrap();
+    let c = members[follower].client();
+    const LEASES: usize = 120;
+    for i in 0..LEASES {
+        c.register(&reg_body("hb", &format!("h{i}"), false)).await.unwrap();
+    }
+
+    // Every lease renewed at once through the follower, and a few unknown ones among them.
+    let http = reqwest::Client::new();
+    let beats = (0..LEASES + 8).map(|i| {
+        let (http, base) = (http.clone(), members[follower].http.clone());
+        let id = if i < LEASES { format!("h{i}") } else { format!("nobody-{i}") };
+        async move {
+            let r = http.put(format!("{base}/v1/heartbeat/default/hb/{id}")).send().await.unwrap();
+            (id, r.status().as_u16())
+        }
+    });
+    let answers = futures::future::join_all(beats).await;
+    for (id, status) in &answers {
+        let want = if id.starts_with("nobody") { 404 } else { 200 };
+        assert_eq!(*status, want, "heartbeat of {id}: {answers:?}");
+    }
+    let metrics =
+        reqwest::get(format!("{}/metrics", members[follower].http)).await.unwrap().text().await.unwrap();
+    let requests = metric_sum(&metrics, "tandem_cluster_heartbeat_forwards_total", &[]);
+    let forwarded = metric_sum(&metrics, "tandem_cluster_heartbeats_forwarded_total", &[]);
+    assert_eq!(forwarded as usize, LEASES + 8, "{metrics}");
+    assert!(requests < forwarded, "{forwarded} heartbeats went in {requests} requests: not batched");
+
+    // The leases keep beating (in batches, at the follower) through what follows.
+    let beating = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let beater = {
+        let (beating, c) = (beating.clone(), members[follower].client());
+        let batch = serde_json::json!({
+            "instances": (0..LEASES).map(|i| serde_json::json!({"service": "hb", "instance_id": format!("h{i}")})).collect::<Vec<_>>()
+        });
+        tokio::spawn(async move {
+            while beating.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = c.heartbeat_batch(&batch).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+
+    // An unknown member, and a transfer through a follower to the other follower.
+    let (ok, said) = transfer_leader(&members[follower].http, 9).await;
+    assert!(!ok && said.contains("not a member"), "{said}");
+    let target = members.iter().find(|m| m.id != leader && m.id != members[follower].id).unwrap().id;
+    let (ok, said) = transfer_leader(&members[follower].http, target).await;
+    assert!(ok, "transfer to n{target}: {said}");
+    assert!(said.contains(&format!("n{target} serves writes")), "{said}");
+    assert_eq!(serving_leader(&members).await, target);
+    // And back to the first leader, asked at the new one.
+    let at = &members.iter().find(|m| m.id == target).unwrap().http;
+    let (ok, said) = transfer_leader(at, leader).await;
+    assert!(ok, "transfer back to n{leader}: {said}");
+    assert_eq!(serving_leader(&members).await, leader);
+
+    // Nothing lost, every lease kept (the transfers are two take-overs, each restarting the
+    // leases from their published health).
+    c.register(&reg_body("hb", "after", true)).await.expect("writes go on after the transfers");
+    for m in &members {
+        eventually(Duration::from_secs(10), "every member holds every lease, healthy", || async {
+            m.client().discover("default", "hb", "").await.is_ok_and(|a| {
+                let ids = ids_of(&a);
+                (0..LEASES).all(|i| ids.contains(&format!("h{i}"))) && ids.contains("after")
+            })
+        })
+        .await;
+    }
+    beating.store(false, std::sync::atomic::Ordering::Relaxed);
+    beater.await.unwrap();
+}

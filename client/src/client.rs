@@ -165,7 +165,10 @@ impl Client {
                     // A 5xx is that node's trouble: try the next address. Except 507 (a
                     // node's cap on services or namespaces): a definite refusal.
                     if status.is_server_error() && status != reqwest::StatusCode::INSUFFICIENT_STORAGE {
-                        last = format!("{url}: {status}");
+                        last = match serde_json::from_value::<ErrorBody>(v) {
+                            Ok(b) => format!("{url}: {status} {}: {}", b.error.code, b.error.message),
+                            Err(_) => format!("{url}: {status}"),
+                        };
                         continue;
                     }
                     self.current.store(idx, Ordering::Relaxed);
@@ -256,6 +259,14 @@ impl Client {
     pub async fn retire_dc(&self, dc: &str) -> Result<RetireAnswer, ClientError> {
         let body = RetireRequest { dc: dc.to_owned() };
         self.call(reqwest::Method::POST, "/v1/admin/retire-dc", Some(&body)).await
+    }
+
+    /// POST /v1/admin/cluster/transfer-leader: the DC group's leader hands its lead to
+    /// member `to` (any member forwards it to the leader); the answer as JSON (`leader`,
+    /// `term`, `took_ms`).
+    pub async fn transfer_leader(&self, to: u64) -> Result<Value, ClientError> {
+        let body = serde_json::json!({ "to": to });
+        self.call(reqwest::Method::POST, "/v1/admin/cluster/transfer-leader", Some(&body)).await
     }
 
     /// POST /v1/admin/unretire-dc: let a retired DC replicate again (from scratch).

@@ -1,5 +1,6 @@
 //! `tandem cluster status`: every member of a DC's group as its own `/v1/status` shows it,
-//! in one table, and whether they agree on a leader that serves writes.
+//! in one table, and whether they agree on a leader that serves writes. `tandem cluster
+//! transfer-leader`: hand the lead to another member and wait until it serves writes.
 
 use serde_json::Value;
 use tandem_client::{Client, ClientError};
@@ -104,6 +105,47 @@ pub async fn status(
             .iter()
             .filter_map(|r| r.status.as_ref().ok())
             .all(|s| s["cluster"]["leader"].as_u64() == serving.first().copied()))
+}
+
+/// How long `transfer-leader` waits for the new leader to serve writes once it leads.
+const SERVING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Asks the group (through `first`, any member) to hand the lead to member `to`, then
+/// waits until `to` serves writes (asked at its own address, from the member list), and
+/// says how long each part took.
+pub async fn transfer_leader(
+    first: &Client,
+    to: u64,
+    scheme: &str,
+    client_for: &dyn Fn(&str) -> Client,
+) -> Result<(), ClientError> {
+    let started = std::time::Instant::now();
+    let done = first.transfer_leader(to).await?;
+    println!(
+        "n{} leads in term {} ({} ms after the leader was asked)",
+        cell(&done["leader"]),
+        cell(&done["term"]),
+        cell(&done["took_ms"])
+    );
+    let asked = first.status().await?;
+    let target = asked["cluster"]["members"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["id"].as_u64() == Some(to)))
+        .map(|m| client_for(&member_url(scheme, &cell(&m["http_addr"]))))
+        .ok_or_else(|| ClientError::Decode(format!("n{to} is not in the member list")))?;
+    // The new leader serves writes once it took over (a read-index round, the leases).
+    loop {
+        if target.status().await.is_ok_and(|s| s["cluster"]["serving_writes"] == true) {
+            println!("n{to} serves writes ({} ms in all)", started.elapsed().as_millis());
+            return Ok(());
+        }
+        if started.elapsed() > SERVING_WAIT {
+            return Err(ClientError::Unreachable(format!(
+                "n{to} leads but did not serve writes within {SERVING_WAIT:?} (see tandem cluster status)"
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 #[cfg(test)]

@@ -2,15 +2,15 @@
 //! application data of one Raft entry ([`Round`]: the writes of one committer round) and
 //! the limits on it.
 //!
-//! What exists: the types, the Raft log on RocksDB
+//! What is here: the types, the Raft log on RocksDB
 //! ([`RaftLogStore`](crate::store::RaftLogStore), in `src/store/raft_log/`, because only
 //! `src/store` knows RocksDB), the write a round carries ([`LocalWrite`], `write.rs`), the
 //! registry's state machine on RocksLog ([`RegistryStateMachine`], `state_machine.rs`: the
-//! origin seq assigned at apply) and a small in-memory state machine for the storage suite
-//! and the `tandem-bench raft` spike ([`CountingStateMachine`]). The node does not run Raft
-//! yet: no configuration, route or task of the node uses this module. The QUIC transport
-//! between members, forwarding and leases on the leader come next (docs/cluster.md,
-//! "Next").
+//! origin seq assigned at apply), the committer's log while this node leads
+//! ([`GroupLog`]), the RPCs between members over the member link (`network.rs`) and a
+//! small in-memory state machine for the storage suite and the `tandem-bench raft` spike
+//! ([`CountingStateMachine`]). The node's member of the group (forming it, leading,
+//! forwarding, transferring the lead) is `crate::node::group`.
 //!
 //! Architecture invariants:
 //! - openraft is pinned exactly (`=0.9.25`, features `serde` and `storage-v2`): a Raft
@@ -36,8 +36,9 @@ use serde_bytes::ByteBuf;
 pub use counting::{CountingStateMachine, COUNTING_SNAPSHOT_BYTES_MAX};
 pub use group_log::{GroupLog, PROPOSE_TIMEOUT};
 pub use network::{
-    forward, leader_status, progress, read_index, Answer, ForwardAnswer, ForwardFn, Forwarded, MemberNetwork,
-    MemberRpc, OriginProgress, Progress, RaftService, Request, Staleness, StalenessFn, StatusFn,
+    ask_to_elect, forward, forward_many, hold_elections_at, leader_status, progress, read_index, Answer,
+    ForwardAnswer, ForwardFn, Forwarded, MemberNetwork, MemberRpc, OriginProgress, Progress, RaftService,
+    Request, Staleness, StalenessFn, StatusFn, FORWARDS_PER_REQUEST_MAX, HOLD_ELECTIONS_MS_MAX,
 };
 pub use state_machine::{
     RegistryStateMachine, StateMachineCounters, APPLIED_FORMAT_V1, APPLY_EVENTS_PER_BATCH_MAX,

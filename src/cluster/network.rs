@@ -66,7 +66,29 @@ pub enum Request {
     /// A follower asks the leader for a read index (`?consistent=true`): the leader
     /// confirms with a quorum that it still leads and answers the index the read must see.
     ReadIndex,
+    /// Several clients' writes a follower forwards to the leader in one request
+    /// (heartbeats: [`FORWARDS_PER_REQUEST_MAX`] at most); each is served as a
+    /// [`Request::Forward`] would be, and answered in order. A leader of an earlier
+    /// version cannot decode it and answers `Unavailable`; the follower then sends them one
+    /// by one.
+    ForwardMany(Vec<Forwarded>),
+    /// The leader hands its leadership to this member (`tandem cluster transfer-leader`):
+    /// having stopped its heartbeats and let the other members' leader lease run out, it
+    /// asks this member to campaign now. Served only from the member this node knows as
+    /// its leader.
+    Elect,
+    /// The leader hands its leadership to another member: this member does not campaign
+    /// for this many ms (so that the member asked to campaign wins), then as before.
+    /// Served only from the member this node knows as its leader; at most
+    /// [`HOLD_ELECTIONS_MS_MAX`].
+    HoldElections(u64),
 }
+
+/// Longest [`Request::HoldElections`] a member honours.
+pub const HOLD_ELECTIONS_MS_MAX: u64 = 10_000;
+
+/// Most writes in one [`Request::ForwardMany`].
+pub const FORWARDS_PER_REQUEST_MAX: usize = 256;
 
 impl Request {
     /// The vote a Raft RPC is sent under (none for a forwarded write).
@@ -79,7 +101,10 @@ impl Request {
             | Request::Staleness
             | Request::LeaderStatus
             | Request::Progress
-            | Request::ReadIndex => None,
+            | Request::ReadIndex
+            | Request::ForwardMany(_)
+            | Request::Elect
+            | Request::HoldElections(_) => None,
         }
     }
 }
@@ -165,6 +190,8 @@ pub struct RaftService {
     /// When a leader's append (entries or heartbeat) in its current term last reached
     /// this node.
     last_append: Arc<parking_lot::Mutex<Option<std::time::Instant>>>,
+    /// Election holds asked of this member (the last one turns the timer on again).
+    holds: Arc<std::sync::atomic::AtomicU64>,
 }
 
 type StatusAnswer = Answer<ByteBuf, openraft::error::Infallible>;
@@ -172,6 +199,8 @@ type ForwardAnswerOf = Answer<ForwardAnswer, openraft::error::Infallible>;
 type StalenessAnswer = Answer<Staleness, openraft::error::Infallible>;
 type ProgressAnswer = Answer<Progress, openraft::error::Infallible>;
 type ReadIndexAnswer = Answer<u64, openraft::error::Infallible>;
+type ForwardManyAnswer = Answer<Vec<ForwardAnswer>, openraft::error::Infallible>;
+type ElectAnswer = Answer<(), openraft::error::Infallible>;
 
 impl RaftService {
     /// Serves requests to `raft` from now on (once: a later call changes nothing).
@@ -198,6 +227,21 @@ impl RaftService {
     pub fn last_append(&self) -> Option<std::time::Instant> {
         *self.last_append.lock()
     }
+
+    /// Turns `raft`'s election timer off for `ms`, then on again (a later hold extends
+    /// it: each turns it on only if it is the last one asked).
+    fn hold_elections(&self, raft: &Raft<TypeConfig>, ms: u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let this = self.holds.fetch_add(1, SeqCst) + 1;
+        raft.runtime_config().elect(false);
+        let (raft, holds) = (raft.clone(), self.holds.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+            if holds.load(SeqCst) == this {
+                raft.runtime_config().elect(true);
+            }
+        });
+    }
 }
 
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
@@ -221,6 +265,38 @@ impl Handler for RaftService {
                 return unavailable("this node's API is not running yet".into());
             };
             return encode(&ForwardAnswerOf::Done(serve(write).await));
+        }
+        if let Request::ForwardMany(writes) = request {
+            let Some(serve) = self.forward.get() else {
+                return unavailable("this node's API is not running yet".into());
+            };
+            if writes.len() > FORWARDS_PER_REQUEST_MAX {
+                return unavailable(format!(
+                    "{} forwarded writes in one request, at most {FORWARDS_PER_REQUEST_MAX}",
+                    writes.len()
+                ));
+            }
+            let answers = futures::future::join_all(writes.into_iter().map(|w| serve(w))).await;
+            return encode(&ForwardManyAnswer::Done(answers));
+        }
+        if let Request::Elect | Request::HoldElections(_) = request {
+            let Some(raft) = self.raft.get() else {
+                return unavailable("this node's Raft is not running yet".into());
+            };
+            let leader = raft.metrics().borrow().current_leader;
+            if leader != Some(from) {
+                return unavailable(format!(
+                    "node {from} asked for a leadership transfer, but the leader this node knows is {leader:?}"
+                ));
+            }
+            if let Request::HoldElections(ms) = request {
+                self.hold_elections(raft, ms.min(HOLD_ELECTIONS_MS_MAX));
+                return encode(&ElectAnswer::Done(()));
+            }
+            return match raft.trigger().elect().await {
+                Ok(()) => encode(&ElectAnswer::Done(())),
+                Err(e) => unavailable(format!("cannot campaign: {e}")),
+            };
         }
         if let Request::Staleness | Request::Progress = request {
             let Some(answer) = self.staleness.get() else {
@@ -280,7 +356,10 @@ impl Handler for RaftService {
             | Request::Staleness
             | Request::LeaderStatus
             | Request::Progress
-            | Request::ReadIndex => unavailable("served above".into()),
+            | Request::ReadIndex
+            | Request::ForwardMany(_)
+            | Request::Elect
+            | Request::HoldElections(_) => unavailable("served above".into()),
         }
     }
 }
@@ -428,6 +507,39 @@ pub async fn forward(
     ask(link, to, &Request::Forward(write), timeout).await
 }
 
+/// Forwards several clients' writes to member `to` (the leader) in one request; answers in
+/// order. An error as for [`forward`], for all of them alike; `Unavailable` text starting
+/// with "undecodable request" means the leader is of an earlier version.
+pub async fn forward_many(
+    link: &MemberLink,
+    to: NodeId,
+    writes: Vec<Forwarded>,
+    timeout: std::time::Duration,
+) -> Result<Vec<ForwardAnswer>, String> {
+    let sent = writes.len();
+    let answers: Vec<ForwardAnswer> = ask(link, to, &Request::ForwardMany(writes), timeout).await?;
+    if answers.len() != sent {
+        return Err(format!("node {to} answered {} of {sent} forwarded writes", answers.len()));
+    }
+    Ok(answers)
+}
+
+/// Asks member `to` not to campaign for `ms` (see [`Request::HoldElections`]).
+pub async fn hold_elections_at(
+    link: &MemberLink,
+    to: NodeId,
+    ms: u64,
+    timeout: std::time::Duration,
+) -> Result<(), String> {
+    ask(link, to, &Request::HoldElections(ms), timeout).await
+}
+
+/// Asks member `to` to campaign now (this node leads, stopped its heartbeats and waited out
+/// the leader lease: see `tandem cluster transfer-leader`).
+pub async fn ask_to_elect(link: &MemberLink, to: NodeId, timeout: std::time::Duration) -> Result<(), String> {
+    ask(link, to, &Request::Elect, timeout).await
+}
+
 #[cfg(test)]
 mod tests {
     use openraft::error::{Fatal, SnapshotMismatch};
@@ -518,6 +630,49 @@ mod tests {
         assert_eq!(encode(&Request::LeaderStatus), [5]);
         assert_eq!(encode(&Request::Progress), [6]);
         assert_eq!(encode(&Request::ReadIndex), [7]);
+        assert_eq!(encode(&Request::ForwardMany(Vec::new())), [8, 0]);
+        assert_eq!(encode(&Request::Elect), [9]);
+        assert_eq!(encode(&Request::HoldElections(5)), [10, 5]);
+    }
+
+    #[tokio::test]
+    async fn forwarded_writes_in_one_request_are_answered_in_order_and_bounded() {
+        let service = RaftService::default();
+        service.serve_forwarded(Arc::new(|w: Forwarded| {
+            Box::pin(async move {
+                ForwardAnswer {
+                    status: 200,
+                    headers: Vec::new(),
+                    body: ByteBuf::from(w.uri.into_bytes()),
+                    applied: 1,
+                }
+            })
+        }));
+        let writes: Vec<Forwarded> = (0..5)
+            .map(|i| Forwarded { uri: format!("/v1/heartbeat/ns/s/{i}"), ..Default::default() })
+            .collect();
+        let read = answer::<Vec<ForwardAnswer>, openraft::error::Infallible>(
+            &service.handle(2, encode(&Request::ForwardMany(writes))).await,
+        );
+        let Answer::Done(answers) = read else { panic!("not served") };
+        let uris: Vec<String> =
+            answers.into_iter().map(|a| String::from_utf8(a.body.into_vec()).unwrap()).collect();
+        assert_eq!(uris, (0..5).map(|i| format!("/v1/heartbeat/ns/s/{i}")).collect::<Vec<_>>());
+        let too_many = vec![Forwarded::default(); FORWARDS_PER_REQUEST_MAX + 1];
+        let read = answer::<Vec<ForwardAnswer>, openraft::error::Infallible>(
+            &service.handle(2, encode(&Request::ForwardMany(too_many))).await,
+        );
+        assert!(matches!(read, Answer::Unavailable(w) if w.contains("at most")), "over the bound is refused");
+    }
+
+    #[tokio::test]
+    async fn only_the_known_leader_may_ask_a_member_to_campaign() {
+        // No Raft here: not served. (With one, a request from anyone but the leader it
+        // knows is refused: the group tests cover it with a running group.)
+        let service = RaftService::default();
+        let read =
+            answer::<(), openraft::error::Infallible>(&service.handle(2, encode(&Request::Elect)).await);
+        assert!(matches!(read, Answer::Unavailable(w) if w.contains("not running")));
     }
 
     #[test]

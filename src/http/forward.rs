@@ -69,6 +69,16 @@ fn is_write(method: &Method, path: &str) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) && path != "/v1/admin/reload"
 }
 
+/// The leadership transfer: the leader it is forwarded to stops leading by design, so the
+/// follower waits for its answer rather than give up at the change.
+const TRANSFER_PATH: &str = "/v1/admin/cluster/transfer-leader";
+
+/// A single lease renewal (`PUT /v1/heartbeat/...`): forwarded in batches, answered
+/// without waiting for the own apply (it writes nothing).
+fn is_heartbeat(method: &Method, path: &str) -> bool {
+    *method == Method::PUT && path.starts_with("/v1/heartbeat/")
+}
+
 fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
@@ -134,7 +144,15 @@ async fn forward(group: &Group, stats: &ForwardStats, leader: u64, req: Request)
         body: ByteBuf::from(body.to_vec()),
     };
     bump(&stats.forwarded);
-    let answer = match group.forward(leader, write).await {
+    let heartbeat = is_heartbeat(&parts.method, parts.uri.path());
+    let answer = if heartbeat {
+        group.forward_heartbeat(leader, write).await
+    } else if parts.uri.path() == TRANSFER_PATH {
+        group.forward_transfer(leader, write).await
+    } else {
+        group.forward(leader, write).await
+    };
+    let answer = match answer {
         Ok(a) => a,
         Err(e) => {
             bump(&stats.failed);
@@ -149,8 +167,9 @@ async fn forward(group: &Group, stats: &ForwardStats, leader: u64, req: Request)
             .into_response();
         }
     };
-    // Read-your-write on this node: its view is fed by its own applies.
-    if !group.applied(answer.applied, group.forward_timeout()).await {
+    // Read-your-write on this node: its view is fed by its own applies. A heartbeat wrote
+    // nothing.
+    if !heartbeat && !group.applied(answer.applied, group.forward_timeout()).await {
         bump(&stats.apply_wait_timeouts);
     }
     response_of(answer)

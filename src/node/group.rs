@@ -33,6 +33,9 @@ use crate::cluster::{
 use crate::config::{ClusterSection, Config};
 use crate::store::RaftLogStore;
 
+mod transfer;
+pub use transfer::{TransferError, Transferred, TRANSFER_TIMEOUT};
+
 /// The data dir's subdirectory of the Raft log.
 pub const RAFT_DIR: &str = "raft";
 /// The data dir's subdirectory of the state machine's RocksLog.
@@ -92,9 +95,14 @@ pub struct Group {
     section: ClusterSection,
     /// The term in which this node leads and took over the leases (set by [`lead`]).
     serving: watch::Sender<Option<u64>>,
+    /// The member this node hands its lead to, while it does (`transfer.rs`): it serves
+    /// no writes meanwhile.
+    transferring: watch::Sender<Option<NodeId>>,
     /// When each remote origin last progressed, as far as this member knows: its own
     /// applies of their batches, and what the leader's gateway saw.
     progress: Arc<RemoteProgress>,
+    /// Heartbeats forwarded to the leader in batches.
+    heartbeats: super::forward_batch::HeartbeatForwarder,
 }
 
 /// When each remote origin's copies last progressed (a batch or snapshot applied, or, on
@@ -198,8 +206,25 @@ impl Group {
             }
         }
         let (serving, _) = watch::channel(None);
+        let heartbeats = super::forward_batch::HeartbeatForwarder::start(
+            link.clone(),
+            raft.clone(),
+            Duration::from_millis(section.forward_timeout_ms),
+        );
         tracing::info!(node = id, raft = %section.me().raft_addr, "group member started");
-        Ok(Group { id, raft, sm, link, service, section: section.clone(), serving, progress })
+        let (transferring, _) = watch::channel(None);
+        Ok(Group {
+            id,
+            raft,
+            sm,
+            link,
+            service,
+            section: section.clone(),
+            serving,
+            transferring,
+            progress,
+            heartbeats,
+        })
     }
 
     /// Serves the other members' forwarded writes with `serve` from now on.
@@ -285,9 +310,11 @@ impl Group {
         self.leads(&m) && *self.serving.borrow() == Some(m.current_term)
     }
 
-    /// Whether `m` says this node leads with a quorum behind it.
+    /// Whether `m` says this node leads with a quorum behind it, and it is not handing
+    /// the lead over.
     fn leads(&self, m: &openraft::RaftMetrics<NodeId, BasicNode>) -> bool {
         crate::cluster::leads_with_quorum(m, self.id, self.section.election_timeout_max_ms)
+            && self.transferring.borrow().is_none()
     }
 
     /// Where a write received here goes.
@@ -318,6 +345,24 @@ impl Group {
                 Err(format!("node {to} stopped leading while the write was in flight"))
             }
         }
+    }
+
+    /// Forwards a leadership transfer to member `to` (the leader): as [`Group::forward`],
+    /// but not given up when `to` stops leading, which is what the transfer does; bounded
+    /// by the forward timeout.
+    pub async fn forward_transfer(&self, to: NodeId, write: Forwarded) -> Result<ForwardAnswer, String> {
+        crate::cluster::forward(&self.link, to, write, self.forward_timeout()).await
+    }
+
+    /// Forwards a client's heartbeat to member `to` (the leader), batched with the others
+    /// in flight (`forward_batch`).
+    pub async fn forward_heartbeat(&self, to: NodeId, write: Forwarded) -> Result<ForwardAnswer, String> {
+        self.heartbeats.forward(to, write).await
+    }
+
+    /// What batching heartbeats did.
+    pub fn heartbeat_batch_stats(&self) -> Arc<super::forward_batch::HeartbeatBatchStats> {
+        self.heartbeats.stats.clone()
     }
 
     /// Waits (at most `within`) until this member applied `index`; false on timeout.
@@ -486,6 +531,7 @@ pub async fn lead(
     mut shut: watch::Receiver<bool>,
 ) {
     let mut metrics = group.raft.metrics();
+    let mut transferring = group.transferring.subscribe();
     loop {
         let (leads, term, quorum_ack_ms) = {
             let m = metrics.borrow_and_update();
@@ -518,7 +564,9 @@ pub async fn lead(
         } else if !leads && served.is_some() {
             group.serving.send_replace(None);
             (hooks.on_follow)().await;
-            if group.leader() == Some(group.id) {
+            if group.transferring.borrow().is_some() {
+                tracing::info!(node = group.id, term, "handing the lead over: stopped serving writes");
+            } else if group.leader() == Some(group.id) {
                 tracing::warn!(
                     node = group.id,
                     term,
@@ -531,6 +579,7 @@ pub async fn lead(
         }
         tokio::select! {
             r = metrics.changed() => if r.is_err() { return },
+            _ = transferring.changed() => {}
             _ = tokio::time::sleep(LEAD_POLL) => {}
             _ = shut.changed() => return,
         }

@@ -539,9 +539,29 @@ impl NodeShared {
                 );
             }
         }
-        let (f, link) = (&self.forward_stats, g.link_stats());
+        let (f, link, hb) = (&self.forward_stats, g.link_stats(), g.heartbeat_batch_stats());
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-        let counters: [(&str, &str, u64); 11] = [
+        let counters: [(&str, &str, u64); 15] = [
+            (
+                "tandem_cluster_heartbeat_batch_fallbacks_total",
+                "Heartbeat batches a leader of an earlier version could not decode, sent again one by one",
+                get(&hb.fallbacks),
+            ),
+            (
+                "tandem_cluster_heartbeat_forwards_total",
+                "Member-link requests that carried heartbeats forwarded to the leader",
+                get(&hb.requests),
+            ),
+            (
+                "tandem_cluster_heartbeats_forwarded_total",
+                "Heartbeats forwarded to the leader (in those requests)",
+                get(&hb.heartbeats),
+            ),
+            (
+                "tandem_cluster_heartbeats_queue_full_total",
+                "Heartbeats refused because the forwarding queue was full (503 leader_unreachable)",
+                get(&hb.queue_full),
+            ),
             (
                 "tandem_cluster_writes_forwarded_total",
                 "Writes this node forwarded to the leader",
