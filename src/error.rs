@@ -67,6 +67,12 @@ pub const NOT_LEADER: &str = "not_leader";
 /// member, or query without `index` to start over).
 pub const BEHIND: &str = "behind";
 
+/// A follower's `[failover]`/`[protection]` differ from its leader's (a reload on some
+/// members only): it refuses discovery (503, `Retry-After: 1`) rather than answer other
+/// than the rest of its DC; the client reads another member. Reload the same file on
+/// every member.
+pub const POLICY_MISMATCH: &str = "policy_mismatch";
+
 /// A leadership transfer did not happen (`POST /v1/admin/cluster/transfer-leader`): the
 /// target did not answer, catch up or win in time, or another transfer is under way
 /// (503). The leader keeps, or takes back, the lead; nothing was lost.
@@ -95,8 +101,10 @@ pub struct ErrorCode(pub &'static str);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let retry =
-            matches!(self.code, LOG_UNWRITABLE | NO_LEADER | LEADER_UNREACHABLE | NOT_LEADER | BEHIND);
+        let retry = matches!(
+            self.code,
+            LOG_UNWRITABLE | NO_LEADER | LEADER_UNREACHABLE | NOT_LEADER | BEHIND | POLICY_MISMATCH
+        );
         let code = self.code;
         let mut r = (self.status, axum::Json(ErrorBody::new(self.code, self.message))).into_response();
         r.extensions_mut().insert(ErrorCode(code));

@@ -231,6 +231,11 @@ async fn discover(
     let consistent = parse_bool("consistent", q.consistent.as_deref())?;
     // Validate before blocking, so a bad request fails at once.
     crate::registry::validate_query(&ns, &svc, &filter)?;
+    if let Some(g) = &node.group {
+        policy_agrees(g).inspect_err(|_| {
+            node.forward_stats.reads_policy_mismatch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        })?;
+    }
     // A node of a group answers from what it applied; `consistent` first makes sure that
     // is every write acknowledged before the read (a single node always answers so).
     if let (true, Some(g)) = (consistent, &node.group) {
@@ -281,6 +286,26 @@ async fn discover(
         group_headers(&mut headers, g);
     }
     Ok((headers, body).into_response())
+}
+
+/// A follower whose `[failover]`/`[protection]` differ from its leader's (a reload on some
+/// members only) refuses discovery rather than answer other than the rest of its DC.
+fn policy_agrees(group: &crate::node::group::Group) -> Result<(), ApiError> {
+    match group.policy_differs() {
+        None => Ok(()),
+        Some(theirs) => Err(policy_mismatch(&group.policy_digests().0, &theirs)),
+    }
+}
+
+fn policy_mismatch(own: &str, theirs: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        crate::error::POLICY_MISMATCH,
+        format!(
+            "this member's [failover]/[protection] (digest {own}) differ from its leader's ({theirs}): \
+             reload the same file on every member; read another member meanwhile"
+        ),
+    )
 }
 
 /// A member of a group whose view stands below a blocking query's `index` once the wait

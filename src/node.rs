@@ -515,13 +515,15 @@ impl Node {
                     .collect()
             }));
             tasks.push(tokio::spawn(group::follow_staleness(g.clone(), shut_rx.clone())));
-            // Followers show the leader's peer links and self-preservation in their status.
+        }
+        if let Some(g) = &group {
+            // Followers show the leader's peer links and self-preservation in their status,
+            // and compare its policy digest with their own.
             let weak = Arc::downgrade(&shared);
             g.serve_status(Arc::new(move || {
                 weak.upgrade().and_then(|s| serde_json::to_vec(&s.status()).ok()).unwrap_or_default()
             }));
-        }
-        if let Some(g) = &group {
+            tasks.push(tokio::spawn(group::follow_policy(g.clone(), shut_rx.clone())));
             let hooks = lead_hooks(shared.clone(), start_gateway.clone());
             tasks.push(tokio::spawn(group::lead(g.clone(), registry.clone(), hooks, shut_rx.clone())));
         }

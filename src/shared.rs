@@ -131,6 +131,9 @@ impl NodeShared {
             tls.swap(prepared);
         }
         self.acl.replace(acl);
+        if let Some(g) = &self.group {
+            g.set_own_policy(new.policy_digest());
+        }
         self.registry.set_config(Arc::new(new));
         tracing::info!(path = %path.display(), "configuration reloaded");
         Ok(())

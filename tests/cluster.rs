@@ -519,4 +519,36 @@ async fn a_follower_batches_heartbeats_and_the_lead_moves_on_an_operators_word()
     }
     beating.store(false, std::sync::atomic::Ordering::Relaxed);
     beater.await.unwrap();
+
+    // A follower reloaded with another failover policy than its leader's refuses discovery
+    // (its answers would differ from the rest of its DC) until its file agrees again.
+    let odd = &members[follower];
+    let file = dir.path().join(format!("n{}.toml", odd.id));
+    let original = std::fs::read_to_string(&file).unwrap();
+    let reload = |m: &Member| {
+        let url = format!("{}/v1/admin/reload", m.http);
+        async move {
+            reqwest::Client::new().post(url).header("x-tandem-admin", "1").send().await.unwrap().status()
+        }
+    };
+    std::fs::write(&file, original.replace("[cluster]", "[failover]\nmode = \"global\"\n[cluster]")).unwrap();
+    assert_eq!(reload(odd).await, 200);
+    eventually(Duration::from_secs(10), "the odd follower refuses discovery", || async {
+        let r = reqwest::get(format!("{}/v1/services/default/hb", odd.http)).await.unwrap();
+        r.status() == 503 && r.text().await.unwrap().contains("policy_mismatch")
+    })
+    .await;
+    let (ok, said) = cluster_status(&odd.http).await;
+    assert!(!ok && said.contains("differ between members"), "{said}");
+    for m in members.iter().filter(|m| m.id != odd.id) {
+        assert!(m.client().discover("default", "hb", "").await.is_ok(), "n{} answers", m.id);
+    }
+    std::fs::write(&file, &original).unwrap();
+    assert_eq!(reload(odd).await, 200);
+    eventually(Duration::from_secs(10), "the follower answers again once its file agrees", || async {
+        odd.client().discover("default", "hb", "").await.is_ok()
+    })
+    .await;
+    let (ok, said) = cluster_status(&odd.http).await;
+    assert!(ok, "{said}");
 }

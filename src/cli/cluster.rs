@@ -1,5 +1,6 @@
 //! `tandem cluster status`: every member of a DC's group as its own `/v1/status` shows it,
-//! in one table, and whether they agree on a leader that serves writes. `tandem cluster
+//! in one table, and whether they agree on a leader that serves writes (and on their
+//! `[failover]`/`[protection]` digest). `tandem cluster
 //! transfer-leader`: hand the lead to another member and wait until it serves writes.
 
 use serde_json::Value;
@@ -98,8 +99,31 @@ pub async fn status(
             Err(e) => println!("{:<6} unreachable: {e}  {}", format!("n{}", r.id), r.http),
         }
     }
+    // Every member must answer discovery from the same [failover]/[protection].
+    let digests: std::collections::BTreeMap<String, Vec<u64>> = rows
+        .iter()
+        .filter_map(|r| r.status.as_ref().ok().map(|s| (r.id, s)))
+        .fold(Default::default(), |mut m, (id, s)| {
+            m.entry(cell(&s["cluster"]["policy_digest"])).or_default().push(id);
+            m
+        });
+    let policies_agree = digests.len() <= 1;
+    if !policies_agree {
+        let each: Vec<String> = digests
+            .iter()
+            .map(|(d, ids)| {
+                format!("{d} on {}", ids.iter().map(|i| format!("n{i}")).collect::<Vec<_>>().join(", "))
+            })
+            .collect();
+        println!(
+            "[failover]/[protection] differ between members ({}): followers unlike the leader refuse discovery \
+             (policy_mismatch); reload the same file on every member",
+            each.join("; ")
+        );
+    }
     let all_up = rows.iter().all(|r| r.status.is_ok());
     Ok(all_up
+        && policies_agree
         && serving.len() == 1
         && rows
             .iter()

@@ -163,3 +163,15 @@ impl ClusterSection {
         self.members.iter().find(|m| m.id == id)
     }
 }
+
+impl super::Config {
+    /// A digest of what every member of a DC group must answer discovery alike from, and
+    /// that each member reads from its own file: `[failover]` and `[protection]` (16 hex
+    /// digits of a SHA-256). A follower whose digest differs from its leader's refuses
+    /// discovery (`policy_mismatch`, docs/cluster.md, "Reads on followers").
+    pub fn policy_digest(&self) -> String {
+        let text = format!("{:?}|{:?}", self.failover, self.protection);
+        let d = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+        d.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}

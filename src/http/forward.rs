@@ -63,6 +63,9 @@ pub struct ForwardStats {
     /// Blocking queries refused because this member had not applied their index when their
     /// wait ran out (`behind`).
     pub reads_behind: AtomicU64,
+    /// Discovery refused because this follower's policy digest differs from its leader's
+    /// (`policy_mismatch`).
+    pub reads_policy_mismatch: AtomicU64,
 }
 
 fn is_write(method: &Method, path: &str) -> bool {
@@ -73,10 +76,15 @@ fn is_write(method: &Method, path: &str) -> bool {
 /// follower waits for its answer rather than give up at the change.
 const TRANSFER_PATH: &str = "/v1/admin/cluster/transfer-leader";
 
-/// A single lease renewal (`PUT /v1/heartbeat/...`): forwarded in batches, answered
-/// without waiting for the own apply (it writes nothing).
+/// A single lease renewal (`PUT /v1/heartbeat/...`): forwarded in batches.
 fn is_heartbeat(method: &Method, path: &str) -> bool {
     *method == Method::PUT && path.starts_with("/v1/heartbeat/")
+}
+
+/// A lease renewal, single or a client's batch (`POST /v1/heartbeats`): answered without
+/// waiting for the own apply (it writes nothing).
+fn is_renewal(method: &Method, path: &str) -> bool {
+    is_heartbeat(method, path) || (*method == Method::POST && path == "/v1/heartbeats")
 }
 
 fn bump(c: &AtomicU64) {
@@ -144,7 +152,8 @@ async fn forward(group: &Group, stats: &ForwardStats, leader: u64, req: Request)
         body: ByteBuf::from(body.to_vec()),
     };
     bump(&stats.forwarded);
-    let heartbeat = is_heartbeat(&parts.method, parts.uri.path());
+    let (heartbeat, renewal) =
+        (is_heartbeat(&parts.method, parts.uri.path()), is_renewal(&parts.method, parts.uri.path()));
     let answer = if heartbeat {
         group.forward_heartbeat(leader, write).await
     } else if parts.uri.path() == TRANSFER_PATH {
@@ -167,9 +176,9 @@ async fn forward(group: &Group, stats: &ForwardStats, leader: u64, req: Request)
             .into_response();
         }
     };
-    // Read-your-write on this node: its view is fed by its own applies. A heartbeat wrote
+    // Read-your-write on this node: its view is fed by its own applies. A renewal wrote
     // nothing.
-    if !heartbeat && !group.applied(answer.applied, group.forward_timeout()).await {
+    if !renewal && !group.applied(answer.applied, group.forward_timeout()).await {
         bump(&stats.apply_wait_timeouts);
     }
     response_of(answer)
@@ -229,5 +238,20 @@ async fn answer_of(resp: impl IntoResponse, applied: u64) -> ForwardAnswer {
             .collect(),
         body: ByteBuf::from(body.to_vec()),
         applied,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewals_are_told_apart_from_writes() {
+        assert!(is_heartbeat(&Method::PUT, "/v1/heartbeat/ns/svc/i-1"));
+        assert!(!is_heartbeat(&Method::POST, "/v1/heartbeats"));
+        assert!(is_renewal(&Method::POST, "/v1/heartbeats"));
+        assert!(is_renewal(&Method::PUT, "/v1/heartbeat/ns/svc/i-1"));
+        assert!(!is_renewal(&Method::PUT, "/v1/instances/ns/svc/i-1/status"));
+        assert!(!is_renewal(&Method::POST, "/v1/register"));
     }
 }

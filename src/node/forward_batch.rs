@@ -14,9 +14,10 @@
 //!   answered `leader_unreachable` at once (the client retries), never held.
 //! - A leader of an earlier version cannot decode a batch: the heartbeats of that batch go
 //!   one request each, as before.
-//! - The follower does not wait for its own apply before answering a heartbeat: a renewal
-//!   writes nothing (a health transition it causes is the leader's later write), so there
-//!   is no write of the client's to read back.
+//! - The follower does not wait for its own apply before answering a renewal (single, or
+//!   a client's `POST /v1/heartbeats`, which goes on its own): it writes nothing (a health
+//!   transition it causes is the leader's later write), so there is no write of the
+//!   client's to read back.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

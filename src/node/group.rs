@@ -103,6 +103,17 @@ pub struct Group {
     progress: Arc<RemoteProgress>,
     /// Heartbeats forwarded to the leader in batches.
     heartbeats: super::forward_batch::HeartbeatForwarder,
+    /// This member's `[failover]`/`[protection]` digest and its leader's, as last heard
+    /// (`follow_policy`).
+    policy: parking_lot::Mutex<PolicyDigests>,
+}
+
+/// The policy digests a follower compares ([`Group::policy_differs`]).
+#[derive(Debug, Default)]
+struct PolicyDigests {
+    own: String,
+    /// The leader it was heard from, and its digest.
+    leader: Option<(NodeId, String)>,
 }
 
 /// When each remote origin's copies last progressed (a batch or snapshot applied, or, on
@@ -224,6 +235,7 @@ impl Group {
             transferring,
             progress,
             heartbeats,
+            policy: parking_lot::Mutex::new(PolicyDigests { own: cfg.policy_digest(), leader: None }),
         })
     }
 
@@ -347,6 +359,48 @@ impl Group {
         }
     }
 
+    /// This member's policy digest changed (a reload).
+    pub fn set_own_policy(&self, digest: String) {
+        self.policy.lock().own = digest;
+    }
+
+    /// On a follower: the leader's policy digest, when it differs from this member's (the
+    /// leader it was heard from still leads). `None` on the serving leader, when they
+    /// agree, or when the leader's is not known (cut off: reads go on, flagged).
+    pub fn policy_differs(&self) -> Option<String> {
+        if self.serving() {
+            return None;
+        }
+        let leader = self.leader();
+        let p = self.policy.lock();
+        match &p.leader {
+            Some((id, theirs)) if Some(*id) == leader && *theirs != p.own => Some(theirs.clone()),
+            _ => None,
+        }
+    }
+
+    /// (own, the leader's as last heard) policy digests, for status.
+    pub fn policy_digests(&self) -> (String, Option<String>) {
+        let p = self.policy.lock();
+        (p.own.clone(), p.leader.as_ref().map(|(_, d)| d.clone()))
+    }
+
+    /// Asks the leader (another member) for its policy digest and keeps it.
+    async fn poll_policy(&self) {
+        let Some(leader) = self.leader().filter(|l| *l != self.id) else { return };
+        match crate::cluster::leader_status(&self.link, leader, LEADER_STATUS_TIMEOUT).await {
+            Ok(json) => {
+                let digest = serde_json::from_slice::<serde_json::Value>(&json)
+                    .ok()
+                    .and_then(|v| v["cluster"]["policy_digest"].as_str().map(str::to_owned));
+                if let Some(d) = digest {
+                    self.policy.lock().leader = Some((leader, d));
+                }
+            }
+            Err(e) => tracing::debug!(leader, error = %e, "the leader did not say its policy digest"),
+        }
+    }
+
     /// Forwards a leadership transfer to member `to` (the leader): as [`Group::forward`],
     /// but not given up when `to` stops leading, which is what the transfer does; bounded
     /// by the forward timeout.
@@ -436,6 +490,7 @@ impl Group {
     pub fn status(&self) -> GroupStatus {
         let m = self.raft.metrics().borrow().clone();
         let matched = m.replication.clone().unwrap_or_default();
+        let (policy_digest, leader_policy_digest) = self.policy_digests();
         GroupStatus {
             node_id: self.id,
             role: m.state.into(),
@@ -457,6 +512,8 @@ impl Group {
                     matched_index: matched.get(&s.id).map(|l| l.map_or(0, |l| l.index)),
                 })
                 .collect(),
+            policy_digest,
+            leader_policy_digest: leader_policy_digest.filter(|_| !self.serving()),
         }
     }
 
@@ -492,6 +549,10 @@ pub struct GroupStatus {
     pub millis_since_quorum_ack: Option<u64>,
     /// Every configured member; on the leader, the index each one matched.
     pub members: Vec<MemberStatus>,
+    /// This member's `[failover]`/`[protection]` digest ([`Config::policy_digest`]).
+    pub policy_digest: String,
+    /// On a follower: the leader's, as last heard (once a second).
+    pub leader_policy_digest: Option<String>,
 }
 
 /// One member as status shows it.
@@ -602,6 +663,26 @@ async fn take_over(group: &Group, registry: &crate::registry::Registry) -> anyho
 /// How often a follower asks the leader how remote origins progress (what only the
 /// leader's gateway sees: pings that found this DC caught up).
 pub const STALENESS_POLL: Duration = Duration::from_millis(250);
+
+/// How often a follower asks the leader for its policy digest.
+pub const POLICY_POLL: Duration = Duration::from_secs(1);
+
+/// A follower's poll of the leader's policy digest (see [`Group::policy_differs`]). Stops
+/// with the node.
+pub async fn follow_policy(group: Arc<Group>, mut shut: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(POLICY_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if !group.serving() {
+                    group.poll_policy().await;
+                }
+            }
+            _ = shut.changed() => return,
+        }
+    }
+}
 
 /// Why a consistent read could not be served.
 #[derive(Debug)]

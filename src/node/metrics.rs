@@ -541,7 +541,12 @@ impl NodeShared {
         }
         let (f, link, hb) = (&self.forward_stats, g.link_stats(), g.heartbeat_batch_stats());
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-        let counters: [(&str, &str, u64); 15] = [
+        let counters: [(&str, &str, u64); 16] = [
+            (
+                "tandem_cluster_reads_policy_mismatch_total",
+                "Discovery refused: this follower's [failover]/[protection] differ from its leader's (503 policy_mismatch)",
+                get(&f.reads_policy_mismatch),
+            ),
             (
                 "tandem_cluster_heartbeat_batch_fallbacks_total",
                 "Heartbeat batches a leader of an earlier version could not decode, sent again one by one",

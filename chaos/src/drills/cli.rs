@@ -15,7 +15,7 @@ use crate::report::DrillReport;
 #[command(
     name = "tandem chaos",
     about = "Partition-heal chaos drills with a seeded workload and an invariant checker",
-    after_help = "Drills: partition-heal, one-way-partition, flapping-link, crash-restart, pause, packet-chaos, long-partition, restore-rollback, split-incarnation, leader-kill, leader-isolated, follower-partition; `all` runs them all, `list` describes them.\n\
+    after_help = "Drills: partition-heal, one-way-partition, flapping-link, crash-restart, pause, packet-chaos, long-partition, restore-rollback, split-incarnation, leader-kill, leader-isolated, follower-partition, failover-leases; `all` runs them all, `list` describes them.\n\
 Exit status: 0 when every invariant held (and, by default, when a drill was SKIPPED: see --skipped-exit-code), 1 when an invariant failed, 2 when a drill could not run, 130 on Ctrl-C."
 )]
 struct ChaosCli {
@@ -62,7 +62,8 @@ struct ChaosCli {
     #[arg(long)]
     quiet: bool,
     /// Nodes per DC in the sandbox: 1, or a Raft group (3 or 5). Default: 3 for
-    /// leader-kill, leader-isolated and follower-partition, 1 for the others.
+    /// leader-kill, leader-isolated, follower-partition and failover-leases, 1 for the
+    /// others.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=9))]
     nodes: Option<u16>,
 }
