@@ -514,7 +514,11 @@ impl Node {
                     })
                     .collect()
             }));
-            tasks.push(tokio::spawn(group::follow_staleness(g.clone(), shut_rx.clone())));
+            tasks.push(tokio::spawn(group::follow_leader(
+                g.clone(),
+                group::LeaderPoll::Staleness,
+                shut_rx.clone(),
+            )));
         }
         if let Some(g) = &group {
             // Followers show the leader's peer links and self-preservation in their status,
@@ -523,7 +527,11 @@ impl Node {
             g.serve_status(Arc::new(move || {
                 weak.upgrade().and_then(|s| serde_json::to_vec(&s.status()).ok()).unwrap_or_default()
             }));
-            tasks.push(tokio::spawn(group::follow_policy(g.clone(), shut_rx.clone())));
+            tasks.push(tokio::spawn(group::follow_leader(
+                g.clone(),
+                group::LeaderPoll::Policy,
+                shut_rx.clone(),
+            )));
             let hooks = lead_hooks(shared.clone(), start_gateway.clone());
             tasks.push(tokio::spawn(group::lead(g.clone(), registry.clone(), hooks, shut_rx.clone())));
         }

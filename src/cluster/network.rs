@@ -82,6 +82,9 @@ pub enum Request {
     /// Served only from the member this node knows as its leader; at most
     /// [`HOLD_ELECTIONS_MS_MAX`].
     HoldElections(u64),
+    /// A follower asks this member (its leader) for the digest of its `[failover]` and
+    /// `[protection]` (`Config::policy_digest`): cheap, once a second.
+    PolicyDigest,
 }
 
 /// Longest [`Request::HoldElections`] a member honours.
@@ -104,7 +107,8 @@ impl Request {
             | Request::ReadIndex
             | Request::ForwardMany(_)
             | Request::Elect
-            | Request::HoldElections(_) => None,
+            | Request::HoldElections(_)
+            | Request::PolicyDigest => None,
         }
     }
 }
@@ -192,6 +196,9 @@ pub struct RaftService {
     last_append: Arc<parking_lot::Mutex<Option<std::time::Instant>>>,
     /// Election holds asked of this member (the last one turns the timer on again).
     holds: Arc<std::sync::atomic::AtomicU64>,
+    /// This member's policy digest, as [`Request::PolicyDigest`] answers it (empty: not
+    /// set yet).
+    policy_digest: Arc<parking_lot::Mutex<String>>,
 }
 
 type StatusAnswer = Answer<ByteBuf, openraft::error::Infallible>;
@@ -221,6 +228,11 @@ impl RaftService {
     /// Answers status questions with `answer` from now on (once).
     pub fn serve_status(&self, answer: StatusFn) {
         let _ = self.status.set(answer);
+    }
+
+    /// Answers [`Request::PolicyDigest`] with `digest` from now on.
+    pub fn set_policy_digest(&self, digest: String) {
+        *self.policy_digest.lock() = digest;
     }
 
     /// When a leader's append last reached this node (`None`: never since it started).
@@ -312,6 +324,13 @@ impl Handler for RaftService {
                 )),
             };
         }
+        if let Request::PolicyDigest = request {
+            let digest = self.policy_digest.lock().clone();
+            if digest.is_empty() {
+                return unavailable("this node's configuration is not loaded yet".into());
+            }
+            return encode(&Answer::<String, openraft::error::Infallible>::Done(digest));
+        }
         if let Request::LeaderStatus = request {
             let Some(answer) = self.status.get() else {
                 return unavailable("this node's API is not running yet".into());
@@ -359,7 +378,8 @@ impl Handler for RaftService {
             | Request::ReadIndex
             | Request::ForwardMany(_)
             | Request::Elect
-            | Request::HoldElections(_) => unavailable("served above".into()),
+            | Request::HoldElections(_)
+            | Request::PolicyDigest => unavailable("served above".into()),
         }
     }
 }
@@ -484,6 +504,15 @@ pub async fn progress(
     timeout: std::time::Duration,
 ) -> Result<Progress, String> {
     ask(link, to, &Request::Progress, timeout).await
+}
+
+/// Asks member `to` (the leader) for its policy digest.
+pub async fn policy_digest(
+    link: &MemberLink,
+    to: NodeId,
+    timeout: std::time::Duration,
+) -> Result<String, String> {
+    ask(link, to, &Request::PolicyDigest, timeout).await
 }
 
 /// Asks member `to` (the leader) for its `/v1/status`, as JSON.
@@ -633,6 +662,7 @@ mod tests {
         assert_eq!(encode(&Request::ForwardMany(Vec::new())), [8, 0]);
         assert_eq!(encode(&Request::Elect), [9]);
         assert_eq!(encode(&Request::HoldElections(5)), [10, 5]);
+        assert_eq!(encode(&Request::PolicyDigest), [11]);
     }
 
     #[tokio::test]

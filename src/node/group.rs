@@ -104,7 +104,7 @@ pub struct Group {
     /// Heartbeats forwarded to the leader in batches.
     heartbeats: super::forward_batch::HeartbeatForwarder,
     /// This member's `[failover]`/`[protection]` digest and its leader's, as last heard
-    /// (`follow_policy`).
+    /// (`follow_leader`).
     policy: parking_lot::Mutex<PolicyDigests>,
 }
 
@@ -224,6 +224,7 @@ impl Group {
         );
         tracing::info!(node = id, raft = %section.me().raft_addr, "group member started");
         let (transferring, _) = watch::channel(None);
+        service.set_policy_digest(cfg.policy_digest());
         Ok(Group {
             id,
             raft,
@@ -361,6 +362,7 @@ impl Group {
 
     /// This member's policy digest changed (a reload).
     pub fn set_own_policy(&self, digest: String) {
+        self.service.set_policy_digest(digest.clone());
         self.policy.lock().own = digest;
     }
 
@@ -388,15 +390,8 @@ impl Group {
     /// Asks the leader (another member) for its policy digest and keeps it.
     async fn poll_policy(&self) {
         let Some(leader) = self.leader().filter(|l| *l != self.id) else { return };
-        match crate::cluster::leader_status(&self.link, leader, LEADER_STATUS_TIMEOUT).await {
-            Ok(json) => {
-                let digest = serde_json::from_slice::<serde_json::Value>(&json)
-                    .ok()
-                    .and_then(|v| v["cluster"]["policy_digest"].as_str().map(str::to_owned));
-                if let Some(d) = digest {
-                    self.policy.lock().leader = Some((leader, d));
-                }
-            }
+        match crate::cluster::policy_digest(&self.link, leader, LEADER_STATUS_TIMEOUT).await {
+            Ok(d) => self.policy.lock().leader = Some((leader, d)),
             Err(e) => tracing::debug!(leader, error = %e, "the leader did not say its policy digest"),
         }
     }
@@ -667,23 +662,6 @@ pub const STALENESS_POLL: Duration = Duration::from_millis(250);
 /// How often a follower asks the leader for its policy digest.
 pub const POLICY_POLL: Duration = Duration::from_secs(1);
 
-/// A follower's poll of the leader's policy digest (see [`Group::policy_differs`]). Stops
-/// with the node.
-pub async fn follow_policy(group: Arc<Group>, mut shut: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(POLICY_POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                if !group.serving() {
-                    group.poll_policy().await;
-                }
-            }
-            _ = shut.changed() => return,
-        }
-    }
-}
-
 /// Why a consistent read could not be served.
 #[derive(Debug)]
 pub enum ReadBarrierError {
@@ -697,16 +675,32 @@ pub enum ReadBarrierError {
 /// How long a follower's `/v1/status` waits for the leader's.
 pub const LEADER_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// A follower's poll of the leader's view of remote staleness (see
-/// [`Group::remote_stale`]). Stops with the node.
-pub async fn follow_staleness(group: Arc<Group>, mut shut: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(STALENESS_POLL);
+/// What a follower asks its leader for, now and then.
+#[derive(Clone, Copy, Debug)]
+pub enum LeaderPoll {
+    /// How remote origins progressed ([`Group::remote_stale`]), every [`STALENESS_POLL`].
+    Staleness,
+    /// Its policy digest ([`Group::policy_differs`]), every [`POLICY_POLL`].
+    Policy,
+}
+
+/// A follower's poll of its leader (nothing while this node serves writes). Stops with the
+/// node.
+pub async fn follow_leader(group: Arc<Group>, what: LeaderPoll, mut shut: watch::Receiver<bool>) {
+    let every = match what {
+        LeaderPoll::Staleness => STALENESS_POLL,
+        LeaderPoll::Policy => POLICY_POLL,
+    };
+    let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {
                 if !group.serving() {
-                    group.poll_staleness().await;
+                    match what {
+                        LeaderPoll::Staleness => group.poll_staleness().await,
+                        LeaderPoll::Policy => group.poll_policy().await,
+                    }
                 }
             }
             _ = shut.changed() => return,
