@@ -38,7 +38,7 @@ pub struct PolicySection {
     pub name: String,
     #[serde(default)]
     pub rules: Vec<RuleSection>,
-    /// Reload, retire or unretire a DC (`/v1/admin/*`).
+    /// Reload, retire or unretire a DC, hand a group's lead over (`/v1/admin/*`).
     #[serde(default)]
     pub admin: bool,
     /// `GET /v1/status`.

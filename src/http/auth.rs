@@ -126,6 +126,7 @@ mod tests {
         );
         assert_eq!(n(Method::POST, "/v1/register", None), Need::Authenticated);
         assert_eq!(n(Method::POST, "/v1/admin/retire-dc", None), Need::Admin);
+        assert_eq!(n(Method::POST, "/v1/admin/cluster/transfer-leader", None), Need::Admin);
         assert_eq!(n(Method::GET, "/v1/nope", None), Need::Admin);
         assert_eq!(n(Method::POST, "/v1/services/default/orders", None), Need::Admin);
         assert_eq!(n(Method::GET, "/metrics", None), Need::Metrics);
