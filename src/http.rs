@@ -58,7 +58,7 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .route("/v1/admin/reload", post(reload))
         .route("/v1/admin/retire-dc", post(retire_dc))
         .route("/v1/admin/unretire-dc", post(unretire_dc))
-        .route("/v1/admin/cluster/transfer-leader", post(transfer_leader))
+        .route(TRANSFER_LEADER_PATH, post(transfer_leader))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         // Innermost: on a DC group's follower, a write goes to the leader (every check
@@ -623,6 +623,10 @@ async fn unretire_dc(
         node.committer.unretire(req.dc).await.map_err(|e| ApiError::unavailable(e.to_string()))?;
     Ok(Json(UnretireAnswer { unretired }).into_response())
 }
+
+/// Where a group's lead is handed over (forwarded from a follower like any write, but
+/// waited for across the leader change it makes: `forward.rs`).
+pub const TRANSFER_LEADER_PATH: &str = "/v1/admin/cluster/transfer-leader";
 
 /// The body of `POST /v1/admin/cluster/transfer-leader`.
 #[derive(serde::Deserialize)]

@@ -72,10 +72,6 @@ fn is_write(method: &Method, path: &str) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) && path != "/v1/admin/reload"
 }
 
-/// The leadership transfer: the leader it is forwarded to stops leading by design, so the
-/// follower waits for its answer rather than give up at the change.
-const TRANSFER_PATH: &str = "/v1/admin/cluster/transfer-leader";
-
 /// A single lease renewal (`PUT /v1/heartbeat/...`): forwarded in batches.
 fn is_heartbeat(method: &Method, path: &str) -> bool {
     *method == Method::PUT && path.starts_with("/v1/heartbeat/")
@@ -156,7 +152,8 @@ async fn forward(group: &Group, stats: &ForwardStats, leader: u64, req: Request)
         (is_heartbeat(&parts.method, parts.uri.path()), is_renewal(&parts.method, parts.uri.path()));
     let answer = if heartbeat {
         group.forward_heartbeat(leader, write).await
-    } else if parts.uri.path() == TRANSFER_PATH {
+    } else if parts.uri.path() == super::TRANSFER_LEADER_PATH {
+        // The leader it goes to stops leading by design: wait for its answer.
         group.forward_transfer(leader, write).await
     } else {
         group.forward(leader, write).await

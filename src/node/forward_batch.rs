@@ -27,6 +27,7 @@ use openraft::Raft;
 use tandem_replicator::member::MemberLink;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use super::group::while_leading;
 use crate::cluster::{ForwardAnswer, Forwarded, NodeId, TypeConfig, FORWARDS_PER_REQUEST_MAX};
 
 /// Batches of heartbeats in flight to the leader at once.
@@ -132,7 +133,8 @@ impl Sender {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         self.stats.heartbeats.fetch_add(writes.len() as u64, Ordering::Relaxed);
         let backup = writes.clone();
-        match self.call(to, crate::cluster::forward_many(&self.link, to, writes, self.timeout)).await {
+        let batch = crate::cluster::forward_many(&self.link, to, writes, self.timeout);
+        match while_leading(&self.raft, to, batch).await {
             Ok(got) => {
                 for (answer, got) in answers.into_iter().zip(got) {
                     let _ = answer.send(Ok(got));
@@ -141,30 +143,14 @@ impl Sender {
             Err(e) if e.contains("undecodable request") => {
                 self.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
                 for (answer, write) in answers.into_iter().zip(backup) {
-                    let one =
-                        self.call(to, crate::cluster::forward(&self.link, to, write, self.timeout)).await;
-                    let _ = answer.send(one);
+                    let one = crate::cluster::forward(&self.link, to, write, self.timeout);
+                    let _ = answer.send(while_leading(&self.raft, to, one).await);
                 }
             }
             Err(e) => {
                 for answer in answers {
                     let _ = answer.send(Err(e.clone()));
                 }
-            }
-        }
-    }
-
-    /// `call`, given up as soon as `to` no longer leads (as `Group::forward`).
-    async fn call<T>(
-        &self,
-        to: NodeId,
-        call: impl std::future::Future<Output = Result<T, String>>,
-    ) -> Result<T, String> {
-        let mut metrics = self.raft.metrics();
-        tokio::select! {
-            answer = call => answer,
-            _ = metrics.wait_for(|m| m.current_leader != Some(to)) => {
-                Err(format!("node {to} stopped leading while the heartbeats were in flight"))
             }
         }
     }

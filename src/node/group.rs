@@ -350,14 +350,8 @@ impl Group {
     /// that `to` no longer leads (a dead leader's connection can take seconds to time
     /// out; the election that replaced it takes less).
     pub async fn forward(&self, to: NodeId, write: Forwarded) -> Result<ForwardAnswer, String> {
-        let mut metrics = self.raft.metrics();
         let call = crate::cluster::forward(&self.link, to, write, self.forward_timeout());
-        tokio::select! {
-            answer = call => answer,
-            _ = metrics.wait_for(|m| m.current_leader != Some(to)) => {
-                Err(format!("node {to} stopped leading while the write was in flight"))
-            }
-        }
+        while_leading(&self.raft, to, call).await
     }
 
     /// This member's policy digest changed (a reload).
@@ -558,6 +552,23 @@ pub struct MemberStatus {
     pub http_addr: SocketAddr,
     /// On the leader: the last index this member holds (None elsewhere).
     pub matched_index: Option<u64>,
+}
+
+/// `call` to member `to`, given up as soon as this node learns that `to` no longer leads (a
+/// dead leader's connection can take seconds to time out; the election that replaced it
+/// takes less).
+pub async fn while_leading<T>(
+    raft: &Raft<TypeConfig>,
+    to: NodeId,
+    call: impl std::future::Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    let mut metrics = raft.metrics();
+    tokio::select! {
+        answer = call => answer,
+        _ = metrics.wait_for(|m| m.current_leader != Some(to)) => {
+            Err(format!("node {to} stopped leading while the write was in flight"))
+        }
+    }
 }
 
 /// How long [`lead`] waits between two looks at the group when nothing changed.
