@@ -71,9 +71,14 @@ enum TokenCmd {
 enum ClusterCmd {
     /// Every member of the DC's group as its own status shows it (role, term, leader,
     /// serving writes, applied and last log index, the leader's matched index per member).
-    /// Exit status 1 unless every member answers and all follow one leader that serves
-    /// writes. --addr: any member (the others are found from its member list).
+    /// Exit status 1 unless every member answers, all follow one leader that serves
+    /// writes, every member is caught up (at most 100 entries behind the leader's log) and
+    /// all run one [failover]/[protection]. --addr: any member (the others are found from
+    /// its member list). --wait SECS: ask again every second until it is so, for at most
+    /// SECS (a rolling upgrade waits on it after each member's restart).
     Status {
+        #[arg(long, value_name = "SECS")]
+        wait: Option<u64>,
         #[command(flatten)]
         conn: Conn,
     },
@@ -311,7 +316,7 @@ fn check_tls(cmd: &Cmd) -> Result<(), ClientError> {
         | Cmd::Discover { conn, .. }
         | Cmd::Watch { conn, .. }
         | Cmd::Status { conn }
-        | Cmd::Cluster { cmd: ClusterCmd::Status { conn } }
+        | Cmd::Cluster { cmd: ClusterCmd::Status { conn, .. } }
         | Cmd::Cluster { cmd: ClusterCmd::TransferLeader { conn, .. } } => conn,
         Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } | Cmd::Chaos { .. } | Cmd::Acl { .. } => {
             return Ok(())
@@ -630,14 +635,22 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
             }
         }
         Cmd::Status { conn } => conn.client().status().await.map(|v| print_json(&v)),
-        Cmd::Cluster { cmd: ClusterCmd::Status { conn } } => {
+        Cmd::Cluster { cmd: ClusterCmd::Status { conn, wait } } => {
             let scheme =
                 conn.addr.first().and_then(|a| a.split_once("://")).map_or("http", |(s, _)| s).to_owned();
             let member = |url: &str| conn.client_of(&[url.to_owned()]);
-            match cluster::status(&conn.client(), &scheme, &member).await {
-                Ok(true) => return ExitCode::SUCCESS,
-                Ok(false) => return ExitCode::from(1),
-                Err(e) => Err(e),
+            let until = wait.map(|s| std::time::Instant::now() + Duration::from_secs(s));
+            loop {
+                let res = cluster::status(&conn.client(), &scheme, &member).await;
+                match (res, until) {
+                    (Ok(true), _) => return ExitCode::SUCCESS,
+                    (Ok(false) | Err(_), Some(t)) if std::time::Instant::now() < t => {
+                        println!("-- not yet; asking again in 1 s");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    (Ok(false), _) => return ExitCode::from(1),
+                    (Err(e), _) => break Err(e),
+                }
             }
         }
         Cmd::Cluster { cmd: ClusterCmd::TransferLeader { conn, to } } => {

@@ -18,6 +18,7 @@ mod limits;
 use crate::health::HealthConfig;
 pub use cluster::{
     ClusterSection, MemberSection, ELECTION_TIMEOUT_MS_DEFAULT, HEARTBEAT_INTERVAL_MS_DEFAULT, MEMBERS_MAX,
+    SNAPSHOT_EVERY_ENTRIES_DEFAULT, SNAPSHOT_LOG_KEPT_MAX,
 };
 pub use https::{ClientCerts, HttpTlsSection, HANDSHAKE_TIMEOUT_MS_DEFAULT};
 pub use limits::{LimitsSection, NamespaceQuota, Quota};

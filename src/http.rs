@@ -658,6 +658,7 @@ async fn transfer_leader(
         Err(e @ (TransferError::Busy | TransferError::Failed { .. })) => {
             Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, crate::error::TRANSFER_FAILED, e.to_string()))
         }
+        Err(e @ TransferError::NotInThisRelease) => Err(ApiError::not_found(e.to_string())),
     }
 }
 

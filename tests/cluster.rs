@@ -552,3 +552,58 @@ async fn a_follower_batches_heartbeats_and_the_lead_moves_on_an_operators_word()
     let (ok, said) = cluster_status(&odd.http).await;
     assert!(ok, "{said}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_back_from_a_disk_loss_votes_only_once_it_holds_the_groups_log() {
+    // A member whose disk was wiped forgot what it acknowledged. Had it voted at once,
+    // with the leader down it would elect the last member whatever that one lacks (and
+    // it would form a group of its own from its member list). It asks the others how far
+    // their logs reach, holds its votes until its own log does, and follows the leader.
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = start_dc(dir.path());
+    let leader = serving_leader(&members).await;
+    let c = members[(leader - 1) as usize].client();
+    for i in 0..10 {
+        c.register(&reg_body("web", &format!("w{i}"), true)).await.unwrap();
+    }
+    let lost = members.iter().position(|m| m.id != leader).unwrap();
+    let survivor = members.iter().position(|m| m.id != leader && m.id != members[lost].id).unwrap();
+    eventually(Duration::from_secs(10), "every member holds the writes", || async {
+        let mut all = true;
+        for m in &members {
+            all &= m.client().discover("default", "web", "").await.is_ok_and(|a| ids_of(&a).len() == 10);
+        }
+        all
+    })
+    .await;
+    members[lost].server.kill9();
+    std::fs::remove_dir_all(dir.path().join(format!("n{}", members[lost].id))).unwrap();
+    members[(leader - 1) as usize].server.kill9();
+    members[lost].server.start();
+    eventually(Duration::from_secs(15), "the empty member answers, holding its votes", || async {
+        group_status(&members[lost]).await.is_some_and(|s| s["votes_held_until"].as_u64() > Some(0))
+    })
+    .await;
+    // Several election timeouts: the survivor campaigns, the empty member does not vote.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for k in [lost, survivor] {
+        let s = group_status(&members[k]).await.expect("answers");
+        assert_ne!(
+            s["serving_writes"], true,
+            "n{} serves writes with the empty member's vote: {s}",
+            members[k].id
+        );
+    }
+    // The old leader is back: a leader is elected without the empty member, which catches
+    // up and votes again.
+    members[(leader - 1) as usize].server.start();
+    serving_leader(&members).await;
+    eventually(Duration::from_secs(20), "the empty member caught up and votes again", || async {
+        let s = group_status(&members[lost]).await;
+        let read = members[lost].client().discover("default", "web", "").await;
+        s.is_some_and(|s| s["votes_held_until"].is_null()) && read.is_ok_and(|a| ids_of(&a).len() == 10)
+    })
+    .await;
+    let (sound, table) = cluster_status(&members[survivor].http).await;
+    assert!(sound, "{table}");
+}

@@ -240,6 +240,17 @@ impl Api {
         Ok((parse_status(&body)?, body))
     }
 
+    /// POST of a JSON `body` to `path` (an admin call): the status and the answer.
+    pub async fn post(
+        &self,
+        base: &str,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<(u16, Value), String> {
+        self.send(self.http.post(format!("{base}{path}")).json(body), timeout).await.map_err(|e| e.1)
+    }
+
     /// `/metrics` as text.
     pub async fn metrics(&self, base: &str, timeout: Duration) -> Result<String, String> {
         let resp = self

@@ -15,7 +15,7 @@
 //! Sides: 0 is the first DC ("a"), 1 the second ("b"), as in [`crate::plan`].
 
 use crate::checker::{Ms, ProcessEvent};
-use crate::plan::{Action, Planned};
+use crate::plan::{Action, Planned, Stop};
 use crate::report::FaultWindow;
 
 /// A kind of fault; at most one window of each kind is open at a time, except that a
@@ -152,12 +152,17 @@ impl FaultLedger {
             ]),
             // The DC keeps answering; its writes and lease checks stop until another member
             // serves (the step is done then), which starts every lease over.
-            Action::KillLeader { side } | Action::IsolateMember { side, leader: true } => {
+            Action::KillLeader { side }
+            | Action::IsolateMember { side, leader: true }
+            | Action::StopMember { side, leader: true, .. } => {
                 events.before.push((side, ProcessEvent::LeaderLost));
                 events.after.push((side, ProcessEvent::LeaderServing));
             }
             // The clients move off the follower first; its group keeps its leader.
-            Action::IsolateMember { leader: false, .. } | Action::RejoinMember { .. } => {}
+            Action::IsolateMember { leader: false, .. }
+            | Action::RejoinMember { .. }
+            | Action::StopMember { leader: false, .. }
+            | Action::StartMember { .. } => {}
             Action::RestartMember { .. }
             | Action::Save { .. }
             | Action::EndSplit { .. }
@@ -204,6 +209,18 @@ impl FaultLedger {
             ),
             Action::RejoinMember { side } => {
                 format!("join {}'s cut-off member to its group", self.names[side])
+            }
+            Action::StopMember { side, leader, how } => format!(
+                "{} {}'s {}",
+                match how {
+                    Stop::Upgrade => "stop (SIGTERM) for an upgrade",
+                    Stop::DiskLoss => "kill -9 + disk loss of",
+                },
+                self.names[side],
+                if leader { "leader" } else { "next follower" }
+            ),
+            Action::StartMember { side } => {
+                format!("start {}'s stopped member (caught up)", self.names[side])
             }
         }
     }
@@ -271,7 +288,17 @@ impl FaultLedger {
                 self.open(kind, format!("{}'s {who} cut off from its group", self.names[side]), started);
                 self.member_out[side] = true;
             }
-            Action::RestartMember { side } | Action::RejoinMember { side } => {
+            Action::StopMember { side, leader, how } => {
+                let kind = if leader { FaultKind::Leader(side) } else { FaultKind::Member(side) };
+                let what = match how {
+                    Stop::Upgrade => "stopped for an upgrade",
+                    Stop::DiskLoss => "lost its disk",
+                };
+                let who = if leader { "leader" } else { "follower" };
+                self.open(kind, format!("{}'s {who} {what}", self.names[side]), started);
+                self.member_out[side] = true;
+            }
+            Action::RestartMember { side } | Action::RejoinMember { side } | Action::StartMember { side } => {
                 self.close(FaultKind::Leader(side), done);
                 self.close(FaultKind::Member(side), done);
                 self.member_out[side] = false;

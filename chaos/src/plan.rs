@@ -26,10 +26,12 @@ pub enum DrillKind {
     LeaderIsolated,
     FollowerPartition,
     FailoverLeases,
+    RollingUpgrade,
+    NodeDiskLoss,
 }
 
 impl DrillKind {
-    pub const ALL: [DrillKind; 13] = [
+    pub const ALL: [DrillKind; 15] = [
         DrillKind::PartitionHeal,
         DrillKind::OneWayPartition,
         DrillKind::FlappingLink,
@@ -43,6 +45,8 @@ impl DrillKind {
         DrillKind::LeaderIsolated,
         DrillKind::FollowerPartition,
         DrillKind::FailoverLeases,
+        DrillKind::RollingUpgrade,
+        DrillKind::NodeDiskLoss,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +64,8 @@ impl DrillKind {
             DrillKind::LeaderIsolated => "leader-isolated",
             DrillKind::FollowerPartition => "follower-partition",
             DrillKind::FailoverLeases => "failover-leases",
+            DrillKind::RollingUpgrade => "rolling-upgrade",
+            DrillKind::NodeDiskLoss => "node-disk-loss",
         }
     }
 
@@ -92,6 +98,12 @@ impl DrillKind {
             DrillKind::FailoverLeases => {
                 "10,000 leases beating in batches through the followers of one DC while its leader is killed three times: not one expires or turns unhealthy"
             }
+            DrillKind::RollingUpgrade => {
+                "upgrade every member of each DC in turn from the previous release (emulated) to this one, leader last, then restart each again with the lead handed over first; each member catches up before the next"
+            }
+            DrillKind::NodeDiskLoss => {
+                "kill -9 one member of a DC's group and wipe its data dir, then restart it empty (each DC in turn, a follower and later the leader): it rejoins from a Raft snapshot, the DC keeps its epoch and the other DC sees nothing"
+            }
         }
     }
 
@@ -111,6 +123,8 @@ impl DrillKind {
             DrillKind::LeaderIsolated => 20_000,
             DrillKind::FollowerPartition => 18_000,
             DrillKind::FailoverLeases => 30_000,
+            DrillKind::RollingUpgrade => 40_000,
+            DrillKind::NodeDiskLoss => 24_000,
         }
     }
 
@@ -121,7 +135,9 @@ impl DrillKind {
             DrillKind::LeaderKill
             | DrillKind::LeaderIsolated
             | DrillKind::FollowerPartition
-            | DrillKind::FailoverLeases => 3,
+            | DrillKind::FailoverLeases
+            | DrillKind::RollingUpgrade
+            | DrillKind::NodeDiskLoss => 3,
             _ => 1,
         }
     }
@@ -133,6 +149,8 @@ impl DrillKind {
             | DrillKind::LeaderIsolated
             | DrillKind::FollowerPartition
             | DrillKind::FailoverLeases
+            | DrillKind::RollingUpgrade
+            | DrillKind::NodeDiskLoss
                 if nodes < 3 =>
             {
                 Some(format!("{self} needs a group of at least three nodes per DC (--nodes 3), not {nodes}"))
@@ -176,6 +194,8 @@ impl DrillKind {
                 | DrillKind::SplitIncarnation
                 | DrillKind::LeaderKill
                 | DrillKind::FailoverLeases
+                | DrillKind::RollingUpgrade
+                | DrillKind::NodeDiskLoss
         )
     }
 }
@@ -300,6 +320,30 @@ pub enum Action {
     RejoinMember {
         side: usize,
     },
+    /// One member of the DC's group goes down: the next one of the round (a follower not
+    /// yet stopped in it), or the leader when `leader`. `Stop::Upgrade`: SIGTERM, as a
+    /// rolling upgrade does; a leader of this release first hands its lead to a member
+    /// already restarted (`tandem cluster transfer-leader`), one of the previous release
+    /// cannot, so the group elects another. `Stop::DiskLoss`: SIGKILL, and its data dir
+    /// is wiped. The clients move off it first.
+    StopMember {
+        side: usize,
+        leader: bool,
+        how: Stop,
+    },
+    /// The member a `StopMember` took down starts again (of this release, on what is left
+    /// of its data dir); done once it follows the serving leader and applied what the
+    /// leader had.
+    StartMember {
+        side: usize,
+    },
+}
+
+/// How a `StopMember` takes its member down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    Upgrade,
+    DiskLoss,
 }
 
 impl Action {
@@ -314,6 +358,7 @@ impl Action {
                 | Action::Split { .. }
                 | Action::KillLeader { .. }
                 | Action::IsolateMember { .. }
+                | Action::StopMember { .. }
         )
     }
 
@@ -507,6 +552,38 @@ pub fn plan(kind: DrillKind, seed: u64, span_ms: Option<u64>, caps: Capabilities
                 t += down + rng.gen_range(3_000..4_500);
             }
         }
+        DrillKind::RollingUpgrade => {
+            // Rounds while the span lasts: the upgrade (the members start as the previous
+            // release), then rolling restarts of this release. Each DC in turn, its followers first and
+            // its leader last, one member down at a time.
+            let first = rng.gen_range(0..2usize);
+            'rounds: loop {
+                for side in [first, 1 - first] {
+                    for k in 0..3 {
+                        if t + 2_000 > end {
+                            break 'rounds;
+                        }
+                        let down = rng.gen_range(600..1_200);
+                        at(t, Action::StopMember { side, leader: k == 2, how: Stop::Upgrade });
+                        at(t + down, Action::StartMember { side });
+                        t += down + rng.gen_range(800..1_400);
+                    }
+                }
+            }
+        }
+        DrillKind::NodeDiskLoss => {
+            // Each DC in turn loses one member's disk: a follower, then the leader.
+            let first = rng.gen_range(0..2usize);
+            let mut i = 0;
+            while t + 3_000 <= end {
+                let (side, leader) = (if i % 2 == 0 { first } else { 1 - first }, i / 2 % 2 == 1);
+                let down = rng.gen_range(800..1_800);
+                at(t, Action::StopMember { side, leader, how: Stop::DiskLoss });
+                at(t + down, Action::StartMember { side });
+                t += down + rng.gen_range(2_000..3_000);
+                i += 1;
+            }
+        }
         DrillKind::LeaderKill => {
             let mut side = rng.gen_range(0..2usize);
             while t + 3_000 <= end {
@@ -554,10 +631,13 @@ mod tests {
                         Action::Split { side } => split[side] = true,
                         Action::EndSplit { side } => split[side] = false,
                         Action::KillLeader { side } => leaderless[side] = true,
-                        Action::RestartMember { side } | Action::RejoinMember { side } => {
-                            leaderless[side] = false
+                        Action::RestartMember { side }
+                        | Action::RejoinMember { side }
+                        | Action::StartMember { side } => leaderless[side] = false,
+                        Action::IsolateMember { side, .. } | Action::StopMember { side, .. } => {
+                            assert!(!leaderless[side], "{kind}: one member of a group down at a time");
+                            leaderless[side] = true
                         }
-                        Action::IsolateMember { side, .. } => leaderless[side] = true,
                     }
                 }
                 assert!(
@@ -570,5 +650,34 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_rolling_upgrade_takes_each_dcs_followers_then_its_leader() {
+        let p = plan(DrillKind::RollingUpgrade, 3, None, ALL_CAPS);
+        let stops: Vec<(usize, bool)> = p
+            .actions
+            .iter()
+            .filter_map(|x| match x.action {
+                Action::StopMember { side, leader, how: Stop::Upgrade } => Some((side, leader)),
+                _ => None,
+            })
+            .collect();
+        assert!(stops.len() >= 12, "two rounds of both DCs: {stops:?}");
+        for (i, round) in stops.chunks(3).enumerate() {
+            assert!(round.iter().all(|s| s.0 == round[0].0), "one DC at a time: {stops:?}");
+            assert_eq!(round.iter().map(|s| s.1).collect::<Vec<_>>(), [false, false, true], "round {i}");
+        }
+        let d = plan(DrillKind::NodeDiskLoss, 3, None, ALL_CAPS);
+        let lost: Vec<(usize, bool)> = d
+            .actions
+            .iter()
+            .filter_map(|x| match x.action {
+                Action::StopMember { side, leader, how: Stop::DiskLoss } => Some((side, leader)),
+                _ => None,
+            })
+            .collect();
+        assert!(lost.len() >= 4 && lost[..4].iter().filter(|l| l.1).count() == 2, "{lost:?}");
+        assert!(lost[..2].iter().all(|l| !l.1) && lost[0].0 != lost[1].0, "{lost:?}");
     }
 }

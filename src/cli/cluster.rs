@@ -6,6 +6,11 @@
 use serde_json::Value;
 use tandem_client::{Client, ClientError};
 
+/// How far behind the leader's last log entry a member may be and count as caught up
+/// (entries: a few are in flight under load; a member back from a restart or a disk loss
+/// is thousands behind, or has no matched index yet).
+pub const CAUGHT_UP_ENTRIES_MAX: u64 = 100;
+
 /// One member's row.
 struct Row {
     id: u64,
@@ -54,14 +59,24 @@ pub async fn status(
         .filter(|r| r.status.as_ref().is_ok_and(|s| s["cluster"]["serving_writes"] == true))
         .map(|r| r.id)
         .collect();
-    // The leader's own answer knows each member's matched index.
-    let matched = |id: u64| -> String {
-        rows.iter()
-            .filter_map(|r| r.status.as_ref().ok())
-            .find(|s| s["cluster"]["serving_writes"] == true)
-            .and_then(|s| s["cluster"]["members"].as_array().cloned())
-            .and_then(|ms| ms.into_iter().find(|m| m["id"].as_u64() == Some(id)))
-            .map_or("-".into(), |m| cell(&m["matched_index"]))
+    // The leader's own answer knows each member's matched index (one moment's view).
+    let leader_view = rows
+        .iter()
+        .filter_map(|r| r.status.as_ref().ok())
+        .find(|s| s["cluster"]["serving_writes"] == true)
+        .map(|s| &s["cluster"]);
+    let matched_of = |id: u64| -> Option<u64> {
+        leader_view?["members"].as_array()?.iter().find(|m| m["id"].as_u64() == Some(id))?["matched_index"]
+            .as_u64()
+    };
+    let matched = |id: u64| matched_of(id).map_or("-".into(), |m| m.to_string());
+    // Entries each member is behind the leader's log (None: not known).
+    let behind = |id: u64| -> Option<u64> {
+        let last = leader_view?["last_log_index"].as_u64()?;
+        if leader_view?["node_id"].as_u64() == Some(id) {
+            return Some(0);
+        }
+        Some(last.saturating_sub(matched_of(id)?))
     };
     println!(
         "DC {dc}: {} members; {}",
@@ -76,15 +91,15 @@ pub async fn status(
         }
     );
     println!(
-        "{:<6} {:<10} {:<8} {:>6} {:>7} {:>10} {:>10} {:>10}  http",
-        "node", "role", "serving", "term", "leader", "applied", "last_log", "matched"
+        "{:<6} {:<10} {:<8} {:>6} {:>7} {:>10} {:>10} {:>10} {:>7}  http",
+        "node", "role", "serving", "term", "leader", "applied", "last_log", "matched", "behind"
     );
     for r in &rows {
         match &r.status {
             Ok(s) => {
                 let c = &s["cluster"];
                 println!(
-                    "{:<6} {:<10} {:<8} {:>6} {:>7} {:>10} {:>10} {:>10}  {}",
+                    "{:<6} {:<10} {:<8} {:>6} {:>7} {:>10} {:>10} {:>10} {:>7}  {}",
                     format!("n{}", r.id),
                     cell(&c["role"]),
                     if c["serving_writes"] == true { "yes" } else { "-" },
@@ -93,6 +108,7 @@ pub async fn status(
                     cell(&c["applied_index"]),
                     cell(&c["last_log_index"]),
                     matched(r.id),
+                    behind(r.id).map_or("-".into(), |b| b.to_string()),
                     r.http
                 );
             }
@@ -122,7 +138,19 @@ pub async fn status(
         );
     }
     let all_up = rows.iter().all(|r| r.status.is_ok());
+    let lagging: Vec<String> = rows
+        .iter()
+        .filter(|r| behind(r.id).is_none_or(|b| b > CAUGHT_UP_ENTRIES_MAX))
+        .map(|r| format!("n{}", r.id))
+        .collect();
+    if !lagging.is_empty() && serving.len() == 1 {
+        println!(
+            "not caught up (more than {CAUGHT_UP_ENTRIES_MAX} entries behind the leader's log, or not known): {}",
+            lagging.join(", ")
+        );
+    }
     Ok(all_up
+        && lagging.is_empty()
         && policies_agree
         && serving.len() == 1
         && rows

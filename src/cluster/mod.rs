@@ -36,10 +36,10 @@ use serde_bytes::ByteBuf;
 pub use counting::{CountingStateMachine, COUNTING_SNAPSHOT_BYTES_MAX};
 pub use group_log::{GroupLog, PROPOSE_TIMEOUT};
 pub use network::{
-    ask_to_elect, forward, forward_many, hold_elections_at, leader_status, policy_digest, progress,
-    read_index, Answer, ForwardAnswer, ForwardFn, Forwarded, MemberNetwork, MemberRpc, OriginProgress,
-    Progress, RaftService, Request, Staleness, StalenessFn, StatusFn, FORWARDS_PER_REQUEST_MAX,
-    HOLD_ELECTIONS_MS_MAX,
+    ask_to_elect, forward, forward_many, hold_elections_at, leader_status, log_state, policy_digest,
+    progress, read_index, Answer, ForwardAnswer, ForwardFn, Forwarded, MemberNetwork, MemberRpc,
+    OriginProgress, Progress, RaftService, Request, Staleness, StalenessFn, StatusFn,
+    FORWARDS_PER_REQUEST_MAX, HOLD_ELECTIONS_MS_MAX,
 };
 pub use state_machine::{
     RegistryStateMachine, StateMachineCounters, APPLIED_FORMAT_V1, APPLY_EVENTS_PER_BATCH_MAX,

@@ -85,6 +85,12 @@ pub enum Request {
     /// A follower asks this member (its leader) for the digest of its `[failover]` and
     /// `[protection]` (`Config::policy_digest`): cheap, once a second.
     PolicyDigest,
+    /// A member that starts with an empty Raft log asks the others how far their logs
+    /// reach (the answer: the last log index). Entries beyond the first mean the group
+    /// formed already and the member lost its disk: it does not form the group again, and
+    /// grants no vote until its own log reaches the highest of them
+    /// ([`RaftService::hold_votes_until`]).
+    LogState,
 }
 
 /// Longest [`Request::HoldElections`] a member honours.
@@ -94,6 +100,21 @@ pub const HOLD_ELECTIONS_MS_MAX: u64 = 10_000;
 pub const FORWARDS_PER_REQUEST_MAX: usize = 256;
 
 impl Request {
+    /// Added since the previous release: a member that emulates that release
+    /// (`[cluster] emulate_previous_release`, docs/operations.md, "Testing an upgrade")
+    /// answers these as it would (undecodable) and sends none. Each release that adds a
+    /// request names it here, and drops what the release before added.
+    pub fn added_since_previous_release(&self) -> bool {
+        matches!(
+            self,
+            Request::ForwardMany(_)
+                | Request::Elect
+                | Request::HoldElections(_)
+                | Request::PolicyDigest
+                | Request::LogState
+        )
+    }
+
     /// The vote a Raft RPC is sent under (none for a forwarded write).
     fn vote(&self) -> Option<&Vote<NodeId>> {
         match self {
@@ -108,7 +129,8 @@ impl Request {
             | Request::ForwardMany(_)
             | Request::Elect
             | Request::HoldElections(_)
-            | Request::PolicyDigest => None,
+            | Request::PolicyDigest
+            | Request::LogState => None,
         }
     }
 }
@@ -199,6 +221,12 @@ pub struct RaftService {
     /// This member's policy digest, as [`Request::PolicyDigest`] answers it (empty: not
     /// set yet).
     policy_digest: Arc<parking_lot::Mutex<String>>,
+    /// This member emulates the previous release on the link
+    /// ([`Request::added_since_previous_release`]).
+    previous_release: Arc<std::sync::atomic::AtomicBool>,
+    /// This member started empty in a group that had formed: it grants no vote until its
+    /// log reaches this index (0: it votes).
+    vote_floor: Arc<std::sync::atomic::AtomicU64>,
 }
 
 type StatusAnswer = Answer<ByteBuf, openraft::error::Infallible>;
@@ -233,6 +261,29 @@ impl RaftService {
     /// Answers [`Request::PolicyDigest`] with `digest` from now on.
     pub fn set_policy_digest(&self, digest: String) {
         *self.policy_digest.lock() = digest;
+    }
+
+    /// Answers as the previous release did from now on (`[cluster]
+    /// emulate_previous_release`): the requests added since are undecodable.
+    pub fn emulate_previous_release(&self, on: bool) {
+        self.previous_release.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Grants no vote until this member's log reaches `index` (a member back from a disk
+    /// loss: it forgot what it acknowledged, and a vote it gives before it holds it again
+    /// could elect a member that lacks an acknowledged write).
+    pub fn hold_votes_until(&self, index: u64) {
+        self.vote_floor.store(index, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The index this member holds its votes until, while it does.
+    pub fn votes_held_until(&self) -> Option<u64> {
+        let floor = self.vote_floor.load(std::sync::atomic::Ordering::Relaxed);
+        let last = self.raft.get().and_then(|r| r.metrics().borrow().last_log_index).unwrap_or(0);
+        if floor == 0 || last >= floor {
+            return None;
+        }
+        Some(floor)
     }
 
     /// When a leader's append last reached this node (`None`: never since it started).
@@ -272,6 +323,13 @@ impl Handler for RaftService {
             Ok(request) => request,
             Err(e) => return unavailable(format!("undecodable request: {e}")),
         };
+        if request.added_since_previous_release()
+            && self.previous_release.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return unavailable(
+                "undecodable request: not in this release (emulating the previous one)".into(),
+            );
+        }
         if let Request::Forward(write) = request {
             let Some(serve) = self.forward.get() else {
                 return unavailable("this node's API is not running yet".into());
@@ -331,6 +389,13 @@ impl Handler for RaftService {
             }
             return encode(&Answer::<String, openraft::error::Infallible>::Done(digest));
         }
+        if let Request::LogState = request {
+            let Some(raft) = self.raft.get() else {
+                return unavailable("this node's Raft is not running yet".into());
+            };
+            let last = raft.metrics().borrow().last_log_index.unwrap_or(0);
+            return encode(&Answer::<u64, openraft::error::Infallible>::Done(last));
+        }
         if let Request::LeaderStatus = request {
             let Some(answer) = self.status.get() else {
                 return unavailable("this node's API is not running yet".into());
@@ -363,6 +428,10 @@ impl Handler for RaftService {
                 }
                 Err(e) => AppendAnswer::Refused(e),
             }),
+            Request::Vote(_) if self.votes_held_until().is_some() => unavailable(format!(
+                "this member started empty in a formed group and votes once its log reaches index {}",
+                self.votes_held_until().unwrap_or(0)
+            )),
             Request::Vote(rpc) => encode(&match raft.vote(rpc).await {
                 Ok(resp) => VoteAnswer::Done(resp),
                 Err(e) => VoteAnswer::Refused(e),
@@ -379,7 +448,8 @@ impl Handler for RaftService {
             | Request::ForwardMany(_)
             | Request::Elect
             | Request::HoldElections(_)
-            | Request::PolicyDigest => unavailable("served above".into()),
+            | Request::PolicyDigest
+            | Request::LogState => unavailable("served above".into()),
         }
     }
 }
@@ -515,6 +585,11 @@ pub async fn policy_digest(
     ask(link, to, &Request::PolicyDigest, timeout).await
 }
 
+/// Asks member `to` how far its Raft log reaches (its last log index).
+pub async fn log_state(link: &MemberLink, to: NodeId, timeout: std::time::Duration) -> Result<u64, String> {
+    ask(link, to, &Request::LogState, timeout).await
+}
+
 /// Asks member `to` (the leader) for its `/v1/status`, as JSON.
 pub async fn leader_status(
     link: &MemberLink,
@@ -570,145 +645,5 @@ pub async fn ask_to_elect(link: &MemberLink, to: NodeId, timeout: std::time::Dur
 }
 
 #[cfg(test)]
-mod tests {
-    use openraft::error::{Fatal, SnapshotMismatch};
-    use openraft::{LeaderId, LogId, SnapshotSegmentId};
-
-    use super::*;
-
-    fn answer<T: serde::de::DeserializeOwned, E: serde::de::DeserializeOwned>(bytes: &[u8]) -> Answer<T, E> {
-        postcard::from_bytes(bytes).unwrap()
-    }
-
-    #[test]
-    fn unavailable_reads_the_same_as_every_answer_type() {
-        let bytes = unavailable("why".into());
-        assert!(
-            matches!(answer::<AppendEntriesResponse<NodeId>, openraft::error::Infallible>(&bytes), Answer::Unavailable(w) if w == "why")
-        );
-        assert!(
-            matches!(answer::<InstallSnapshotResponse<NodeId>, InstallSnapshotError>(&bytes), Answer::Unavailable(w) if w == "why")
-        );
-    }
-
-    #[test]
-    fn refusals_the_caller_acts_on_survive_the_wire() {
-        let mismatch = SnapshotAnswer::Refused(RaftError::APIError(InstallSnapshotError::SnapshotMismatch(
-            SnapshotMismatch {
-                expect: SnapshotSegmentId { id: "a".into(), offset: 0 },
-                got: SnapshotSegmentId { id: "b".into(), offset: 7 },
-            },
-        )));
-        let read = answer::<InstallSnapshotResponse<NodeId>, InstallSnapshotError>(&encode(&mismatch));
-        assert!(matches!(
-            read,
-            Answer::Refused(RaftError::APIError(InstallSnapshotError::SnapshotMismatch(_)))
-        ));
-        let stopped = AppendAnswer::Refused(RaftError::Fatal(Fatal::Stopped));
-        let read = answer::<AppendEntriesResponse<NodeId>, openraft::error::Infallible>(&encode(&stopped));
-        assert!(matches!(read, Answer::Refused(RaftError::Fatal(Fatal::Stopped))));
-        let higher = VoteAnswer::Done(VoteResponse {
-            vote: Vote::new(3, 2),
-            vote_granted: false,
-            last_log_id: Some(LogId::new(LeaderId::new(2, 1), 40)),
-        });
-        let read = answer::<VoteResponse<NodeId>, openraft::error::Infallible>(&encode(&higher));
-        assert!(matches!(read, Answer::Done(r) if r.vote == Vote::new(3, 2) && !r.vote_granted));
-    }
-
-    #[tokio::test]
-    async fn a_member_cannot_speak_for_another() {
-        let service = RaftService::default();
-        let request = encode(&Request::Vote(VoteRequest { vote: Vote::new(5, 1), last_log_id: None }));
-        // Node 2 sends node 1's candidacy: not served, whether a Raft runs here or not.
-        let read =
-            answer::<VoteResponse<NodeId>, openraft::error::Infallible>(&service.handle(2, request).await);
-        assert!(matches!(read, Answer::Unavailable(w) if w.contains("node 2") && w.contains("Some(1)")));
-        let read = answer::<VoteResponse<NodeId>, openraft::error::Infallible>(
-            &service.handle(1, vec![0xff; 3]).await,
-        );
-        assert!(matches!(read, Answer::Unavailable(w) if w.contains("undecodable")));
-    }
-
-    #[tokio::test]
-    async fn followers_of_either_version_read_the_leaders_progress() {
-        // A follower of this version asks for ages (`Progress`), one of the version
-        // before for booleans (`Staleness`): one served function answers both, and the
-        // variants before them keep their indexes.
-        let service = RaftService::default();
-        service.serve_staleness(Arc::new(|| {
-            [
-                ("dc-b".to_owned(), OriginProgress { age_ms: Some(40), stale: false }),
-                ("dc-c".to_owned(), OriginProgress { age_ms: None, stale: true }),
-            ]
-            .into()
-        }));
-        let read = answer::<Progress, openraft::error::Infallible>(
-            &service.handle(2, encode(&Request::Progress)).await,
-        );
-        assert!(
-            matches!(read, Answer::Done(p) if p == [("dc-b".to_owned(), Some(40)), ("dc-c".to_owned(), None)].into())
-        );
-        let read = answer::<Staleness, openraft::error::Infallible>(
-            &service.handle(2, encode(&Request::Staleness)).await,
-        );
-        assert!(
-            matches!(read, Answer::Done(s) if s == [("dc-b".to_owned(), false), ("dc-c".to_owned(), true)].into())
-        );
-        assert_eq!(encode(&Request::Staleness), [4]);
-        assert_eq!(encode(&Request::LeaderStatus), [5]);
-        assert_eq!(encode(&Request::Progress), [6]);
-        assert_eq!(encode(&Request::ReadIndex), [7]);
-        assert_eq!(encode(&Request::ForwardMany(Vec::new())), [8, 0]);
-        assert_eq!(encode(&Request::Elect), [9]);
-        assert_eq!(encode(&Request::HoldElections(5)), [10, 5]);
-        assert_eq!(encode(&Request::PolicyDigest), [11]);
-    }
-
-    #[tokio::test]
-    async fn forwarded_writes_in_one_request_are_answered_in_order_and_bounded() {
-        let service = RaftService::default();
-        service.serve_forwarded(Arc::new(|w: Forwarded| {
-            Box::pin(async move {
-                ForwardAnswer {
-                    status: 200,
-                    headers: Vec::new(),
-                    body: ByteBuf::from(w.uri.into_bytes()),
-                    applied: 1,
-                }
-            })
-        }));
-        let writes: Vec<Forwarded> = (0..5)
-            .map(|i| Forwarded { uri: format!("/v1/heartbeat/ns/s/{i}"), ..Default::default() })
-            .collect();
-        let read = answer::<Vec<ForwardAnswer>, openraft::error::Infallible>(
-            &service.handle(2, encode(&Request::ForwardMany(writes))).await,
-        );
-        let Answer::Done(answers) = read else { panic!("not served") };
-        let uris: Vec<String> =
-            answers.into_iter().map(|a| String::from_utf8(a.body.into_vec()).unwrap()).collect();
-        assert_eq!(uris, (0..5).map(|i| format!("/v1/heartbeat/ns/s/{i}")).collect::<Vec<_>>());
-        let too_many = vec![Forwarded::default(); FORWARDS_PER_REQUEST_MAX + 1];
-        let read = answer::<Vec<ForwardAnswer>, openraft::error::Infallible>(
-            &service.handle(2, encode(&Request::ForwardMany(too_many))).await,
-        );
-        assert!(matches!(read, Answer::Unavailable(w) if w.contains("at most")), "over the bound is refused");
-    }
-
-    #[tokio::test]
-    async fn only_the_known_leader_may_ask_a_member_to_campaign() {
-        // No Raft here: not served. (With one, a request from anyone but the leader it
-        // knows is refused: the group tests cover it with a running group.)
-        let service = RaftService::default();
-        let read =
-            answer::<(), openraft::error::Infallible>(&service.handle(2, encode(&Request::Elect)).await);
-        assert!(matches!(read, Answer::Unavailable(w) if w.contains("not running")));
-    }
-
-    #[test]
-    fn a_snapshot_chunk_fits_the_link() {
-        // openraft's chunk size by default, with room for the request around it.
-        let chunk = openraft::Config::default().snapshot_max_chunk_size as usize;
-        assert!(chunk + 64 * 1024 <= FRAME_BYTES_MAX, "{chunk}");
-    }
-}
+#[path = "network_tests.rs"]
+mod tests;

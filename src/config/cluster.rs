@@ -54,7 +54,24 @@ pub struct ClusterSection {
     /// addresses, the default), networks or addresses, or `"any"`.
     #[serde(default = "SourceRule::defaults")]
     pub accept_from: Vec<SourceRule>,
+    /// A member snapshots its state every this many Raft entries and purges the log
+    /// behind the snapshot (keeping at most [`SNAPSHOT_LOG_KEPT_MAX`] entries): a member
+    /// further behind (one back from a disk loss, a new member) is sent the snapshot.
+    #[serde(default = "d_snapshot_every")]
+    pub snapshot_every_entries: u64,
+    /// Testing an upgrade without a second build (docs/operations.md, "Testing an
+    /// upgrade"): this member speaks the member link as the previous release did. It
+    /// answers the requests added since (`Request::added_since_previous_release`)
+    /// as undecodable, never sends them, and has no leadership transfer. Not for
+    /// production; off by default.
+    #[serde(default)]
+    pub emulate_previous_release: bool,
 }
+
+/// The default `snapshot_every_entries`.
+pub const SNAPSHOT_EVERY_ENTRIES_DEFAULT: u64 = 5_000;
+/// Most Raft entries a member keeps behind its last snapshot.
+pub const SNAPSHOT_LOG_KEPT_MAX: u64 = 1_000;
 
 /// The default Raft heartbeat interval (ms).
 pub const HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 100;
@@ -76,6 +93,9 @@ fn d_election_max() -> u64 {
 fn d_forward_timeout() -> u64 {
     5_000
 }
+fn d_snapshot_every() -> u64 {
+    SNAPSHOT_EVERY_ENTRIES_DEFAULT
+}
 
 impl ClusterSection {
     /// Member `node_id` of `members` with its node certificate `tls` and every other key
@@ -96,6 +116,8 @@ impl ClusterSection {
             election_timeout_max_ms: d_election_max(),
             forward_timeout_ms: d_forward_timeout(),
             accept_from: SourceRule::defaults(),
+            snapshot_every_entries: d_snapshot_every(),
+            emulate_previous_release: false,
         }
     }
 
@@ -145,6 +167,9 @@ impl ClusterSection {
         }
         if !(100..=600_000).contains(&self.forward_timeout_ms) {
             return inv("forward_timeout_ms", "must be 100..=600000".into());
+        }
+        if !(10..=10_000_000).contains(&self.snapshot_every_entries) {
+            return inv("snapshot_every_entries", "must be 10..=10000000".into());
         }
         if self.accept_from.is_empty() {
             return inv("accept_from", "must name at least one source (\"peers\" is the default)".into());

@@ -158,12 +158,30 @@ pub fn open_state(cfg: &Config) -> anyhow::Result<RegistryStateMachine> {
         .with_context(|| format!("cannot open the group's state in {}", dir.display()))
 }
 
+/// How long a member that starts with an empty Raft log waits for the others to say how
+/// far their logs reach.
+pub const LOG_STATE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The highest last log index the other members report (asked at once, each within
+/// [`LOG_STATE_TIMEOUT`]): 0 when none answers or none holds more than the entry that
+/// formed the group (index 0), as at the group's first start.
+async fn formed_log_reach(link: &MemberLink, section: &ClusterSection) -> u64 {
+    let asks = section
+        .members
+        .iter()
+        .filter(|m| m.id != section.node_id)
+        .map(|m| crate::cluster::log_state(link, m.id, LOG_STATE_TIMEOUT));
+    futures::future::join_all(asks).await.into_iter().filter_map(Result::ok).max().unwrap_or(0)
+}
+
 fn raft_config(section: &ClusterSection) -> anyhow::Result<Arc<openraft::Config>> {
     let config = openraft::Config {
         cluster_name: "tandem".into(),
         heartbeat_interval: section.heartbeat_interval_ms,
         election_timeout_min: section.election_timeout_min_ms,
         election_timeout_max: section.election_timeout_max_ms,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(section.snapshot_every_entries),
+        max_in_snapshot_log_to_keep: section.snapshot_every_entries.min(crate::config::SNAPSHOT_LOG_KEPT_MAX),
         ..Default::default()
     };
     Ok(Arc::new(config.validate().context("invalid [cluster] timing")?))
@@ -208,12 +226,24 @@ impl Group {
             .context("cannot start Raft")?;
         service.attach(raft.clone());
         if !raft.is_initialized().await.context("cannot read the Raft state")? {
-            let nodes: BTreeMap<NodeId, BasicNode> =
-                section.members.iter().map(|m| (m.id, BasicNode::new(m.raft_addr))).collect();
-            match raft.initialize(nodes).await {
-                Ok(()) => tracing::info!(node = id, members = section.members.len(), "formed the group"),
-                // Another member formed it first and reached this one: nothing to do.
-                Err(e) => tracing::info!(node = id, error = %e, "the group was not formed here"),
+            let floor = formed_log_reach(&link, section).await;
+            if floor > 0 {
+                // A lost disk: the group formed without this member's log.
+                service.hold_votes_until(floor);
+                tracing::warn!(
+                    node = id,
+                    floor,
+                    "this member's Raft log is empty but the group's reaches index {floor}: it rejoins (a lost \
+                     disk?), follows the leader and votes once its log reaches {floor}"
+                );
+            } else {
+                let nodes: BTreeMap<NodeId, BasicNode> =
+                    section.members.iter().map(|m| (m.id, BasicNode::new(m.raft_addr))).collect();
+                match raft.initialize(nodes).await {
+                    Ok(()) => tracing::info!(node = id, members = section.members.len(), "formed the group"),
+                    // Another member formed it first and reached this one: nothing to do.
+                    Err(e) => tracing::info!(node = id, error = %e, "the group was not formed here"),
+                }
             }
         }
         let (serving, _) = watch::channel(None);
@@ -225,6 +255,10 @@ impl Group {
         tracing::info!(node = id, raft = %section.me().raft_addr, "group member started");
         let (transferring, _) = watch::channel(None);
         service.set_policy_digest(cfg.policy_digest());
+        service.emulate_previous_release(section.emulate_previous_release);
+        if section.emulate_previous_release {
+            tracing::warn!(node = id, "emulating the previous release on the member link (a test setting)");
+        }
         Ok(Group {
             id,
             raft,
@@ -383,6 +417,10 @@ impl Group {
 
     /// Asks the leader (another member) for its policy digest and keeps it.
     async fn poll_policy(&self) {
+        if self.section.emulate_previous_release {
+            // The previous release did not ask.
+            return;
+        }
         let Some(leader) = self.leader().filter(|l| *l != self.id) else { return };
         match crate::cluster::policy_digest(&self.link, leader, LEADER_STATUS_TIMEOUT).await {
             Ok(d) => self.policy.lock().leader = Some((leader, d)),
@@ -400,6 +438,10 @@ impl Group {
     /// Forwards a client's heartbeat to member `to` (the leader), batched with the others
     /// in flight (`forward_batch`).
     pub async fn forward_heartbeat(&self, to: NodeId, write: Forwarded) -> Result<ForwardAnswer, String> {
+        if self.section.emulate_previous_release {
+            // The previous release forwarded each on its own.
+            return self.forward(to, write).await;
+        }
         self.heartbeats.forward(to, write).await
     }
 
@@ -503,6 +545,7 @@ impl Group {
                 .collect(),
             policy_digest,
             leader_policy_digest: leader_policy_digest.filter(|_| !self.serving()),
+            votes_held_until: self.service.votes_held_until(),
         }
     }
 
@@ -542,6 +585,10 @@ pub struct GroupStatus {
     pub policy_digest: String,
     /// On a follower: the leader's, as last heard (once a second).
     pub leader_policy_digest: Option<String>,
+    /// This member started with an empty log in a formed group (a lost disk): it grants
+    /// no vote until its log reaches this index (absent once it did).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub votes_held_until: Option<u64>,
 }
 
 /// One member as status shows it.

@@ -152,6 +152,9 @@ impl Cluster {
         if let Action::IsolateMember { side, leader } = action {
             return self.prepare_isolation(side, leader).await;
         }
+        if let Action::StopMember { side, leader, .. } = action {
+            return self.prepare_stop(side, leader).await;
+        }
         let Action::KillLeader { side } = action else { return Ok(false) };
         if self.dcs[side].nodes.len() < 3 {
             bail!("{} is not a group of three or more: no leader to kill", self.dcs[side].name);

@@ -225,28 +225,7 @@ impl Cluster {
                 record.probes.merge(p);
             }
         }
-        let deadline = Instant::now() + REJOIN_WAIT;
-        // Not the rejoined member: a leader cut off that never stepped down still says so.
-        let leader = self.serving_member(side, Some(cut.member), deadline).await?;
-        let (lb, mb) =
-            (self.dcs[side].nodes[leader].base.clone(), self.dcs[side].nodes[cut.member].base.clone());
-        loop {
-            let l = self.api.status(&lb, Duration::from_secs(1)).await.ok().and_then(|(_, r)| cluster_of(&r));
-            let m = self.api.status(&mb, Duration::from_secs(1)).await.ok().and_then(|(_, r)| cluster_of(&r));
-            if let (Some((_, _, la)), Some((false, Some(ml), ma))) = (l, m) {
-                if ml == leader as u64 + 1 && ma >= la {
-                    break;
-                }
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "n{} did not follow n{} and catch up within {REJOIN_WAIT:?} after it rejoined",
-                    cut.member + 1,
-                    leader + 1
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let leader = self.wait_follows(side, cut.member, Instant::now() + REJOIN_WAIT).await?;
         let stepped = match (record.was_leader, record.stepped_down_ms) {
             (false, _) => String::new(),
             (true, Some(ms)) => format!("; it had stopped serving {ms}ms after the cut"),
@@ -262,6 +241,32 @@ impl Cluster {
         );
         self.isolations.push(record);
         Ok(note)
+    }
+
+    /// Waits (until `deadline`) until `member` follows the member serving writes and applied
+    /// what that one had applied when asked; returns the leader (index).
+    pub(super) async fn wait_follows(
+        &self,
+        side: usize,
+        member: usize,
+        deadline: Instant,
+    ) -> anyhow::Result<usize> {
+        // Not `member`: a leader cut off that never stepped down still says it serves.
+        let leader = self.serving_member(side, Some(member), deadline).await?;
+        let (lb, mb) = (self.dcs[side].nodes[leader].base.clone(), self.dcs[side].nodes[member].base.clone());
+        loop {
+            let l = self.api.status(&lb, Duration::from_secs(1)).await.ok().and_then(|(_, r)| cluster_of(&r));
+            let m = self.api.status(&mb, Duration::from_secs(1)).await.ok().and_then(|(_, r)| cluster_of(&r));
+            if let (Some((_, _, la)), Some((false, Some(ml), ma))) = (l, m) {
+                if ml == leader as u64 + 1 && ma >= la {
+                    return Ok(leader);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("n{} did not follow n{} and catch up in time", member + 1, leader + 1);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Every member cut off so far (once it rejoined).

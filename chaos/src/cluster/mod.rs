@@ -36,6 +36,7 @@ mod group;
 mod incarnations;
 mod isolation;
 mod netns;
+mod roll;
 
 use configs::{free_port, make_certs, node_config, toml_str};
 pub use group::{Failover, DRAIN};
@@ -43,6 +44,7 @@ use incarnations::OldIncarnation;
 pub use incarnations::SplitCheck;
 pub use isolation::{Isolation, Probes, PROBE_SERVICE};
 use netns::Netns;
+pub use roll::Roll;
 
 /// The DC names of the sandbox.
 pub const SANDBOX_DCS: [&str; 2] = ["dc-a", "dc-b"];
@@ -81,6 +83,13 @@ pub struct NodeTuning {
     /// In a group: every member link runs through a relay, so that one member can be cut
     /// off (the drills that do; a relay costs a hop on every Raft message).
     pub relay_members: bool,
+    /// In a group: every member starts as the previous release (emulated:
+    /// `[cluster] emulate_previous_release`, `[replication] schema_version = 1`) and
+    /// becomes this one at its first restart (`rolling-upgrade`).
+    pub previous_release: bool,
+    /// In a group: `[cluster] snapshot_every_entries` (`node-disk-loss`: a member that
+    /// lost its disk comes back from a snapshot).
+    pub snapshot_every_entries: Option<u64>,
 }
 
 impl Default for NodeTuning {
@@ -100,6 +109,8 @@ impl Default for NodeTuning {
             batch_events_max: 64,
             window_batches_max: 4,
             relay_members: false,
+            previous_release: false,
+            snapshot_every_entries: None,
         }
     }
 }
@@ -124,11 +135,13 @@ struct Node {
     log: Option<PathBuf>,
     child: Option<Child>,
     paused: bool,
+    /// The config its next start writes first (an upgrade to this release).
+    next_config: Option<String>,
 }
 
 impl Node {
     fn new(base: String, config: Option<PathBuf>, data_dir: Option<PathBuf>, log: Option<PathBuf>) -> Node {
-        Node { base, config, data_dir, log, child: None, paused: false }
+        Node { base, config, data_dir, log, child: None, paused: false, next_config: None }
     }
 
     fn pid(&self) -> Option<u32> {
@@ -150,12 +163,28 @@ pub struct Dc {
     doomed: Option<usize>,
     /// The member cut off from the group, while it is.
     cut: Option<isolation::MemberCut>,
+    /// The members restarted in the current round of a roll; the member that stays up
+    /// for the next stop (the leader's heir); the member stopped, until it starts again.
+    round: std::collections::BTreeSet<usize>,
+    heir: Option<usize>,
+    stopped: Option<(usize, Roll)>,
 }
 
 impl Dc {
     fn new(name: &str, nodes: Vec<Node>, netns: Option<String>) -> Dc {
         let base = nodes.first().map(|n| n.base.clone()).unwrap_or_default();
-        Dc { name: name.to_owned(), base, nodes, netns, killed: Vec::new(), doomed: None, cut: None }
+        Dc {
+            name: name.to_owned(),
+            base,
+            nodes,
+            netns,
+            killed: Vec::new(),
+            doomed: None,
+            cut: None,
+            round: Default::default(),
+            heir: None,
+            stopped: None,
+        }
     }
 
     /// The log files of its processes.
@@ -198,6 +227,8 @@ pub struct Cluster {
     isolations: Vec<Isolation>,
     /// Where the probes of a cut-off member read: (namespace, service).
     probe_target: Option<(String, String)>,
+    /// Every member taken down and started again (`rolling-upgrade`, `node-disk-loss`).
+    rolls: Vec<Roll>,
 }
 
 impl Cluster {
@@ -251,6 +282,7 @@ impl Cluster {
             member_relays: Default::default(),
             isolations: Vec::new(),
             probe_target: None,
+            rolls: Vec::new(),
         }
     }
 
@@ -346,16 +378,25 @@ impl Cluster {
                     &certs,
                     tuning,
                 );
+                let mut next_config = None;
                 if let Some(m) = &members {
+                    // The [cluster] table comes last: what follows is in it.
                     cfg.push_str(&group::cluster_section(name, k, m, &certs));
+                    if let Some(n) = tuning.snapshot_every_entries {
+                        cfg.push_str(&format!("snapshot_every_entries = {n}\n"));
+                    }
+                    if tuning.previous_release {
+                        let previous =
+                            cfg.replacen("[replication]\n", "[replication]\nschema_version = 1\n", 1)
+                                + "emulate_previous_release = true\n";
+                        next_config = Some(std::mem::replace(&mut cfg, previous));
+                    }
                 }
                 std::fs::write(&config, cfg)?;
-                dc_nodes.push(Node::new(
-                    format!("http://{}", http[side][k]),
-                    Some(config),
-                    Some(data_dir),
-                    Some(log),
-                ));
+                let mut node =
+                    Node::new(format!("http://{}", http[side][k]), Some(config), Some(data_dir), Some(log));
+                node.next_config = next_config;
+                dc_nodes.push(node);
             }
             dcs.push(Dc::new(name, dc_nodes, None));
         }
@@ -537,6 +578,10 @@ impl Cluster {
             Action::RestartMember { side } => self.restart_members(side).await?,
             Action::IsolateMember { side, leader } => return self.isolate(side, leader).await.map(Some),
             Action::RejoinMember { side } => return self.rejoin(side).await.map(Some),
+            Action::StopMember { side, leader, how } => {
+                return self.stop_member(side, leader, how).await.map(Some)
+            }
+            Action::StartMember { side } => return self.start_member(side).await.map(Some),
         }
         Ok(None)
     }
@@ -674,6 +719,16 @@ impl Cluster {
                 self.dcs[side].name.clone(),
             ],
             Action::RejoinMember { side } => vec!["rejoin-member".into(), self.dcs[side].name.clone()],
+            Action::StopMember { side, leader, how } => vec![
+                match how {
+                    crate::plan::Stop::Upgrade => "stop-member",
+                    crate::plan::Stop::DiskLoss => "kill-wipe-member",
+                }
+                .into(),
+                self.dcs[side].name.clone(),
+                if leader { "leader" } else { "follower" }.into(),
+            ],
+            Action::StartMember { side } => vec!["start-member".into(), self.dcs[side].name.clone()],
         };
         let line = format!("{hook} {}", args.join(" "));
         // The arguments go in as positional parameters, never through the shell's parser.

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use super::leases::{self, LeaseStats};
-use crate::cluster::{Failover, Isolation, SplitCheck};
+use crate::cluster::{Failover, Isolation, Roll, SplitCheck};
 use crate::plan::{Action, DrillKind, Plan};
 use crate::report::{Expectation, Figures};
 
@@ -23,6 +23,7 @@ pub(super) struct Seen<'a> {
     pub split_checks: &'a [SplitCheck],
     pub failovers: &'a [Failover],
     pub isolations: &'a [Isolation],
+    pub rolls: &'a [Roll],
     /// The probe instances each DC showed at the end (`leader-isolated`,
     /// `follower-partition`).
     pub probes_visible: &'a Result<[BTreeSet<String>; 2], String>,
@@ -102,10 +103,88 @@ pub(super) fn expectations(s: &Seen<'_>) -> Vec<Expectation> {
         e.detail.push_str(&format!("; {done} of {kills} kills answered by another member serving writes"));
         out.push(e);
     }
+    if matches!(s.kind, DrillKind::RollingUpgrade | DrillKind::NodeDiskLoss) {
+        out.extend(roll_expectations(s));
+    }
     if s.kind.cuts_members() {
         let cuts = s.plan.actions.iter().filter(|a| matches!(a.action, Action::IsolateMember { .. })).count();
         out.extend(isolation_expectations(cuts, s.isolations, s.probes_visible, s.names));
     }
+    out
+}
+
+/// What `rolling-upgrade` and `node-disk-loss` expect of every member they took down: it
+/// came back and caught up, a leader's DC served writes again (`Roll`), the DC kept its
+/// epoch; an upgrade's leaders of this release handed their lead over.
+fn roll_expectations(s: &Seen<'_>) -> Vec<Expectation> {
+    let stops = s.plan.actions.iter().filter(|a| matches!(a.action, Action::StopMember { .. })).count();
+    let rolls = s.rolls;
+    let mut out = Vec::new();
+    let all_back = stops > 0 && rolls.len() == stops;
+    let mut catch: Vec<u64> = rolls.iter().map(|r| r.catch_up_ms).collect();
+    catch.sort_unstable();
+    out.push(Expectation {
+        name: "members-back".into(),
+        passed: all_back,
+        detail: format!(
+            "{} of {stops} members taken down came back, followed the leader and caught up (max {}ms): {}",
+            rolls.len(),
+            catch.last().copied().unwrap_or(0),
+            rolls
+                .iter()
+                .map(|r| format!("{} n{} {} {}ms", r.dc, r.member, r.how, r.catch_up_ms))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    });
+    let leaders: Vec<&Roll> = rolls.iter().filter(|r| r.was_leader).collect();
+    let transfers: Vec<&Roll> = leaders.iter().copied().filter(|r| r.transfer.is_some()).collect();
+    let mut gaps: Vec<u64> = leaders.iter().filter_map(|r| r.gap_ms).collect();
+    gaps.sort_unstable();
+    out.push(Expectation {
+        name: "leader-handover".into(),
+        passed: all_back
+            && !leaders.is_empty()
+            && leaders.iter().all(|r| r.next.is_some())
+            && transfers.iter().all(|r| matches!(r.transfer, Some(Ok(_))))
+            && (s.kind != DrillKind::RollingUpgrade || !transfers.is_empty()),
+        detail: format!(
+            "{} leaders taken down, another member served writes after each (max {}ms from the step's start); {} handed over by transfer-leader: {}",
+            leaders.len(),
+            gaps.last().copied().unwrap_or(0),
+            transfers.len(),
+            leaders
+                .iter()
+                .map(|r| format!(
+                    "{} n{}->n{} {}ms{}",
+                    r.dc,
+                    r.member,
+                    r.next.unwrap_or(0),
+                    r.gap_ms.unwrap_or(0),
+                    match &r.transfer {
+                        Some(Ok(ms)) => format!(" (transfer {ms}ms)"),
+                        Some(Err(e)) => format!(" (transfer failed: {e})"),
+                        None => " (election)".into(),
+                    }
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    });
+    let moved: Vec<String> = rolls
+        .iter()
+        .filter(|r| r.epoch.0.is_none() || r.epoch.0 != r.epoch.1)
+        .map(|r| format!("{} n{}: {:?} -> {:?}", r.dc, r.member, r.epoch.0, r.epoch.1))
+        .collect();
+    out.push(Expectation {
+        name: "epoch-kept".into(),
+        passed: all_back && moved.is_empty(),
+        detail: if moved.is_empty() {
+            format!("every DC kept its epoch across its {} member restarts", rolls.len())
+        } else {
+            format!("the DC's epoch moved (or was not read): {}", moved.join("; "))
+        },
+    });
     out
 }
 

@@ -63,6 +63,9 @@ const POLL_TIMEOUT: Duration = Duration::from_secs(3);
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Most status samples kept for the plot (older ones are thinned).
 const SAMPLES_MAX: usize = 20_000;
+/// `node-disk-loss`: the members snapshot every this many Raft entries (and keep as many
+/// behind the snapshot).
+const NODE_DISK_LOSS_SNAPSHOT_EVERY: u64 = 50;
 
 /// Settings of one drill run.
 #[derive(Clone, Debug)]
@@ -289,6 +292,14 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
             self_preservation_window_ms: 8_000,
             ..tuning
         };
+    }
+    if opts.kind == DrillKind::RollingUpgrade {
+        tuning.previous_release = true;
+    }
+    if opts.kind == DrillKind::NodeDiskLoss {
+        // A few hundred entries a drill: a member that lost its disk is behind the
+        // leader's first log entry, so it comes back from a snapshot.
+        tuning.snapshot_every_entries = Some(NODE_DISK_LOSS_SNAPSHOT_EVERY);
     }
     if let Environment::Targets { .. } = opts.env {
         tuning = NodeTuning::default();
@@ -604,6 +615,7 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     let split_checks = cluster.split_checks().to_vec();
     let failovers = cluster.failovers().to_vec();
     let isolations = cluster.isolations().to_vec();
+    let rolls = cluster.rolls().to_vec();
     let probes_visible =
         if opts.kind.cuts_members() { cluster.probe_visible(&ns).await } else { Ok(Default::default()) };
     let logs: Vec<String> =
@@ -627,6 +639,7 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
             split_checks: &split_checks,
             failovers: &failovers,
             isolations: &isolations,
+            rolls: &rolls,
             probes_visible: &probes_visible,
             leases: &lease_stats.lock(),
         })

@@ -55,6 +55,8 @@ pub enum TransferError {
     Busy,
     #[error("the transfer to node {to} failed: {why}")]
     Failed { to: NodeId, why: String },
+    #[error("this node emulates the previous release, which had no leadership transfer")]
+    NotInThisRelease,
 }
 
 impl Group {
@@ -62,6 +64,9 @@ impl Group {
     /// serves writes, is done at once.
     pub async fn transfer_lead(&self, to: NodeId) -> Result<Transferred, TransferError> {
         let started = Instant::now();
+        if self.section.emulate_previous_release {
+            return Err(TransferError::NotInThisRelease);
+        }
         if !self.section.members.iter().any(|m| m.id == to) {
             return Err(TransferError::UnknownMember(to));
         }
