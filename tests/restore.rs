@@ -45,7 +45,7 @@ fn spawn_a(p: &Pair, data_dir: &Path, http_port: u16, name: &str) -> Proc {
     let child = Command::new(tandem_bin())
         .args(["server", "--config"])
         .arg(&path)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", std::env::var("TANDEM_RESTORE_LOG").unwrap_or_else(|_| "warn".into()))
         .stdout(Stdio::null())
         .stderr(
             std::fs::File::create(std::env::temp_dir().join(format!("tandem-restore-{name}.log")))
@@ -143,10 +143,19 @@ async fn restore_scenario(partitioned: bool) {
         p.heal();
     }
     let want = ids_of_a(&a).await;
-    eventually(Duration::from_secs(30), "dc-b holds exactly what the restored dc-a holds", || async {
-        ids_of_a(&b).await == want
-    })
-    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while ids_of_a(&b).await != want {
+        // Both sides' replication state when it does not converge: the failure says why.
+        assert!(
+            std::time::Instant::now() < deadline,
+            "dc-b does not hold exactly what the restored dc-a holds within 30 s: dc-b has {:?}, dc-a {want:?}\n\
+             dc-a status: {}\ndc-b status: {}",
+            ids_of_a(&b).await,
+            a.status().await.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
+            b.status().await.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string())
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // And stays so: the restored dc-a took a new epoch that dc-b follows.
     let st = a.status().await.unwrap();
     let epoch = st["log"]["epoch"].as_u64().unwrap();

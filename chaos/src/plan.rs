@@ -559,10 +559,11 @@ pub fn plan(kind: DrillKind, seed: u64, span_ms: Option<u64>, caps: Capabilities
             let first = rng.gen_range(0..2usize);
             'rounds: loop {
                 for side in [first, 1 - first] {
+                    // A DC's round is whole: three steps of at most 2.6 s each.
+                    if t + 3 * 2_600 > end {
+                        break 'rounds;
+                    }
                     for k in 0..3 {
-                        if t + 2_000 > end {
-                            break 'rounds;
-                        }
                         let down = rng.gen_range(600..1_200);
                         at(t, Action::StopMember { side, leader: k == 2, how: Stop::Upgrade });
                         at(t + down, Action::StartMember { side });
@@ -663,7 +664,7 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert!(stops.len() >= 12, "two rounds of both DCs: {stops:?}");
+        assert!(stops.len() >= 12 && stops.len() % 3 == 0, "whole rounds, two of both DCs: {stops:?}");
         for (i, round) in stops.chunks(3).enumerate() {
             assert!(round.iter().all(|s| s.0 == round[0].0), "one DC at a time: {stops:?}");
             assert_eq!(round.iter().map(|s| s.1).collect::<Vec<_>>(), [false, false, true], "round {i}");

@@ -1,6 +1,6 @@
 //! `dial` when the first handshake packets are lost: a fresh attempt every `REDIAL_MS`
 //! connects about a second after the dial, where QUIC's own retransmissions of the first
-//! attempt would take three.
+//! attempt would take three. And what a spare attempt that completes late must not do.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -71,4 +71,23 @@ async fn a_lost_first_handshake_costs_a_redial_not_quics_backoff() {
     assert_eq!(addr, via);
     let took = started.elapsed();
     assert!(took < Duration::from_millis(2_000), "connected {took:?} after the dial");
+}
+
+#[test]
+fn a_connection_replaced_by_a_spare_attempt_is_no_sign_of_an_older_peer() {
+    // A dial's spare attempt can complete its handshake after the attempt the session
+    // uses; the receiver keeps one connection per DC and closes the used one with
+    // CLOSE_REPLACED right after our Hello. Read as silence, the next session wrote
+    // schema 1, whose HelloAck has no mark event id: a restored DC that wrote past its
+    // peer's mark then went unnoticed (tests/restore.rs, partitioned, 2 runs in 13).
+    let closed = |code: u32| {
+        quinn::ConnectionError::ApplicationClosed(quinn::ApplicationClose {
+            error_code: code.into(),
+            reason: Default::default(),
+        })
+    };
+    assert!(closed_with_a_word(Some(&closed(CLOSE_REPLACED))));
+    assert!(!closed_with_a_word(Some(&closed(0))), "a peer that drops the connection says nothing");
+    assert!(!closed_with_a_word(Some(&quinn::ConnectionError::TimedOut)));
+    assert!(!closed_with_a_word(None));
 }

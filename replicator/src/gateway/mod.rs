@@ -577,10 +577,41 @@ async fn send_session<S: ReplicaStore>(
     stats: &GatewayStats,
     wire: &mut WireVersion,
 ) -> Result<SessionEnd, String> {
-    let v = wire.version;
     let client_cfg = tls.client_config(ALPN).map_err(|e| e.to_string())?;
     let (conn, addr) = dial(endpoint, &client_cfg, &peer.addrs, &peer.dc).await?;
     debug!(peer = %peer.dc, %addr, "connected to the peer's gateway");
+    let res = session_on(&conn, cfg, peer, store, stats, wire).await;
+    if wire.silent && closed_with_a_word(conn.close_reason().as_ref()) {
+        // The peer read our Hello and said why it closed: not a peer of an older version.
+        wire.silent = false;
+    }
+    res
+}
+
+/// Whether the peer closed the connection for a reason of this protocol that has nothing
+/// to do with the schema version: a newer connection of this DC replaced it (the
+/// receiver keeps one per DC; a dial's spare attempt may complete after the one it used).
+/// A peer that cannot read our Hello closes without a word, which makes the next session
+/// write the older version.
+fn closed_with_a_word(reason: Option<&quinn::ConnectionError>) -> bool {
+    matches!(
+        reason,
+        Some(quinn::ConnectionError::ApplicationClosed(c)) if c.error_code == quinn::VarInt::from(CLOSE_REPLACED)
+    )
+}
+
+/// One send session on a connection `dial` made.
+#[allow(clippy::too_many_arguments)]
+async fn session_on<S: ReplicaStore>(
+    conn: &quinn::Connection,
+    cfg: &GatewayConfig,
+    peer: &PeerConfig,
+    store: &S,
+    stats: &GatewayStats,
+    wire: &mut WireVersion,
+) -> Result<SessionEnd, String> {
+    let v = wire.version;
+    let conn = conn.clone();
     let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
     let clock = tokio::time::Instant::now();
     let peer_dc = peer.dc.clone();
