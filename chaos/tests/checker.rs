@@ -427,3 +427,23 @@ fn instances_of_a_provisional_epoch_reused_after_a_disk_loss_settle_with_it() {
     let r = h.c.finish(1_400);
     assert!(r.result(Invariant::NoResurrection).unwrap().passed, "{:#?}", r.violations().collect::<Vec<_>>());
 }
+
+#[test]
+fn a_client_that_moves_to_another_member_starts_a_new_index_sequence() {
+    // Two members of a group: one applied a write the other has not yet. Plain reads of
+    // the two are not ordered, so once the clients moved, a lower index is no violation;
+    // without the move it is.
+    for moved in [false, true] {
+        let mut h = H::new();
+        h.index = 10;
+        h.observe(A, 100);
+        if moved {
+            h.c.client_moved(A, 150);
+        }
+        h.index = 5;
+        h.observe(A, 200);
+        let r = h.finish(300, 0, 0);
+        let v = &r.result(Invariant::MonotonicApply).unwrap().violations;
+        assert_eq!(v.iter().any(|v| v.summary.contains("watch index of svc went back")), !moved, "{v:#?}");
+    }
+}

@@ -145,9 +145,23 @@ impl CheckerConfig {
 enum Timed {
     View(ViewObservation),
     Status(StatusObservation),
-    Process { dc: String, at: Ms, ev: ProcessEvent },
-    FaultStart { at: Ms },
-    Recovery { at: Ms, label: String },
+    Process {
+        dc: String,
+        at: Ms,
+        ev: ProcessEvent,
+    },
+    FaultStart {
+        at: Ms,
+    },
+    Recovery {
+        at: Ms,
+        label: String,
+    },
+    /// The drill's clients of `dc` moved to another member of its group.
+    ClientMoved {
+        dc: String,
+        at: Ms,
+    },
 }
 
 impl Timed {
@@ -155,7 +169,10 @@ impl Timed {
         match self {
             Timed::View(o) => o.invoked,
             Timed::Status(o) => o.invoked,
-            Timed::Process { at, .. } | Timed::FaultStart { at, .. } | Timed::Recovery { at, .. } => *at,
+            Timed::Process { at, .. }
+            | Timed::FaultStart { at, .. }
+            | Timed::Recovery { at, .. }
+            | Timed::ClientMoved { at, .. } => *at,
         }
     }
 }
@@ -294,6 +311,14 @@ impl Checker {
             Timed::View(o) => self.judge_view(o),
             Timed::Status(o) => self.judge_status(o),
             Timed::Process { dc, at, ev } => self.judge_process(&dc, at, ev),
+            Timed::ClientMoved { dc, .. } => {
+                // Plain reads of two members are not ordered: the index a client sees
+                // starts over at the member it moved to (blocking queries are ordered
+                // across members; the isolation drills' `index-never-back` checks that).
+                if let Some(st) = self.dcs.get_mut(&dc) {
+                    st.index.clear();
+                }
+            }
             Timed::FaultStart { at } => {
                 for r in &mut self.recoveries {
                     if r.interrupted.is_none() && r.done_at().is_none() {

@@ -79,6 +79,12 @@ impl Checker {
         self.push(Timed::FaultStart { at });
     }
 
+    /// The clients of `dc` read another member of its group from `at` on: the watch index
+    /// they see starts over there.
+    pub fn client_moved(&mut self, dc: &str, at: Ms) {
+        self.push(Timed::ClientMoved { dc: dc.to_owned(), at });
+    }
+
     /// A recovery point: a heal, a restart, a resume.
     pub fn recovery_point(&mut self, at: Ms, label: &str) {
         self.push(Timed::Recovery { at, label: label.to_owned() });

@@ -700,6 +700,8 @@ fn follow_bases(ctx: &Ctx, cluster: &Cluster) -> bool {
     for side in 0..2 {
         if *ctx.bases[side].read() != cluster.dcs[side].base {
             *ctx.bases[side].write() = cluster.dcs[side].base.clone();
+            // After the ms of the switch: a read that took the old base in it is before.
+            ctx.checker.lock().client_moved(&ctx.names[side], ctx.now() + 1);
             moved = true;
         }
     }
