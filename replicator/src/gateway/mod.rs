@@ -10,6 +10,7 @@
 //! [`Envelope`](tandem_schemas::Envelope). Lengths are bounded before anything is read.
 
 mod admission;
+mod dial;
 #[cfg(test)]
 mod dial_tests;
 mod receive;
@@ -36,6 +37,8 @@ use crate::protocol::{Sender, SenderEvent, StreamError, StreamTuning};
 use crate::tls::{self, ReloadableTls};
 
 pub use admission::{Admission, Screened, SourceRule, HANDSHAKES_MAX_DEFAULT};
+use dial::{closed_with_a_word, dial};
+pub use dial::{DIAL_ATTEMPTS_MAX, REDIAL_MS};
 pub use receive::{CLOSE_NO_STREAM, CLOSE_REPLACED};
 pub use stats::{GatewayStats, LagRing, PeerLink};
 pub use transport::{TransportTuning, RECEIVE_WINDOW_BYTES, STREAMS_BIDI_MAX, STREAM_OPEN_TIMEOUT};
@@ -459,62 +462,6 @@ async fn dial_loop<S: ReplicaStore>(
     }
 }
 
-/// While no handshake of a dial has completed, a fresh attempt to every address this often
-/// ([`DIAL_ATTEMPTS_MAX`] in all). A lost first handshake packet (sent to a gateway not
-/// listening yet: a peer starting, a new leader of a peer group taking over) otherwise
-/// waits for QUIC's own retransmissions, 1 s and then 3 s after the first: long enough to
-/// miss a window between faults (`long-partition --nodes 3` saw a DC never connect in
-/// the 3 s before its partition).
-pub const REDIAL_MS: u64 = 500;
-
-/// Attempts per address in one dial (one every [`REDIAL_MS`]).
-pub const DIAL_ATTEMPTS_MAX: usize = 4;
-
-/// Dials every address at once and keeps the first connection whose handshake completes
-/// (the other attempts are dropped); while none has, dials them all again every
-/// [`REDIAL_MS`], up to [`DIAL_ATTEMPTS_MAX`] times. A DC group's followers run no
-/// gateway: only its leader's address answers.
-async fn dial(
-    endpoint: &quinn::Endpoint,
-    client_cfg: &quinn::ClientConfig,
-    addrs: &[SocketAddr],
-    server_name: &str,
-) -> Result<(quinn::Connection, SocketAddr), String> {
-    type Attempts = tokio::task::JoinSet<Result<(quinn::Connection, SocketAddr), String>>;
-    let mut attempts = Attempts::new();
-    let mut last_error = "no address configured".to_owned();
-    let start = |attempts: &mut Attempts, last_error: &mut String| {
-        for &addr in addrs {
-            match endpoint.connect_with(client_cfg.clone(), addr, server_name) {
-                Ok(connecting) => {
-                    attempts.spawn(async move {
-                        connecting.await.map(|c| (c, addr)).map_err(|e| format!("connect {addr}: {e}"))
-                    });
-                }
-                Err(e) => *last_error = format!("connect {addr}: {e}"),
-            }
-        }
-    };
-    start(&mut attempts, &mut last_error);
-    let mut started = 1;
-    let every = Duration::from_millis(REDIAL_MS);
-    let mut redial = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    loop {
-        tokio::select! {
-            done = attempts.join_next() => match done {
-                None => return Err(last_error),
-                Some(Ok(Ok(won))) => return Ok(won),
-                Some(Ok(Err(e))) => last_error = e,
-                Some(Err(e)) => last_error = format!("connect: {e}"),
-            },
-            _ = redial.tick(), if started < DIAL_ATTEMPTS_MAX => {
-                start(&mut attempts, &mut last_error);
-                started += 1;
-            }
-        }
-    }
-}
-
 fn now_ms(started: tokio::time::Instant) -> u64 {
     started.elapsed().as_millis() as u64
 }
@@ -586,18 +533,6 @@ async fn send_session<S: ReplicaStore>(
         wire.silent = false;
     }
     res
-}
-
-/// Whether the peer closed the connection for a reason of this protocol that has nothing
-/// to do with the schema version: a newer connection of this DC replaced it (the
-/// receiver keeps one per DC; a dial's spare attempt may complete after the one it used).
-/// A peer that cannot read our Hello closes without a word, which makes the next session
-/// write the older version.
-fn closed_with_a_word(reason: Option<&quinn::ConnectionError>) -> bool {
-    matches!(
-        reason,
-        Some(quinn::ConnectionError::ApplicationClosed(c)) if c.error_code == quinn::VarInt::from(CLOSE_REPLACED)
-    )
 }
 
 /// One send session on a connection `dial` made.
