@@ -58,7 +58,7 @@ pub struct Roll {
     pub epoch: (Option<u64>, Option<u64>),
 }
 
-/// A member's `/v1/status`: (its DC's epoch, its node id).
+/// The DC's epoch (its own log's) in a member's `/v1/status`.
 fn epoch_of(raw: &Value) -> Option<u64> {
     raw.get("log")?.get("epoch")?.as_u64()
 }
