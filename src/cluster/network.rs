@@ -418,6 +418,11 @@ impl Handler for RaftService {
         let Some(raft) = self.raft.get() else {
             return unavailable("this node's Raft is not running yet".into());
         };
+        if let (Request::Vote(_), Some(floor)) = (&request, self.votes_held_until()) {
+            return unavailable(format!(
+                "this member started empty in a formed group and votes once its log reaches index {floor}"
+            ));
+        }
         match request {
             Request::Append(rpc) => encode(&match raft.append_entries(rpc).await {
                 Ok(resp) => {
@@ -428,10 +433,6 @@ impl Handler for RaftService {
                 }
                 Err(e) => AppendAnswer::Refused(e),
             }),
-            Request::Vote(_) if self.votes_held_until().is_some() => unavailable(format!(
-                "this member started empty in a formed group and votes once its log reaches index {}",
-                self.votes_held_until().unwrap_or(0)
-            )),
             Request::Vote(rpc) => encode(&match raft.vote(rpc).await {
                 Ok(resp) => VoteAnswer::Done(resp),
                 Err(e) => VoteAnswer::Refused(e),

@@ -536,7 +536,6 @@ async fn send_session<S: ReplicaStore>(
 }
 
 /// One send session on a connection `dial` made.
-#[allow(clippy::too_many_arguments)]
 async fn session_on<S: ReplicaStore>(
     conn: &quinn::Connection,
     cfg: &GatewayConfig,
