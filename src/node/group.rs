@@ -228,13 +228,14 @@ impl Group {
         if !raft.is_initialized().await.context("cannot read the Raft state")? {
             let floor = formed_log_reach(&link, section).await;
             if floor > 0 {
-                // A lost disk: the group formed without this member's log.
+                // The group formed without this member's log (a late first start, a lost disk).
                 service.hold_votes_until(floor);
-                tracing::warn!(
+                tracing::info!(
                     node = id,
                     floor,
-                    "this member's Raft log is empty but the group's reaches index {floor}: it rejoins (a lost \
-                     disk?), follows the leader and votes once its log reaches {floor}"
+                    "this member's Raft log is empty and the group's reaches index {floor} (it started after \
+                     the others formed the group, or lost its disk): it follows the leader and votes once its \
+                     log reaches {floor}"
                 );
             } else {
                 let nodes: BTreeMap<NodeId, BasicNode> =
