@@ -12,6 +12,7 @@
 //!   namespaces, or a user's deployment) and the faults inflicted on them.
 //! - [`drills`]: running a drill end to end, and `tandem chaos`'s command line.
 //! - [`report`]: the table, the JSON report and the timeline SVG.
+//! - [`ports`]: free loopback ports for the servers a drill or a test starts.
 //!
 //! Architecture invariant: this crate never links the `tandem` crate, RocksDB or QUIC; it
 //! drives `tandem` binaries through their CLI and HTTP API only.
@@ -22,6 +23,7 @@ pub mod cluster;
 pub mod drills;
 pub mod ledger;
 pub mod plan;
+pub mod ports;
 pub mod relay;
 pub mod report;
 pub mod workload;

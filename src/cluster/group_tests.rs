@@ -61,7 +61,15 @@ impl Net {
             .collect();
         let addrs = ids
             .iter()
-            .map(|id| (*id, std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()))
+            .map(|id| {
+                (
+                    *id,
+                    std::net::SocketAddr::from((
+                        [127, 0, 0, 1],
+                        tandem_chaos::ports::free_port(true).unwrap(),
+                    )),
+                )
+            })
             .collect();
         Net::Quic { _pki: pki, certs, addrs }
     }

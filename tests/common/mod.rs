@@ -12,12 +12,15 @@ use tandem::node::Node;
 use tandem_chaos::relay::{Faults, Relay};
 use tandem_client::client::Client;
 
+/// A UDP port for a server the test starts later: below the ephemeral range, so that no
+/// `:0` bind meanwhile (a relay, another node's QUIC client) can take it.
 pub fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    tandem_chaos::ports::free_port(true).unwrap()
 }
 
+/// A TCP port for a server the test starts later (see [`free_udp_port`]).
 pub fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    tandem_chaos::ports::free_port(false).unwrap()
 }
 
 pub fn single_config(dir: &Path, dc: &str) -> Config {

@@ -39,7 +39,8 @@ mod isolation;
 mod netns;
 mod roll;
 
-use configs::{free_port, make_certs, node_config, toml_str};
+use crate::ports::free_port;
+use configs::{make_certs, node_config, toml_str};
 pub use group::{Failover, DRAIN};
 use incarnations::OldIncarnation;
 pub use incarnations::SplitCheck;
