@@ -92,6 +92,43 @@ enum ClusterCmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Add node --id (started with [cluster] join = true) to the group: a learner, sent
+    /// the log or a snapshot, promoted to voter once at most 100 entries behind (unless
+    /// --learner). Refused if the voters after it would not hold a quorum that answers now.
+    Add {
+        #[arg(long)]
+        id: u64,
+        #[arg(long)]
+        raft_addr: String,
+        #[arg(long)]
+        http_addr: String,
+        #[arg(long)]
+        learner: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Remove member --id from the group (not the leader: transfer the lead first).
+    /// Refused if the voters after it would not hold a quorum that answers now.
+    Remove {
+        #[arg(long)]
+        id: u64,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Put node --id (started with [cluster] join = true) in member --old's place: added as
+    /// a learner, caught up, then swapped for --old in one change.
+    Replace {
+        #[arg(long)]
+        old: u64,
+        #[arg(long)]
+        id: u64,
+        #[arg(long)]
+        raft_addr: String,
+        #[arg(long)]
+        http_addr: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
 }
 
 #[derive(Subcommand)]
@@ -317,7 +354,10 @@ fn check_tls(cmd: &Cmd) -> Result<(), ClientError> {
         | Cmd::Watch { conn, .. }
         | Cmd::Status { conn }
         | Cmd::Cluster { cmd: ClusterCmd::Status { conn, .. } }
-        | Cmd::Cluster { cmd: ClusterCmd::TransferLeader { conn, .. } } => conn,
+        | Cmd::Cluster { cmd: ClusterCmd::TransferLeader { conn, .. } }
+        | Cmd::Cluster { cmd: ClusterCmd::Add { conn, .. } }
+        | Cmd::Cluster { cmd: ClusterCmd::Remove { conn, .. } }
+        | Cmd::Cluster { cmd: ClusterCmd::Replace { conn, .. } } => conn,
         Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } | Cmd::Chaos { .. } | Cmd::Acl { .. } => {
             return Ok(())
         }
@@ -658,6 +698,15 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
                 conn.addr.first().and_then(|a| a.split_once("://")).map_or("http", |(s, _)| s).to_owned();
             let member = |url: &str| conn.client_of(&[url.to_owned()]);
             cluster::transfer_leader(&conn.client(), to, &scheme, &member).await
+        }
+        Cmd::Cluster { cmd: ClusterCmd::Add { conn, id, raft_addr, http_addr, learner } } => {
+            cluster::changed(conn.client().add_member(id, &raft_addr, &http_addr, learner).await)
+        }
+        Cmd::Cluster { cmd: ClusterCmd::Remove { conn, id } } => {
+            cluster::changed(conn.client().remove_member(id).await)
+        }
+        Cmd::Cluster { cmd: ClusterCmd::Replace { conn, old, id, raft_addr, http_addr } } => {
+            cluster::changed(conn.client().replace_member(old, id, &raft_addr, &http_addr).await)
         }
         Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } | Cmd::Chaos { .. } | Cmd::Acl { .. } => {
             Ok(())

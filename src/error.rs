@@ -78,6 +78,18 @@ pub const POLICY_MISMATCH: &str = "policy_mismatch";
 /// (503). The leader keeps, or takes back, the lead; nothing was lost.
 pub const TRANSFER_FAILED: &str = "transfer_failed";
 
+/// A membership change would leave the group's voters without a quorum that answers now
+/// (409): nothing changed. Bring the down members back, or remove a dead one first.
+pub const WOULD_LOSE_QUORUM: &str = "would_lose_quorum";
+
+/// A membership change that is refused by rule (409): removing the leader (hand the lead
+/// over first), a node id or address already in the group. Nothing changed.
+pub const MEMBERSHIP_REFUSED: &str = "membership_refused";
+
+/// A membership change did not complete (503): another is under way, the new node did not
+/// catch up in time (it stays a learner), or Raft failed.
+pub const CHANGE_FAILED: &str = "membership_change_failed";
+
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} ({}): {}", self.status.as_u16(), self.code, self.message)

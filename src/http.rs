@@ -34,6 +34,7 @@ pub mod auth;
 pub mod forward;
 pub mod limits;
 pub mod listener;
+pub mod members;
 pub mod rate;
 pub mod tls;
 
@@ -59,6 +60,9 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .route("/v1/admin/retire-dc", post(retire_dc))
         .route("/v1/admin/unretire-dc", post(unretire_dc))
         .route(TRANSFER_LEADER_PATH, post(transfer_leader))
+        .route(members::MEMBERS_PATH, post(members::add))
+        .route(&format!("{}/{{id}}", members::MEMBERS_PATH), delete(members::remove))
+        .route(&format!("{}/{{id}}/replace", members::MEMBERS_PATH), post(members::replace))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         // Innermost: on a DC group's follower, a write goes to the leader (every check

@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use parking_lot::Mutex;
-use tandem_replicator::gateway::{
-    self, Admission, Gateway, GatewayConfig, GatewayStats, PeerConfig, ReplicaStore,
-};
+use tandem_replicator::gateway::{self, Gateway, GatewayConfig, GatewayStats, PeerBook, ReplicaStore};
 use tandem_replicator::log::{ApplyReport, ChunkOutcome, EventLog, LogError};
 use tandem_replicator::protocol::StreamTuning;
 use tandem_replicator::purge;
@@ -358,6 +356,7 @@ impl Node {
         // only while it leads (the lead task starts and stops it).
         let gateway_clock = tokio::time::Instant::now();
         let gateway_stats: Option<Arc<GatewayStats>> = cfg.replication.as_ref().map(|_| Arc::default());
+        let mut peer_book = None;
         let start_gateway: Option<StartGateway> = match (&cfg.replication, &gateway_stats) {
             (Some(r), Some(stats)) => {
                 let tls = ReloadableTls::load(TlsPaths {
@@ -366,14 +365,11 @@ impl Node {
                     key: r.key.clone(),
                 })
                 .context("cannot load the replication certificates")?;
+                let (peers, admission) = crate::shared::peers_of(r);
                 let gcfg = GatewayConfig {
                     local_dc: cfg.dc.clone(),
                     listen: r.listen,
-                    peers: r
-                        .peers
-                        .iter()
-                        .map(|p| PeerConfig { dc: p.dc.clone(), addrs: p.all_addrs() })
-                        .collect(),
+                    peers: PeerBook::new(peers, admission),
                     stream: StreamTuning {
                         batch_events_max: r.batch_events_max,
                         window_batches_max: r.window_batches_max,
@@ -385,12 +381,8 @@ impl Node {
                     schema_version_write: r.schema_version,
                     reset_secret: data_dir::reset_secret(&cfg.data_dir)
                         .context("cannot load the stateless-reset secret")?,
-                    admission: Admission::new(
-                        &r.accept_from,
-                        r.peers.iter().flat_map(|p| p.all_addrs()),
-                        r.handshakes_max,
-                    ),
                 };
+                peer_book = Some(gcfg.peers.clone());
                 let (tls, live, committer, stats, clock) =
                     (Arc::new(tls), live.clone(), committer.clone(), stats.clone(), gateway_clock);
                 Some(Arc::new(move || {
@@ -454,6 +446,7 @@ impl Node {
             forward_stats: Default::default(),
             live,
             gateway_stats: gateway_stats.clone(),
+            peer_book,
             answers: Mutex::new(Default::default()),
             closing: shut_rx.clone(),
             gateway: Mutex::new(gw),

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use tandem_replicator::gateway::{Gateway, GatewayStats};
+use tandem_replicator::gateway::{Admission, Gateway, GatewayStats, PeerBook, PeerConfig};
 use tandem_replicator::tls::TlsError;
 use tandem_schemas::Mark;
 use tokio::sync::watch;
@@ -40,6 +40,9 @@ pub struct NodeShared {
     pub forward_stats: crate::http::forward::ForwardStats,
     pub live: Arc<parking_lot::RwLock<LiveMarks>>,
     pub gateway_stats: Option<Arc<GatewayStats>>,
+    /// The peer DCs' addresses and the replication listener's admission, which a reload
+    /// changes in place (every gateway this node starts reads them).
+    pub peer_book: Option<Arc<PeerBook>>,
     /// Encoded discovery answers by (namespace, service, filter), with their index.
     pub answers: Mutex<AnswerCache>,
     /// Turns true when the node shuts down (streaming watches end).
@@ -76,9 +79,15 @@ pub enum ReloadError {
     Certificates(#[from] TlsError),
     #[error("[http.tls] certificates: {0}")]
     HttpsCertificates(TlsError),
+    #[error("[cluster] certificates: {0}")]
+    MemberCertificates(TlsError),
     #[error("[acl] {0}")]
     Acl(#[from] crate::acl::AclError),
 }
+
+/// The key a reload names when it would change which DCs are peers (their addresses do
+/// reload).
+const PEER_DCS_KEY: &str = "[replication] peers (which DCs; their addresses reload)";
 
 /// Whether a peer present in both configurations has another replication scope in `new`
 /// (scopes are taken at start: see `RocksLog::rescope`).
@@ -89,8 +98,9 @@ fn scope_changed(old: &Config, new: &Config) -> bool {
 
 impl NodeShared {
     /// Re-reads the config file: failover policy and protection settings take effect at
-    /// once; replication and HTTPS certificates are reloaded (new connections use them).
-    /// An invalid file changes nothing.
+    /// once; replication, member-link and HTTPS certificates are reloaded (new connections
+    /// use them); the peer DCs' addresses and `accept_from` take effect at the next dial
+    /// and handshake. An invalid file changes nothing.
     pub fn reload(&self) -> Result<(), ReloadError> {
         let _one_at_a_time = self.reloading.lock();
         let path = self.config_path.as_ref().ok_or(ReloadError::NoConfigFile)?;
@@ -124,8 +134,29 @@ impl NodeShared {
             }
             _ => None,
         };
+        let peers = match (&self.peer_book, &new.replication) {
+            (Some(book), Some(r)) => {
+                let (peers, admission) = peers_of(r);
+                let (mut now, mut next): (Vec<&String>, Vec<&String>) =
+                    (book.dcs().iter().collect(), peers.iter().map(|p| &p.dc).collect());
+                now.sort();
+                next.sort();
+                if now != next {
+                    return Err(ReloadError::Immutable { key: PEER_DCS_KEY });
+                }
+                Some((book, peers, admission))
+            }
+            (None, None) => None,
+            _ => return Err(ReloadError::Immutable { key: "[replication] (on or off)" }),
+        };
         if let Some(gw) = self.gateway.lock().as_ref() {
             gw.reload_tls()?;
+        }
+        if let Some(g) = &self.group {
+            g.reload_tls().map_err(ReloadError::MemberCertificates)?;
+        }
+        if let Some((book, peers, admission)) = peers {
+            book.replace(peers, admission).map_err(|_| ReloadError::Immutable { key: PEER_DCS_KEY })?;
         }
         if let (Some(tls), Some(prepared)) = (&self.https, https) {
             tls.swap(prepared);
@@ -138,6 +169,16 @@ impl NodeShared {
         tracing::info!(path = %path.display(), "configuration reloaded");
         Ok(())
     }
+}
+
+/// The peers of `[replication]` as the gateway dials them (every address of each), and the
+/// listener's admission.
+pub fn peers_of(r: &crate::config::ReplicationSection) -> (Vec<PeerConfig>, Admission) {
+    let peers: Vec<PeerConfig> =
+        r.peers.iter().map(|p| PeerConfig { dc: p.dc.clone(), addrs: p.all_addrs() }).collect();
+    let admission =
+        Admission::new(&r.accept_from, peers.iter().flat_map(|p| p.addrs.clone()), r.handshakes_max);
+    (peers, admission)
 }
 
 #[cfg(test)]

@@ -425,10 +425,16 @@ async fn a_dc_group_replicates_through_its_leader_and_a_new_leader_resumes_witho
 /// `tandem cluster transfer-leader --to N --addr <a follower>` (with its exit status and
 /// standard output and error).
 async fn transfer_leader(addr: &str, to: u64) -> (bool, String) {
-    let addr = addr.to_owned();
+    tandem_cluster(&["transfer-leader", "--to", &to.to_string(), "--addr", addr]).await
+}
+
+/// `tandem cluster <args>`: (exit status 0, standard output and error).
+async fn tandem_cluster(args: &[&str]) -> (bool, String) {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     tokio::task::spawn_blocking(move || {
         let out = std::process::Command::new(common::tandem_bin())
-            .args(["cluster", "transfer-leader", "--to", &to.to_string(), "--addr", &addr])
+            .arg("cluster")
+            .args(&args)
             .output()
             .expect("tandem runs");
         let text =
@@ -493,7 +499,7 @@ async fn a_follower_batches_heartbeats_and_the_lead_moves_on_an_operators_word()
 
     // An unknown member, and a transfer through a follower to the other follower.
     let (ok, said) = transfer_leader(&members[follower].http, 9).await;
-    assert!(!ok && said.contains("not a member"), "{said}");
+    assert!(!ok && said.contains("not a voting member"), "{said}");
     let target = members.iter().find(|m| m.id != leader && m.id != members[follower].id).unwrap().id;
     let (ok, said) = transfer_leader(&members[follower].http, target).await;
     assert!(ok, "transfer to n{target}: {said}");
@@ -606,4 +612,165 @@ async fn a_member_back_from_a_disk_loss_votes_only_once_it_holds_the_groups_log(
     .await;
     let (sound, table) = cluster_status(&members[survivor].http).await;
     assert!(sound, "{table}");
+}
+
+/// A node that joins the DC of `start_members` under id `id`, on addresses `at` (Raft,
+/// HTTP) or new ones: its certificate, a config like member 1's with itself added to
+/// `members` and `join = true`, started. Returns the member and its Raft and HTTP
+/// addresses.
+fn start_joiner(dir: &Path, id: u64, at: Option<(String, String)>) -> (Member, String, String) {
+    let certs = dir.join("certs");
+    let paths =
+        tandem_replicator::tls::generate_dev_node_certs(&certs, DC, &[id], false).unwrap()[0].1.clone();
+    let (raft, http) = at.unwrap_or_else(|| {
+        (format!("127.0.0.1:{}", free_udp_port()), format!("127.0.0.1:{}", free_tcp_port()))
+    });
+    let first = std::fs::read_to_string(dir.join("n1.toml")).unwrap();
+    let mut body = String::new();
+    for line in first.lines() {
+        let key = line.split(" = ").next().unwrap_or("");
+        let line = match key {
+            "data_dir" => format!("data_dir = \"{}\"", dir.join(format!("n{id}")).display()),
+            "http_addr" => format!("http_addr = \"{http}\""),
+            "node_id" => format!("node_id = {id}"),
+            // Itself added; a member it takes the place of (on its addresses) left out.
+            "members" => {
+                let others: Vec<&str> = line
+                    .trim_start_matches("members = [")
+                    .split("}, ")
+                    .filter(|m| !m.contains(&format!("\"{raft}\"")))
+                    .collect();
+                let me = format!("{{ id = {id}, raft_addr = \"{raft}\", http_addr = \"{http}\" }}, ");
+                format!("members = [{me}{}", others.join("}, "))
+            }
+            "cert" => format!("cert = \"{}\"", paths.cert.display()),
+            "key" => format!("key = \"{}\"", paths.key.display()),
+            _ => line.to_owned(),
+        };
+        body.push_str(&line);
+        body.push('\n');
+    }
+    body.push_str("join = true\n");
+    let config = dir.join(format!("n{id}.toml"));
+    std::fs::write(&config, body).unwrap();
+    let mut m = Member { id, http: format!("http://{http}"), server: ServerProc::new(config, "info") };
+    m.server.start();
+    (m, raft, http)
+}
+
+/// The voters a member's status lists.
+async fn voters(m: &Member) -> Option<BTreeSet<u64>> {
+    let s = group_status(m).await?;
+    Some(
+        s["members"]
+            .as_array()?
+            .iter()
+            .filter(|v| v["voter"] == true)
+            .filter_map(|v| v["id"].as_u64())
+            .collect(),
+    )
+}
+
+/// Membership through `tandem cluster`: a node started to join is added (a learner sent
+/// the group's state, then a voter), a member removed, a dead one replaced, all while the
+/// group serves; a removal that would leave no quorum that answers, and removing the
+/// leader, are refused with nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_are_added_removed_and_replaced_and_a_change_that_loses_quorum_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = start_dc(dir.path());
+    let leader = serving_leader(&members).await;
+    let c = members[(leader - 1) as usize].client();
+    for i in 0..10 {
+        c.register(&reg_body("web", &format!("w{i}"), true)).await.unwrap();
+    }
+    let followers: Vec<usize> = (0..members.len()).filter(|k| members[*k].id != leader).collect();
+    let (gone, dead) = (followers[0], followers[1]);
+
+    // Add node 4, asked through a follower (forwarded to the leader).
+    let (n4, raft4, http4) = start_joiner(dir.path(), 4, None);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(group_status(&n4).await.map(|s| s["leader"].clone()), Some(Value::Null), "it formed no group");
+    let (ok, out) = tandem_cluster(&[
+        "add",
+        "--id",
+        "4",
+        "--raft-addr",
+        &raft4,
+        "--http-addr",
+        &http4,
+        "--addr",
+        &members[gone].http,
+    ])
+    .await;
+    assert!(ok, "{out}");
+    assert!(out.contains("voters [1,2,3,4]"), "{out}");
+    members.push(n4);
+    eventually(Duration::from_secs(10), "node 4 holds the writes and the membership", || async {
+        let read = members[3].client().discover("default", "web", "").await;
+        read.is_ok_and(|a| ids_of(&a).len() == 10)
+            && voters(&members[3]).await == Some(BTreeSet::from([1, 2, 3, 4]))
+    })
+    .await;
+    let (sound, table) = cluster_status(&members[0].http).await;
+    assert!(sound && table.contains(&http4), "{table}");
+
+    // The leader is not removed; a follower is.
+    let (ok, out) =
+        tandem_cluster(&["remove", "--id", &leader.to_string(), "--addr", &members[0].http]).await;
+    assert!(!ok && out.contains("membership_refused"), "{out}");
+    let gone_id = members[gone].id;
+    let (ok, out) =
+        tandem_cluster(&["remove", "--id", &gone_id.to_string(), "--addr", &members[0].http]).await;
+    assert!(ok, "{out}");
+    members[gone].server.kill9();
+    let live: BTreeSet<u64> = members.iter().filter(|m| m.id != gone_id).map(|m| m.id).collect();
+    assert_eq!(voters(&members[(leader - 1) as usize]).await, Some(live.clone()));
+
+    // One of the three left dies: removing another would leave one of two answering.
+    members[dead].server.kill9();
+    let (ok, out) =
+        tandem_cluster(&["remove", "--id", "4", "--addr", &members[(leader - 1) as usize].http]).await;
+    assert!(!ok && out.contains("would_lose_quorum"), "{out}");
+    assert_eq!(voters(&members[(leader - 1) as usize]).await, Some(live), "nothing changed");
+
+    // The dead member is replaced by node 5 on its machine (its addresses; its disk gone):
+    // the group is whole again and serves.
+    let dead_id = members[dead].id;
+    let listed = group_status(&members[(leader - 1) as usize]).await.unwrap();
+    let dead_raft = listed["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"].as_u64() == Some(dead_id))
+        .map(|m| m["raft_addr"].as_str().unwrap().to_owned())
+        .unwrap();
+    let dead_http = members[dead].http.trim_start_matches("http://").to_owned();
+    let (n5, raft5, http5) = start_joiner(dir.path(), 5, Some((dead_raft, dead_http)));
+    let (ok, out) = tandem_cluster(&[
+        "replace",
+        "--old",
+        &dead_id.to_string(),
+        "--id",
+        "5",
+        "--raft-addr",
+        &raft5,
+        "--http-addr",
+        &http5,
+        "--addr",
+        &members[(leader - 1) as usize].http,
+    ])
+    .await;
+    assert!(ok, "{out}");
+    members.push(n5);
+    let want = BTreeSet::from([leader, 4, 5]);
+    eventually(Duration::from_secs(10), "node 5 holds the writes and the membership", || async {
+        let read = members[4].client().discover("default", "web", "").await;
+        read.is_ok_and(|a| ids_of(&a).len() == 10) && voters(&members[4]).await == Some(want.clone())
+    })
+    .await;
+    members[4].client().register(&reg_body("web", "w-after", true)).await.unwrap();
+    let (sound, table) = cluster_status(&members[3].http).await;
+    assert!(sound, "{table}");
+    assert!(!table.lines().any(|l| l.starts_with(&format!("n{dead_id} "))), "{table}");
 }

@@ -545,3 +545,51 @@ async fn a_peer_scope_keeps_other_namespaces_out_and_widening_resyncs_by_snapsho
     assert_eq!(ids_in(&b, "b").await, ["b1", "b3"].map(String::from).into());
     p.stop().await;
 }
+
+/// The other DC's address list changes by a reload, without a restart: dc-a starts with
+/// only a dead address for dc-b (nothing ships), its file gains dc-b's address and is
+/// reloaded, and dc-a's writes reach dc-b; a reload that would change which DCs are peers
+/// is refused, with the addresses in force kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_address_list_changes_by_a_reload_without_a_restart() {
+    let mut p = pair().await;
+    p.a.take().unwrap().shutdown().await;
+    let r = p.cfg_a.replication.clone().unwrap();
+    let dead = std::net::SocketAddr::from(([127, 0, 0, 1], free_udp_port()));
+    let path = p.dir.path().join("a-reload.toml");
+    let write = |peers: &str| {
+        let text = format!(
+            "dc = \"dc-a\"\ndata_dir = \"{}\"\nhttp_addr = \"127.0.0.1:0\"\n[replication]\nlisten = \"{}\"\n\
+             peers = [{peers}]\nca_cert = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+             backoff_initial_ms = 50\nbackoff_max_ms = 200\n",
+            p.dir.path().join("a-reload").display(),
+            r.listen,
+            r.ca_cert.display(),
+            r.cert.display(),
+            r.key.display()
+        );
+        std::fs::write(&path, text).unwrap();
+    };
+    write(&format!("{{ dc = \"dc-b\", addr = \"{dead}\" }}"));
+    let a = tandem::node::Node::start(tandem::config::Config::load(&path).unwrap(), Some(path.clone()))
+        .await
+        .unwrap();
+    let (ca, cb) = (client(&a), p.client_b());
+    ca.register(&reg_body("moved", "m1", true)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(cb.discover("default", "moved", "dc=dc-a").await.map_or(true, |d| ids(&d).is_empty()));
+
+    // Another peer DC: refused, nothing changed.
+    write(&format!("{{ dc = \"dc-c\", addr = \"{}\" }}", p.relay_ab.local_addr()));
+    let e = a.shared.reload().unwrap_err().to_string();
+    assert!(e.contains("which DCs"), "{e}");
+    // dc-b's address added: shipped without a restart.
+    write(&format!("{{ dc = \"dc-b\", addr = \"{dead}\", addrs = [\"{}\"] }}", p.relay_ab.local_addr()));
+    a.shared.reload().unwrap();
+    eventually(Duration::from_secs(15), "dc-b holds dc-a's write", || async {
+        cb.discover("default", "moved", "dc=dc-a").await.is_ok_and(|d| ids(&d) == vec!["m1".to_string()])
+    })
+    .await;
+    a.shutdown().await;
+    p.stop().await;
+}

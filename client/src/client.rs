@@ -152,6 +152,10 @@ impl Client {
             if let Some(t) = &self.token {
                 req = req.bearer_auth(t);
             }
+            if path.starts_with("/v1/admin/") {
+                // Marks an operator's call (a browser's cross-site form cannot send it).
+                req = req.header("x-tandem-admin", "1");
+            }
             if let Some(b) = body {
                 req = req.json(b);
             }
@@ -269,12 +273,51 @@ impl Client {
         self.call(reqwest::Method::POST, "/v1/admin/cluster/transfer-leader", Some(&body)).await
     }
 
+    /// POST /v1/admin/cluster/members: add node `id` (started with `[cluster] join =
+    /// true`) to the DC's group; a voter once it caught up, unless `learner`. Waits for the
+    /// catch-up (at most [`MEMBER_CHANGE_TIMEOUT`]).
+    pub async fn add_member(
+        &self,
+        id: u64,
+        raft_addr: &str,
+        http_addr: &str,
+        learner: bool,
+    ) -> Result<Value, ClientError> {
+        let body = serde_json::json!({ "id": id, "raft_addr": raft_addr, "http_addr": http_addr, "learner": learner });
+        let path = "/v1/admin/cluster/members";
+        self.send(reqwest::Method::POST, path, Some(&body), MEMBER_CHANGE_TIMEOUT).await.map(|(v, _)| v)
+    }
+
+    /// DELETE /v1/admin/cluster/members/{id}: remove member `id` from the DC's group.
+    pub async fn remove_member(&self, id: u64) -> Result<Value, ClientError> {
+        let path = format!("/v1/admin/cluster/members/{id}");
+        self.send::<Value>(reqwest::Method::DELETE, &path, None, MEMBER_CHANGE_TIMEOUT).await.map(|(v, _)| v)
+    }
+
+    /// POST /v1/admin/cluster/members/{old}/replace: add node `id` and, once it caught up,
+    /// swap it for member `old` in one change.
+    pub async fn replace_member(
+        &self,
+        old: u64,
+        id: u64,
+        raft_addr: &str,
+        http_addr: &str,
+    ) -> Result<Value, ClientError> {
+        let body = serde_json::json!({ "id": id, "raft_addr": raft_addr, "http_addr": http_addr });
+        let path = format!("/v1/admin/cluster/members/{old}/replace");
+        self.send(reqwest::Method::POST, &path, Some(&body), MEMBER_CHANGE_TIMEOUT).await.map(|(v, _)| v)
+    }
+
     /// POST /v1/admin/unretire-dc: let a retired DC replicate again (from scratch).
     pub async fn unretire_dc(&self, dc: &str) -> Result<UnretireAnswer, ClientError> {
         let body = RetireRequest { dc: dc.to_owned() };
         self.call(reqwest::Method::POST, "/v1/admin/unretire-dc", Some(&body)).await
     }
 }
+
+/// How long a membership change may take to answer: a new member's catch-up (at most
+/// 120 s on the leader) and the forward to the leader.
+pub const MEMBER_CHANGE_TIMEOUT: Duration = Duration::from_secs(260);
 
 /// An error and its causes, so that "error sending request" says why (a refused
 /// connection, a certificate the CA does not vouch for).

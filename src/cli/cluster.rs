@@ -8,8 +8,9 @@ use tandem_client::{Client, ClientError};
 
 /// How far behind the leader's last log entry a member may be and count as caught up
 /// (entries: a few are in flight under load; a member back from a restart or a disk loss
-/// is thousands behind, or has no matched index yet).
-pub const CAUGHT_UP_ENTRIES_MAX: u64 = 100;
+/// is thousands behind, or has no matched index yet): as a new member must be before it
+/// is promoted to a voter.
+pub use crate::node::group::CAUGHT_UP_ENTRIES_MAX;
 
 /// One member's row.
 struct Row {
@@ -198,6 +199,18 @@ pub async fn transfer_leader(
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// Prints a membership change's outcome: the voters and learners after it.
+pub fn changed(answer: Result<Value, ClientError>) -> Result<(), ClientError> {
+    let done = answer?;
+    println!(
+        "voters {}, learners {} ({} ms)",
+        cell(&done["voters"]),
+        cell(&done["learners"]),
+        cell(&done["took_ms"])
+    );
+    Ok(())
 }
 
 #[cfg(test)]

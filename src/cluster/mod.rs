@@ -62,6 +62,20 @@ openraft::declare_raft_types!(
         AsyncRuntime = openraft::TokioRuntime,
 );
 
+/// The membership node of a member: its Raft and HTTP addresses, as `"<raft> <http>"`.
+pub fn node_of(raft: std::net::SocketAddr, http: std::net::SocketAddr) -> openraft::BasicNode {
+    openraft::BasicNode::new(format!("{raft} {http}"))
+}
+
+/// A membership node's addresses. A group formed by a release before membership changes
+/// carries the Raft address alone (the HTTP address then comes from the file).
+pub fn addrs_of(node: &openraft::BasicNode) -> Option<(std::net::SocketAddr, Option<std::net::SocketAddr>)> {
+    let mut parts = node.addr.split_whitespace();
+    let raft = parts.next()?.parse().ok()?;
+    let http = parts.next().and_then(|h| h.parse().ok());
+    Some((raft, http))
+}
+
 /// Whether member `id` leads with a quorum behind it: openraft says it leads, and a quorum
 /// of the members acknowledged it (heartbeats count) within `quorum_lost_after_ms`.
 ///

@@ -470,7 +470,16 @@ impl MemberNetwork {
 impl RaftNetworkFactory<TypeConfig> for MemberNetwork {
     type Network = MemberRpc;
 
-    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> MemberRpc {
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> MemberRpc {
+        // A member just added (a learner): reached from now on, before this member's
+        // watch of the membership catches up with the change (`group/membership.rs`).
+        if !self.link.is_member(target) {
+            if let Some((raft, _)) = super::addrs_of(node) {
+                let mut members = self.link.members();
+                members.push((target, raft));
+                self.link.set_members(&members);
+            }
+        }
         MemberRpc { link: self.link.clone(), target }
     }
 }

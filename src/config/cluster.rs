@@ -66,6 +66,13 @@ pub struct ClusterSection {
     /// production; off by default.
     #[serde(default)]
     pub emulate_previous_release: bool,
+    /// This node joins a group that was formed without it (`tandem cluster add` or
+    /// `replace` makes it a member): it never forms a group of its own, and waits, with an
+    /// empty log, until the leader adds it. `members` lists the group's members and this
+    /// node (so that it admits the leader's connection). Ignored once its log holds
+    /// anything.
+    #[serde(default)]
+    pub join: bool,
 }
 
 /// The default `snapshot_every_entries`.
@@ -118,6 +125,7 @@ impl ClusterSection {
             accept_from: SourceRule::defaults(),
             snapshot_every_entries: d_snapshot_every(),
             emulate_previous_release: false,
+            join: false,
         }
     }
 

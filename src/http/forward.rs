@@ -155,6 +155,9 @@ async fn forward(group: &Group, stats: &ForwardStats, leader: u64, req: Request)
     } else if parts.uri.path() == super::TRANSFER_LEADER_PATH {
         // The leader it goes to stops leading by design: wait for its answer.
         group.forward_transfer(leader, write).await
+    } else if parts.uri.path().starts_with(super::members::MEMBERS_PATH) {
+        // A new member's catch-up takes as long as its snapshot does.
+        group.forward_within(leader, write, crate::node::group::CATCH_UP_TIMEOUT * 2).await
     } else {
         group.forward(leader, write).await
     };

@@ -299,9 +299,13 @@ fn admin_marked(req: &Request) -> bool {
 }
 
 /// How long a request may take: `request_timeout_ms`, plus its `wait` for a blocking query
-/// (a streaming watch answers at once; its body is bounded by its own keep-alive).
+/// (a streaming watch answers at once; its body is bounded by its own keep-alive), or
+/// plus twice a new member's catch-up bound for a membership change.
 fn budget(cfg: &Config, req: &Request) -> Duration {
     let base = Duration::from_millis(cfg.http.request_timeout_ms);
+    if req.uri().path().starts_with(super::members::MEMBERS_PATH) {
+        return base + crate::node::group::CATCH_UP_TIMEOUT * 2;
+    }
     let q = req.uri().query().unwrap_or("");
     if !req.uri().path().starts_with("/v1/services/") || !q.split('&').any(|kv| kv.starts_with("index=")) {
         return base;

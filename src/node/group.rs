@@ -33,7 +33,13 @@ use crate::cluster::{
 use crate::config::{ClusterSection, Config};
 use crate::store::RaftLogStore;
 
+mod membership;
+mod progress;
 mod transfer;
+pub use membership::{
+    members_of, Change, Changed, Member, MembershipError, CATCH_UP_TIMEOUT, CAUGHT_UP_ENTRIES_MAX,
+};
+pub use progress::RemoteProgress;
 pub use transfer::{TransferError, Transferred, TRANSFER_TIMEOUT};
 
 /// The data dir's subdirectory of the Raft log.
@@ -106,6 +112,8 @@ pub struct Group {
     /// This member's `[failover]`/`[protection]` digest and its leader's, as last heard
     /// (`follow_leader`).
     policy: parking_lot::Mutex<PolicyDigests>,
+    /// Held while a membership change runs (`membership.rs`): one at a time.
+    changing: tokio::sync::Mutex<()>,
 }
 
 /// The policy digests a follower compares ([`Group::policy_differs`]).
@@ -114,32 +122,6 @@ struct PolicyDigests {
     own: String,
     /// The leader it was heard from, and its digest.
     leader: Option<(NodeId, String)>,
-}
-
-/// When each remote origin's copies last progressed (a batch or snapshot applied, or, on
-/// the leader's gateway, a ping that found this DC caught up), on this node's clock. A
-/// follower keeps it from its own applies and from the leader's answers, so that its
-/// `stale` flag turns when the leader's does (within a round trip for progress only the
-/// leader's gateway saw, at once for applies and for the lack of progress).
-#[derive(Debug, Default)]
-pub struct RemoteProgress(parking_lot::Mutex<BTreeMap<String, std::time::Instant>>);
-
-impl RemoteProgress {
-    /// `origin` progressed at `at` (kept if later than what is known).
-    pub fn note(&self, origin: &str, at: std::time::Instant) {
-        let mut m = self.0.lock();
-        match m.get_mut(origin) {
-            Some(t) => *t = (*t).max(at),
-            None => {
-                m.insert(origin.to_owned(), at);
-            }
-        }
-    }
-
-    /// No progress of `origin` known within `stale_after_ms`.
-    pub fn stale(&self, origin: &str, stale_after_ms: u64) -> bool {
-        self.0.lock().get(origin).is_none_or(|t| t.elapsed() > Duration::from_millis(stale_after_ms))
-    }
 }
 
 /// Refuses a data dir that holds a single node's log, then opens (or creates) the
@@ -225,9 +207,12 @@ impl Group {
             .await
             .context("cannot start Raft")?;
         service.attach(raft.clone());
+        membership::follow_membership(&raft, link.clone(), section.clone());
         if !raft.is_initialized().await.context("cannot read the Raft state")? {
-            let floor = formed_log_reach(&link, section).await;
-            if floor > 0 {
+            let floor = if section.join { 0 } else { formed_log_reach(&link, section).await };
+            if section.join {
+                tracing::info!(node = id, "joining a formed group: waiting for its leader to add this node");
+            } else if floor > 0 {
                 // The group formed without this member's log (a late first start, a lost disk).
                 service.hold_votes_until(floor);
                 tracing::info!(
@@ -238,8 +223,11 @@ impl Group {
                      log reaches {floor}"
                 );
             } else {
-                let nodes: BTreeMap<NodeId, BasicNode> =
-                    section.members.iter().map(|m| (m.id, BasicNode::new(m.raft_addr))).collect();
+                let nodes: BTreeMap<NodeId, BasicNode> = section
+                    .members
+                    .iter()
+                    .map(|m| (m.id, crate::cluster::node_of(m.raft_addr, m.http_addr)))
+                    .collect();
                 match raft.initialize(nodes).await {
                     Ok(()) => tracing::info!(node = id, members = section.members.len(), "formed the group"),
                     // Another member formed it first and reached this one: nothing to do.
@@ -272,6 +260,7 @@ impl Group {
             progress,
             heartbeats,
             policy: parking_lot::Mutex::new(PolicyDigests { own: cfg.policy_digest(), leader: None }),
+            changing: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -385,7 +374,17 @@ impl Group {
     /// that `to` no longer leads (a dead leader's connection can take seconds to time
     /// out; the election that replaced it takes less).
     pub async fn forward(&self, to: NodeId, write: Forwarded) -> Result<ForwardAnswer, String> {
-        let call = crate::cluster::forward(&self.link, to, write, self.forward_timeout());
+        self.forward_within(to, write, self.forward_timeout()).await
+    }
+
+    /// [`Group::forward`] with its own deadline (a membership change waits for a catch-up).
+    pub async fn forward_within(
+        &self,
+        to: NodeId,
+        write: Forwarded,
+        timeout: Duration,
+    ) -> Result<ForwardAnswer, String> {
+        let call = crate::cluster::forward(&self.link, to, write, timeout);
         while_leading(&self.raft, to, call).await
     }
 
@@ -533,14 +532,13 @@ impl Group {
             applied_index: m.last_applied.map_or(0, |l| l.index),
             snapshot_index: m.snapshot.map(|l| l.index),
             millis_since_quorum_ack: m.millis_since_quorum_ack,
-            members: self
-                .section
-                .members
-                .iter()
+            members: members_of(&m, &self.section)
+                .into_iter()
                 .map(|s| MemberStatus {
                     id: s.id,
                     raft_addr: s.raft_addr,
                     http_addr: s.http_addr,
+                    voter: s.voter,
                     matched_index: matched.get(&s.id).map(|l| l.map_or(0, |l| l.index)),
                 })
                 .collect(),
@@ -548,6 +546,11 @@ impl Group {
             leader_policy_digest: leader_policy_digest.filter(|_| !self.serving()),
             votes_held_until: self.service.votes_held_until(),
         }
+    }
+
+    /// Re-reads the node certificate files (a rotation): new member connections use them.
+    pub fn reload_tls(&self) -> Result<(), tandem_replicator::tls::TlsError> {
+        self.link.reload_tls()
     }
 
     /// The member link's counters.
@@ -580,7 +583,7 @@ pub struct GroupStatus {
     pub snapshot_index: Option<u64>,
     /// On the leader: how long ago a quorum last acknowledged it.
     pub millis_since_quorum_ack: Option<u64>,
-    /// Every configured member; on the leader, the index each one matched.
+    /// Every member the group's membership names; on the leader, the index each matched.
     pub members: Vec<MemberStatus>,
     /// This member's `[failover]`/`[protection]` digest ([`Config::policy_digest`]).
     pub policy_digest: String,
@@ -597,7 +600,11 @@ pub struct GroupStatus {
 pub struct MemberStatus {
     pub id: NodeId,
     pub raft_addr: SocketAddr,
-    pub http_addr: SocketAddr,
+    /// Unknown (null) only for a member a group formed by an earlier release names and
+    /// this node's file does not.
+    pub http_addr: Option<SocketAddr>,
+    /// A voter; a learner (catching up, votes for no one) otherwise.
+    pub voter: bool,
     /// On the leader: the last index this member holds (None elsewhere).
     pub matched_index: Option<u64>,
 }

@@ -79,9 +79,11 @@ impl fmt::Display for SourceRule {
     }
 }
 
-/// The listener's admission rules, fixed when the gateway starts.
+/// The listener's admission rules, fixed when the gateway starts (the member link's
+/// follow its membership: [`Admission::with_peers`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Admission {
+    rules: Vec<SourceRule>,
     any: bool,
     nets: Vec<IpNet>,
     /// Handshakes run at once; more are refused.
@@ -107,7 +109,12 @@ impl Admission {
         }
         nets.sort();
         nets.dedup();
-        Admission { any, nets, handshakes_max: handshakes_max.max(1) }
+        Admission { rules: rules.to_vec(), any, nets, handshakes_max: handshakes_max.max(1) }
+    }
+
+    /// The same rules resolved against other peers' addresses (`"peers"` follows them).
+    pub fn with_peers(&self, peers: impl IntoIterator<Item = SocketAddr>) -> Self {
+        Admission::new(&self.rules, peers, self.handshakes_max)
     }
 
     /// Admits every source (tests, and the opt-out).
@@ -159,6 +166,57 @@ impl Admission {
     }
 }
 
+/// A gateway's peer DCs, their addresses and the listener's admission, shared by every
+/// gateway a node starts (a DC group's leader starts one at each take-over) and changed in
+/// place by a reload ([`PeerBook::replace`]): a dialer dials the addresses of the moment,
+/// and the listener admits by them. Which DCs are peers is fixed.
+#[derive(Debug)]
+pub struct PeerBook {
+    dcs: Vec<String>,
+    now: parking_lot::RwLock<(Vec<super::PeerConfig>, Admission)>,
+}
+
+impl PeerBook {
+    pub fn new(peers: Vec<super::PeerConfig>, admission: Admission) -> std::sync::Arc<PeerBook> {
+        let dcs = peers.iter().map(|p| p.dc.clone()).collect();
+        std::sync::Arc::new(PeerBook { dcs, now: parking_lot::RwLock::new((peers, admission)) })
+    }
+
+    /// The peer DCs.
+    pub fn dcs(&self) -> &[String] {
+        &self.dcs
+    }
+
+    /// Peer `dc` with its addresses of the moment (none for a DC that is not a peer).
+    pub fn peer(&self, dc: &str) -> super::PeerConfig {
+        let now = self.now.read();
+        now.0
+            .iter()
+            .find(|p| p.dc == dc)
+            .cloned()
+            .unwrap_or(super::PeerConfig { dc: dc.into(), addrs: vec![] })
+    }
+
+    /// The admission of the moment.
+    pub fn admission(&self) -> Admission {
+        self.now.read().1.clone()
+    }
+
+    /// Replaces the peers' addresses and the admission. Refused (nothing changed) when
+    /// `peers` names other DCs than the book's: which DCs are peers changes by a restart.
+    pub fn replace(&self, peers: Vec<super::PeerConfig>, admission: Admission) -> Result<(), String> {
+        let mut dcs: Vec<&str> = peers.iter().map(|p| p.dc.as_str()).collect();
+        let mut mine: Vec<&str> = self.dcs.iter().map(String::as_str).collect();
+        dcs.sort_unstable();
+        mine.sort_unstable();
+        if dcs != mine {
+            return Err(format!("the peer DCs are {mine:?}; {dcs:?} differ (a restart changes them)"));
+        }
+        *self.now.write() = (peers, admission);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,5 +259,9 @@ mod tests {
         assert_eq!(open.handshakes_max, 1, "a cap of 0 would refuse every peer");
         // No peers and no networks: nothing is admitted (a node with no peers).
         assert!(!Admission::new(&SourceRule::defaults(), [], 16).admits("10.0.0.1".parse().unwrap()));
+        // New peers (a member added to a group): "peers" follows them, networks stay.
+        let moved = ad.with_peers([a("10.20.0.9:7500")]);
+        assert!(moved.admits("10.20.0.9".parse().unwrap()) && moved.admits("192.0.2.200".parse().unwrap()));
+        assert!(!moved.admits("10.20.0.5".parse().unwrap()), "a former peer's address is no longer admitted");
     }
 }

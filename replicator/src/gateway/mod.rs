@@ -36,7 +36,7 @@ use crate::log::{ApplyReport, ChunkOutcome, EventLog, LogError, SharedReader};
 use crate::protocol::{Sender, SenderEvent, StreamError, StreamTuning};
 use crate::tls::{self, ReloadableTls};
 
-pub use admission::{Admission, Screened, SourceRule, HANDSHAKES_MAX_DEFAULT};
+pub use admission::{Admission, PeerBook, Screened, SourceRule, HANDSHAKES_MAX_DEFAULT};
 use dial::{closed_with_a_word, dial};
 pub use dial::{DIAL_ATTEMPTS_MAX, REDIAL_MS};
 pub use receive::{CLOSE_NO_STREAM, CLOSE_REPLACED};
@@ -114,7 +114,9 @@ pub struct PeerConfig {
 pub struct GatewayConfig {
     pub local_dc: String,
     pub listen: SocketAddr,
-    pub peers: Vec<PeerConfig>,
+    /// The peer DCs, their addresses and which sources may start a handshake (and how
+    /// many handshakes run at once): changed in place by a reload.
+    pub peers: Arc<PeerBook>,
     pub stream: StreamTuning,
     pub backoff_initial_ms: u64,
     pub backoff_max_ms: u64,
@@ -124,8 +126,6 @@ pub struct GatewayConfig {
     /// The node's secret for QUIC stateless resets: random per node and stable across its
     /// restarts (the node keeps it in its data dir), never derived from the DC's key.
     pub reset_secret: [u8; 32],
-    /// Which sources may start a handshake, and how many handshakes run at once.
-    pub admission: Admission,
 }
 
 /// A running gateway. Dropping it does not stop it; call [`Gateway::shutdown`].
@@ -181,8 +181,8 @@ impl Gateway {
         })?;
         let endpoint = quinn::Endpoint::new(endpoint_cfg, Some(server_cfg), socket, runtime)
             .map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
-        for p in &cfg.peers {
-            stats.with_peer(&p.dc, |_| ());
+        for dc in cfg.peers.dcs() {
+            stats.with_peer(dc, |_| ());
         }
         let (shutdown, shut_rx) = watch::channel(false);
         let cfg = Arc::new(cfg);
@@ -195,7 +195,7 @@ impl Gateway {
             started,
             shut_rx.clone(),
         )));
-        for peer in cfg.peers.clone() {
+        for peer in cfg.peers.dcs().to_vec() {
             tasks.push(tokio::spawn(dial_loop(
                 endpoint.clone(),
                 cfg.clone(),
@@ -378,7 +378,7 @@ async fn read_frame(
 async fn dial_loop<S: ReplicaStore>(
     endpoint: quinn::Endpoint,
     cfg: Arc<GatewayConfig>,
-    peer: PeerConfig,
+    dc: String,
     tls: Arc<ReloadableTls>,
     store: S,
     stats: Arc<GatewayStats>,
@@ -398,6 +398,8 @@ async fn dial_loop<S: ReplicaStore>(
         if *shut.borrow() {
             return;
         }
+        // Its addresses of the moment (a reload may have changed them).
+        let peer = cfg.peers.peer(&dc);
         if store.retired(&peer.dc) {
             // A retired DC is not dialed; look again now and then (it may be unretired).
             stats.with_peer(&peer.dc, |p| {

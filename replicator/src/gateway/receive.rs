@@ -49,7 +49,7 @@ pub(super) async fn accept_loop<S: ReplicaStore>(
             Some(_) = conns.join_next(), if !conns.is_empty() => continue,
         };
         let Some(incoming) = incoming else { return };
-        let Some(handshake) = admit(incoming, &cfg.admission, &stats, &samplers) else { continue };
+        let Some(handshake) = admit(incoming, &cfg.peers.admission(), &stats, &samplers) else { continue };
         let cfg = cfg.clone();
         let store = store.clone();
         let stats = stats.clone();
@@ -80,7 +80,7 @@ pub(super) async fn accept_loop<S: ReplicaStore>(
                     conn.close(2u32.into(), b"retired here");
                     return;
                 }
-                Ok(dc) if cfg.peers.iter().any(|p| p.dc == dc) && dc != cfg.local_dc => dc,
+                Ok(dc) if cfg.peers.dcs().contains(&dc) && dc != cfg.local_dc => dc,
                 Ok(dc) => {
                     stats.refused_connections.fetch_add(1, Ordering::Relaxed);
                     if let Some(held_back) = samplers.identity.admit() {

@@ -65,6 +65,8 @@ struct Inner {
     tls: Arc<ReloadableTls>,
     me: NodeName,
     slots: RwLock<BTreeMap<u64, Arc<Slot>>>,
+    /// Follows the members' addresses ([`MemberLink::set_members`]).
+    admission: RwLock<Admission>,
     stats: Arc<MemberStats>,
 }
 
@@ -131,6 +133,7 @@ impl MemberLink {
             tls,
             me,
             slots: RwLock::new(BTreeMap::new()),
+            admission: RwLock::new(cfg.admission),
             stats: Arc::new(MemberStats::default()),
         });
         let (shutdown, shut_rx) = watch::channel(false);
@@ -140,13 +143,8 @@ impl MemberLink {
             accept: Arc::new(parking_lot::Mutex::new(None)),
         };
         link.set_members(&cfg.members);
-        let accept = tokio::spawn(accept_loop(
-            accept_endpoint,
-            link.inner.clone(),
-            cfg.admission,
-            Arc::new(handler),
-            shut_rx,
-        ));
+        let accept =
+            tokio::spawn(accept_loop(accept_endpoint, link.inner.clone(), Arc::new(handler), shut_rx));
         *link.accept.lock() = Some(accept);
         Ok(link)
     }
@@ -171,9 +169,14 @@ impl MemberLink {
     }
 
     /// Replaces the members (a membership change): a member whose address is unchanged
-    /// keeps its connection; a removed member's connection is closed.
+    /// keeps its connection; a removed member's connection is closed, and its address is
+    /// no longer admitted by `"peers"`.
     pub fn set_members(&self, members: &[(u64, SocketAddr)]) {
         let mut slots = self.inner.slots.write();
+        {
+            let mut admission = self.inner.admission.write();
+            *admission = admission.with_peers(members.iter().map(|(_, a)| *a));
+        }
         let mut next = BTreeMap::new();
         for (id, addr) in members {
             let kept = slots.remove(id).filter(|slot| slot.addr == *addr);
@@ -198,6 +201,11 @@ impl MemberLink {
     /// Whether `id` is a configured member.
     pub fn is_member(&self, id: u64) -> bool {
         self.inner.slots.read().contains_key(&id)
+    }
+
+    /// The members and their addresses.
+    pub fn members(&self) -> Vec<(u64, SocketAddr)> {
+        self.inner.slots.read().iter().map(|(id, slot)| (*id, slot.addr)).collect()
     }
 
     /// Sends `request` to member `to` and returns its answer, all within `timeout` (the
@@ -348,7 +356,6 @@ struct Samplers {
 async fn accept_loop<H: Handler>(
     endpoint: quinn::Endpoint,
     inner: Arc<Inner>,
-    admission: Admission,
     handler: Arc<H>,
     mut shut: watch::Receiver<bool>,
 ) {
@@ -364,7 +371,9 @@ async fn accept_loop<H: Handler>(
         let Some(incoming) = incoming else { return };
         let stats = &inner.stats;
         let source = incoming.remote_address();
-        let incoming = match admission.screen(incoming, stats.handshakes_in_flight.load(Ordering::Relaxed)) {
+        let screened =
+            inner.admission.read().screen(incoming, stats.handshakes_in_flight.load(Ordering::Relaxed));
+        let incoming = match screened {
             Screened::Admitted(incoming) => incoming,
             Screened::Retried => continue,
             Screened::Dropped | Screened::Busy => {
@@ -425,6 +434,12 @@ async fn serve<H: Handler>(conn: quinn::Connection, from: u64, inner: Arc<Inner>
             },
             Some(_) = streams.join_next(), if !streams.is_empty() => continue,
         };
+        // Removed from the members since it connected (a membership change): no more.
+        if !inner.slots.read().contains_key(&from) {
+            inner.stats.refused_connections.fetch_add(1, Ordering::Relaxed);
+            conn.close(CLOSE_NOT_A_MEMBER.into(), b"no longer a member");
+            return;
+        }
         let inner = inner.clone();
         let handler = handler.clone();
         streams.spawn(async move {

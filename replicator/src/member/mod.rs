@@ -74,7 +74,8 @@ pub struct MemberConfig {
     pub members: Vec<(u64, SocketAddr)>,
     /// The node's secret for QUIC stateless resets (as the replication link's).
     pub reset_secret: [u8; 32],
-    /// Which sources may start a handshake (`peers` here means the members' addresses).
+    /// Which sources may start a handshake (`peers` here means the members' addresses, as
+    /// [`MemberLink::set_members`] changes them).
     pub admission: Admission,
 }
 

@@ -157,6 +157,59 @@ async fn only_configured_members_of_the_own_dc_are_served() {
     }
 }
 
+/// A membership change: a node added to the members is served from then on; a removed
+/// one's connection is closed and its next call refused.
+#[tokio::test]
+async fn members_follow_a_membership_change() {
+    let pki = pki();
+    let (a1, a2, a3) = (free_addr(), free_addr(), free_addr());
+    let n1 = start(&pki.nodes_a[0], a1, &[(1, a1), (2, a2)]).unwrap();
+    let n2 = start(&pki.nodes_a[1], a2, &[(1, a1), (2, a2)]).unwrap();
+    let n3 = start(&pki.nodes_a[2], a3, &[(1, a1), (3, a3)]).unwrap();
+    assert_eq!(n2.call(1, b"x", WITHIN).await.unwrap(), b"2:x");
+    assert!(matches!(n3.call(1, b"x", WITHIN).await, Err(CallError::Failed { .. })));
+
+    n1.set_members(&[(1, a1), (3, a3)]);
+    assert_eq!(n1.members(), vec![(1, a1), (3, a3)]);
+    assert_eq!(n3.call(1, b"y", WITHIN).await.unwrap(), b"3:y", "the added node is served");
+    assert_eq!(n1.call(3, b"z", WITHIN).await.unwrap(), b"1:z", "and called");
+    // Node 2's connection from before the change is refused at its next request.
+    let refused = n2.call(1, b"x", WITHIN).await.unwrap_err();
+    assert!(!matches!(refused, CallError::UnknownMember { .. }), "{refused:?}");
+    assert!(n1.stats().refused_connections.load(Ordering::Relaxed) >= 1);
+    assert_eq!(n1.call(2, b"x", WITHIN).await, Err(CallError::UnknownMember { node: 2 }));
+    for link in [n1, n2, n3] {
+        link.shutdown().await;
+    }
+}
+
+/// A node certificate rotated in place (new key, same CA) and reloaded: new connections
+/// are served with it; files that do not load are refused and the old material stays.
+#[tokio::test]
+async fn a_rotated_node_certificate_serves_new_connections_and_a_broken_one_is_refused() {
+    let pki = pki();
+    let (a1, a2) = (free_addr(), free_addr());
+    let members = [(1, a1), (2, a2)];
+    let n1 = start(&pki.nodes_a[0], a1, &members).unwrap();
+    let n2 = start(&pki.nodes_a[1], a2, &members).unwrap();
+    assert_eq!(n2.call(1, b"a", WITHIN).await.unwrap(), b"2:a");
+    let before = std::fs::read(&pki.nodes_a[0].cert).unwrap();
+    generate_dev_node_certs(pki._dir.path(), "dc-a", &[1], true).unwrap();
+    assert_ne!(std::fs::read(&pki.nodes_a[0].cert).unwrap(), before, "a new certificate");
+    n1.reload_tls().unwrap();
+    // A new connection (node 2's link restarted) is served with the new certificate.
+    n2.shutdown().await;
+    let n2 = start(&pki.nodes_a[1], a2, &members).unwrap();
+    assert_eq!(n2.call(1, b"b", WITHIN).await.unwrap(), b"2:b");
+    std::fs::write(&pki.nodes_a[0].key, b"not a key").unwrap();
+    assert!(n1.reload_tls().is_err(), "a key that does not load is refused");
+    n2.shutdown().await;
+    let n2 = start(&pki.nodes_a[1], a2, &members).unwrap();
+    assert_eq!(n2.call(1, b"c", WITHIN).await.unwrap(), b"2:c", "the old material stays");
+    n1.shutdown().await;
+    n2.shutdown().await;
+}
+
 #[tokio::test]
 async fn dc_and_node_certificates_never_stand_in_for_each_other() {
     let pki = pki();

@@ -49,7 +49,7 @@ pub struct Transferred {
 pub enum TransferError {
     #[error("this node does not serve writes now: send the request to the leader")]
     NotServing,
-    #[error("node {0} is not a member of this group")]
+    #[error("node {0} is not a voting member of this group")]
     UnknownMember(NodeId),
     #[error("a transfer is already under way")]
     Busy,
@@ -67,7 +67,8 @@ impl Group {
         if self.section.emulate_previous_release {
             return Err(TransferError::NotInThisRelease);
         }
-        if !self.section.members.iter().any(|m| m.id == to) {
+        let members = self.members();
+        if !members.iter().any(|m| m.id == to && m.voter) {
             return Err(TransferError::UnknownMember(to));
         }
         if !self.serving() {
@@ -113,7 +114,7 @@ impl Group {
         let lease = Duration::from_millis(self.section.election_timeout_max_ms);
         // Long enough for the steps below; the target campaigns within it.
         let hold_ms = (lease * 4 + LEASE_MARGIN).as_millis() as u64;
-        for m in self.section.members.iter().filter(|m| m.id != self.id && m.id != to) {
+        for m in self.members().iter().filter(|m| m.voter && m.id != self.id && m.id != to) {
             // A member that does not answer may be down: it cannot campaign either.
             if let Err(e) = crate::cluster::hold_elections_at(&self.link, m.id, hold_ms, left()).await {
                 tracing::warn!(member = m.id, error = %e, "a member did not agree to hold its elections");
