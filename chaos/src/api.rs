@@ -251,6 +251,12 @@ impl Api {
         self.send(self.http.post(format!("{base}{path}")).json(body), timeout).await.map_err(|e| e.1)
     }
 
+    /// DELETE of `path` (an admin call, marked as one): the status and the answer.
+    pub async fn delete(&self, base: &str, path: &str, timeout: Duration) -> Result<(u16, Value), String> {
+        let req = self.http.delete(format!("{base}{path}")).header("x-tandem-admin", "1");
+        self.send(req, timeout).await.map_err(|e| e.1)
+    }
+
     /// `/metrics` as text.
     pub async fn metrics(&self, base: &str, timeout: Duration) -> Result<String, String> {
         let resp = self

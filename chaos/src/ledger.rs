@@ -215,6 +215,7 @@ impl FaultLedger {
                 match how {
                     Stop::Upgrade => "stop (SIGTERM) for an upgrade",
                     Stop::DiskLoss => "kill -9 + disk loss of",
+                    Stop::Replace => "lose the machine of (then replace under a new id)",
                 },
                 self.names[side],
                 if leader { "leader" } else { "next follower" }
@@ -293,6 +294,7 @@ impl FaultLedger {
                 let what = match how {
                     Stop::Upgrade => "stopped for an upgrade",
                     Stop::DiskLoss => "lost its disk",
+                    Stop::Replace => "lost its machine",
                 };
                 let who = if leader { "leader" } else { "follower" };
                 self.open(kind, format!("{}'s {who} {what}", self.names[side]), started);

@@ -28,10 +28,11 @@ pub enum DrillKind {
     FailoverLeases,
     RollingUpgrade,
     NodeDiskLoss,
+    AddRemoveNode,
 }
 
 impl DrillKind {
-    pub const ALL: [DrillKind; 15] = [
+    pub const ALL: [DrillKind; 16] = [
         DrillKind::PartitionHeal,
         DrillKind::OneWayPartition,
         DrillKind::FlappingLink,
@@ -47,6 +48,7 @@ impl DrillKind {
         DrillKind::FailoverLeases,
         DrillKind::RollingUpgrade,
         DrillKind::NodeDiskLoss,
+        DrillKind::AddRemoveNode,
     ];
 
     pub fn name(self) -> &'static str {
@@ -66,6 +68,7 @@ impl DrillKind {
             DrillKind::FailoverLeases => "failover-leases",
             DrillKind::RollingUpgrade => "rolling-upgrade",
             DrillKind::NodeDiskLoss => "node-disk-loss",
+            DrillKind::AddRemoveNode => "add-remove-node",
         }
     }
 
@@ -104,6 +107,9 @@ impl DrillKind {
             DrillKind::NodeDiskLoss => {
                 "kill -9 one member of a DC's group and wipe its data dir, then restart it empty (each DC in turn, a follower and later the leader): it rejoins from a Raft snapshot, the DC keeps its epoch and the other DC sees nothing"
             }
+            DrillKind::AddRemoveNode => {
+                "a follower's machine is lost (kill -9, data dir wiped; each DC in turn): it is removed from its group, and a node under a new id on the same addresses is started to join and added (a learner caught up by snapshot, then a voter)"
+            }
         }
     }
 
@@ -125,6 +131,7 @@ impl DrillKind {
             DrillKind::FailoverLeases => 30_000,
             DrillKind::RollingUpgrade => 40_000,
             DrillKind::NodeDiskLoss => 24_000,
+            DrillKind::AddRemoveNode => 30_000,
         }
     }
 
@@ -137,7 +144,8 @@ impl DrillKind {
             | DrillKind::FollowerPartition
             | DrillKind::FailoverLeases
             | DrillKind::RollingUpgrade
-            | DrillKind::NodeDiskLoss => 3,
+            | DrillKind::NodeDiskLoss
+            | DrillKind::AddRemoveNode => 3,
             _ => 1,
         }
     }
@@ -151,6 +159,7 @@ impl DrillKind {
             | DrillKind::FailoverLeases
             | DrillKind::RollingUpgrade
             | DrillKind::NodeDiskLoss
+            | DrillKind::AddRemoveNode
                 if nodes < 3 =>
             {
                 Some(format!("{self} needs a group of at least three nodes per DC (--nodes 3), not {nodes}"))
@@ -196,6 +205,7 @@ impl DrillKind {
                 | DrillKind::FailoverLeases
                 | DrillKind::RollingUpgrade
                 | DrillKind::NodeDiskLoss
+                | DrillKind::AddRemoveNode
         )
     }
 }
@@ -344,6 +354,9 @@ pub enum Action {
 pub enum Stop {
     Upgrade,
     DiskLoss,
+    /// The member's machine is lost: killed, its data dir wiped, removed from the group;
+    /// a node under a new id on its addresses joins in its place.
+    Replace,
 }
 
 impl Action {
@@ -585,6 +598,17 @@ pub fn plan(kind: DrillKind, seed: u64, span_ms: Option<u64>, caps: Capabilities
                 i += 1;
             }
         }
+        DrillKind::AddRemoveNode => {
+            // Each DC in turn loses a follower's machine, replaced under a new id.
+            let mut side = rng.gen_range(0..2usize);
+            while t + 4_000 <= end {
+                let down = rng.gen_range(800..1_500);
+                at(t, Action::StopMember { side, leader: false, how: Stop::Replace });
+                at(t + down, Action::StartMember { side });
+                t += down + rng.gen_range(2_500..3_500);
+                side = 1 - side;
+            }
+        }
         DrillKind::LeaderKill => {
             let mut side = rng.gen_range(0..2usize);
             while t + 3_000 <= end {
@@ -680,5 +704,16 @@ mod tests {
             .collect();
         assert!(lost.len() >= 4 && lost[..4].iter().filter(|l| l.1).count() == 2, "{lost:?}");
         assert!(lost[..2].iter().all(|l| !l.1) && lost[0].0 != lost[1].0, "{lost:?}");
+        let r = plan(DrillKind::AddRemoveNode, 3, None, ALL_CAPS);
+        let replaced: Vec<(usize, bool)> = r
+            .actions
+            .iter()
+            .filter_map(|x| match x.action {
+                Action::StopMember { side, leader, how: Stop::Replace } => Some((side, leader)),
+                _ => None,
+            })
+            .collect();
+        assert!(replaced.len() >= 4 && replaced.iter().all(|l| !l.1), "followers only: {replaced:?}");
+        assert!(replaced.windows(2).all(|w| w[0].0 != w[1].0), "each DC in turn: {replaced:?}");
     }
 }

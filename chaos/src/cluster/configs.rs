@@ -64,6 +64,10 @@ pub(super) fn node_config(
     s
 }
 
+/// Node ids with a certificate in a sandbox of groups: its members' and the replacements
+/// of `add-remove-node` (`tandem certs --nodes`' maximum).
+pub(super) const MEMBER_IDS_MAX: u64 = 9;
+
 pub(super) async fn make_certs(bin: &Path, dir: &Path, nodes: usize) -> anyhow::Result<()> {
     let out = tokio::time::timeout(
         Duration::from_secs(60),
@@ -71,7 +75,7 @@ pub(super) async fn make_certs(bin: &Path, dir: &Path, nodes: usize) -> anyhow::
             .args(["certs", "--out"])
             .arg(dir)
             .args(["--dc", SANDBOX_DCS[0], "--dc", SANDBOX_DCS[1], "--force"])
-            .args(if nodes > 1 { vec!["--nodes".to_owned(), nodes.to_string()] } else { Vec::new() })
+            .args(if nodes > 1 { vec!["--nodes".to_owned(), MEMBER_IDS_MAX.to_string()] } else { Vec::new() })
             .stdin(Stdio::null())
             .output(),
     )

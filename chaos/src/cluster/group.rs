@@ -181,8 +181,8 @@ impl Cluster {
         self.dcs[side].killed.push(k);
         let next = self.serving_member(side, Some(k), killed_at + FAILOVER_WAIT).await?;
         let gap_ms = killed_at.elapsed().as_millis() as u64;
-        let f =
-            Failover { dc: self.dcs[side].name.clone(), killed: k as u64 + 1, next: next as u64 + 1, gap_ms };
+        let ids = (self.dcs[side].nodes[k].id, self.dcs[side].nodes[next].id);
+        let f = Failover { dc: self.dcs[side].name.clone(), killed: ids.0, next: ids.1, gap_ms };
         let note = format!("n{} killed; n{} served writes {}ms later", f.killed, f.next, f.gap_ms);
         self.failovers.push(f);
         Ok(note)

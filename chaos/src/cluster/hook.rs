@@ -48,6 +48,7 @@ impl Cluster {
                 match how {
                     crate::plan::Stop::Upgrade => "stop-member",
                     crate::plan::Stop::DiskLoss => "kill-wipe-member",
+                    crate::plan::Stop::Replace => "replace-member",
                 }
                 .into(),
                 self.dcs[side].name.clone(),

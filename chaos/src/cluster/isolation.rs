@@ -258,12 +258,13 @@ impl Cluster {
             let l = self.api.status(&lb, Duration::from_secs(1)).await.ok().and_then(|(_, r)| cluster_of(&r));
             let m = self.api.status(&mb, Duration::from_secs(1)).await.ok().and_then(|(_, r)| cluster_of(&r));
             if let (Some((_, _, la)), Some((false, Some(ml), ma))) = (l, m) {
-                if ml == leader as u64 + 1 && ma >= la {
+                if ml == self.dcs[side].nodes[leader].id && ma >= la {
                     return Ok(leader);
                 }
             }
             if Instant::now() > deadline {
-                bail!("n{} did not follow n{} and catch up in time", member + 1, leader + 1);
+                let ids = (self.dcs[side].nodes[member].id, self.dcs[side].nodes[leader].id);
+                bail!("n{} did not follow n{} and catch up in time", ids.0, ids.1);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

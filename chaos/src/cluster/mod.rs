@@ -130,6 +130,9 @@ pub enum SetupError {
 
 /// One process of a DC: the DC itself, or one member of its group.
 struct Node {
+    /// Its node id in its DC's group (1 for a DC of one node): member `k` starts as
+    /// `k + 1`, and a replacement takes a new one (`add-remove-node`).
+    id: u64,
     /// Base URL of its HTTP API.
     base: String,
     config: Option<PathBuf>,
@@ -143,7 +146,7 @@ struct Node {
 
 impl Node {
     fn new(base: String, config: Option<PathBuf>, data_dir: Option<PathBuf>, log: Option<PathBuf>) -> Node {
-        Node { base, config, data_dir, log, child: None, paused: false, next_config: None }
+        Node { id: 1, base, config, data_dir, log, child: None, paused: false, next_config: None }
     }
 
     fn pid(&self) -> Option<u32> {
@@ -170,6 +173,8 @@ pub struct Dc {
     round: std::collections::BTreeSet<usize>,
     heir: Option<usize>,
     stopped: Option<(usize, Roll)>,
+    /// The highest node id a member of its group took (a replacement takes the next).
+    last_id: u64,
 }
 
 impl Dc {
@@ -186,6 +191,7 @@ impl Dc {
             round: Default::default(),
             heir: None,
             stopped: None,
+            last_id: 0,
         }
     }
 
@@ -398,6 +404,7 @@ impl Cluster {
                 let mut node =
                     Node::new(format!("http://{}", http[side][k]), Some(config), Some(data_dir), Some(log));
                 node.next_config = next_config;
+                node.id = k as u64 + 1;
                 dc_nodes.push(node);
             }
             dcs.push(Dc::new(name, dc_nodes, None));

@@ -12,6 +12,11 @@
 //! - **A disk loss** kills the member with SIGKILL and wipes its data dir; it starts
 //!   again empty, and must come back from the group (a Raft snapshot, since the sandbox's
 //!   members snapshot every few entries) with the DC's epoch unchanged.
+//! - **A lost machine** (`add-remove-node`) kills the member and wipes its data dir too;
+//!   the group then removes it (`DELETE /v1/admin/cluster/members/{id}`), and a node
+//!   under the next unused id starts on the same addresses with `[cluster] join = true`
+//!   and is added (`POST /v1/admin/cluster/members`: a learner caught up by a snapshot,
+//!   then a voter), as docs/operations.md's runbook replaces a dead member.
 //! - **Started again**, the step is done once the member follows the serving leader and
 //!   applied what that one had.
 
@@ -34,6 +39,9 @@ const TERM_WAIT: Duration = Duration::from_secs(10);
 const CATCH_UP_WAIT: Duration = Duration::from_secs(30);
 /// Longest a leadership transfer may take (the node's own bound is 10 s).
 const TRANSFER_WAIT: Duration = Duration::from_secs(15);
+/// Longest a membership change may take (a new member's catch-up is bounded at 120 s by
+/// the node; a drill's state is small).
+const CHANGE_WAIT: Duration = Duration::from_secs(60);
 
 /// One member taken down and started again, as the drill saw it.
 #[derive(Clone, Debug, Default)]
@@ -54,6 +62,11 @@ pub struct Roll {
     pub next: Option<u64>,
     /// From its start until it followed the leader and applied what that one had.
     pub catch_up_ms: u64,
+    /// A lost machine: how long the removal of the old member took, the replacement's id,
+    /// and how long its addition took (learner, catch-up, promotion).
+    pub removed_ms: Option<u64>,
+    pub replaced_by: Option<u64>,
+    pub added_ms: Option<u64>,
     /// The DC's epoch (its leader's log) before the stop and once the member caught up.
     pub epoch: (Option<u64>, Option<u64>),
 }
@@ -117,10 +130,11 @@ impl Cluster {
         let upgrade = self.dcs[side].nodes[k].next_config.is_some();
         let mut roll = Roll {
             dc: self.dcs[side].name.clone(),
-            member: k as u64 + 1,
+            member: self.dcs[side].nodes[k].id,
             was_leader: leader,
             how: match how {
                 Stop::DiskLoss => "disk loss",
+                Stop::Replace => "replaced",
                 Stop::Upgrade if upgrade => "upgrade",
                 Stop::Upgrade => "restart",
             }
@@ -133,7 +147,7 @@ impl Cluster {
             Stop::Upgrade => {
                 if leader && !upgrade {
                     let t = Instant::now();
-                    let body = json!({ "to": heir as u64 + 1 });
+                    let body = json!({ "to": self.dcs[side].nodes[heir].id });
                     let r =
                         self.api.post(&base, "/v1/admin/cluster/transfer-leader", &body, TRANSFER_WAIT).await;
                     roll.transfer = Some(match r {
@@ -142,25 +156,44 @@ impl Cluster {
                         Err(e) => Err(e),
                     });
                     note = match &roll.transfer {
-                        Some(Ok(ms)) => format!("lead handed to n{} in {ms}ms; ", heir + 1),
-                        Some(Err(e)) => format!("transfer to n{} failed ({e}); ", heir + 1),
+                        Some(Ok(ms)) => {
+                            format!("lead handed to n{} in {ms}ms; ", self.dcs[side].nodes[heir].id)
+                        }
+                        Some(Err(e)) => {
+                            format!("transfer to n{} failed ({e}); ", self.dcs[side].nodes[heir].id)
+                        }
                         None => String::new(),
                     };
                 }
                 self.terminate_node(side, k).await?;
             }
-            Stop::DiskLoss => {
+            Stop::DiskLoss | Stop::Replace => {
                 self.kill_node(side, k).await?;
                 let d = self.dcs[side].nodes[k].data_dir.clone().context("no data dir")?;
                 std::fs::remove_dir_all(&d).with_context(|| format!("wiping {}", d.display()))?;
                 std::fs::create_dir_all(&d)?;
             }
         }
+        let id = self.dcs[side].nodes[k].id;
         note.push_str(&format!(
-            "n{} {}",
-            k + 1,
-            if how == Stop::DiskLoss { "killed, disk wiped" } else { "stopped" }
+            "n{id} {}",
+            match how {
+                Stop::DiskLoss => "killed, disk wiped",
+                Stop::Replace => "killed, machine lost",
+                Stop::Upgrade => "stopped",
+            }
         ));
+        if how == Stop::Replace {
+            let t = Instant::now();
+            let heir_base = self.dcs[side].nodes[heir].base.clone();
+            match self.api.delete(&heir_base, &format!("/v1/admin/cluster/members/{id}"), CHANGE_WAIT).await {
+                Ok((200, _)) => {}
+                Ok((s, b)) => bail!("removing n{id} was answered {s} {b}"),
+                Err(e) => bail!("removing n{id}: {e}"),
+            }
+            roll.removed_ms = Some(t.elapsed().as_millis() as u64);
+            note.push_str(&format!("; removed from the group in {}ms", t.elapsed().as_millis()));
+        }
         if leader {
             let next = self.serving_member(side, Some(k), at + FAILOVER_WAIT).await?;
             let gap = at.elapsed().as_millis() as u64;
@@ -182,7 +215,11 @@ impl Cluster {
             std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
         }
         let t = Instant::now();
-        self.spawn_node(side, k)?;
+        if roll.how == "replaced" {
+            self.start_replacement(side, k, &mut roll).await?;
+        } else {
+            self.spawn_node(side, k)?;
+        }
         let leader = self.wait_follows(side, k, t + CATCH_UP_WAIT).await?;
         roll.catch_up_ms = t.elapsed().as_millis() as u64;
         let lb = self.dcs[side].nodes[leader].base.clone();
@@ -191,13 +228,59 @@ impl Cluster {
         self.dcs[side].round.insert(k);
         let note = format!(
             "n{} ({}) follows n{} and caught up in {}ms",
-            k + 1,
-            roll.how,
-            leader + 1,
-            roll.catch_up_ms
+            self.dcs[side].nodes[k].id, roll.how, self.dcs[side].nodes[leader].id, roll.catch_up_ms
         );
         self.rolls.push(roll);
         Ok(note)
+    }
+
+    /// Starts the node that replaces member `k` (removed, its machine lost): the next unused
+    /// id, on `k`'s addresses, with `join = true`; then adds it through the member the
+    /// clients use.
+    async fn start_replacement(&mut self, side: usize, k: usize, roll: &mut Roll) -> anyhow::Result<()> {
+        let dc = &self.dcs[side];
+        let old = dc.nodes[k].id;
+        let new = dc.nodes.iter().map(|n| n.id).max().unwrap_or(0).max(dc.last_id) + 1;
+        if new > super::configs::MEMBER_IDS_MAX {
+            bail!(
+                "{} has used every node id with a certificate (1..={})",
+                dc.name,
+                super::configs::MEMBER_IDS_MAX
+            );
+        }
+        let path = dc.nodes[k].config.clone().context("no config file")?;
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let name = |id: u64| format!("n{id}.{}.tandem-node", dc.name);
+        let join = if text.contains("\njoin = true\n") { "" } else { "join = true\n" };
+        let text = text
+            .replace(&format!("node_id = {old}\n"), &format!("node_id = {new}\n{join}"))
+            .replace(&format!("{{ id = {old}, "), &format!("{{ id = {new}, "))
+            .replace(&name(old), &name(new));
+        std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+        let entry = text
+            .lines()
+            .find(|l| l.starts_with("members = "))
+            .and_then(|l| l.split(&format!("{{ id = {new}, ")).nth(1))
+            .context("the replacement's own entry")?;
+        let addr = |key: &str| -> anyhow::Result<String> {
+            let at = entry.split(&format!("{key} = \"")).nth(1).context("an address")?;
+            Ok(at.split('"').next().unwrap_or_default().to_owned())
+        };
+        let (raft, http) = (addr("raft_addr")?, addr("http_addr")?);
+        self.dcs[side].nodes[k].id = new;
+        self.dcs[side].last_id = new;
+        self.spawn_node(side, k)?;
+        let t = Instant::now();
+        let base = self.dcs[side].base.clone();
+        let body = json!({ "id": new, "raft_addr": raft, "http_addr": http });
+        match self.api.post(&base, "/v1/admin/cluster/members", &body, CHANGE_WAIT).await {
+            Ok((200, _)) => {}
+            Ok((s, b)) => bail!("adding n{new} was answered {s} {b}"),
+            Err(e) => bail!("adding n{new}: {e}"),
+        }
+        roll.added_ms = Some(t.elapsed().as_millis() as u64);
+        roll.replaced_by = Some(new);
+        Ok(())
     }
 
     /// SIGTERM to member `k`, then a bounded wait for it to exit (SIGKILL and an error

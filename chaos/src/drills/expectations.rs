@@ -103,7 +103,7 @@ pub(super) fn expectations(s: &Seen<'_>) -> Vec<Expectation> {
         e.detail.push_str(&format!("; {done} of {kills} kills answered by another member serving writes"));
         out.push(e);
     }
-    if matches!(s.kind, DrillKind::RollingUpgrade | DrillKind::NodeDiskLoss) {
+    if matches!(s.kind, DrillKind::RollingUpgrade | DrillKind::NodeDiskLoss | DrillKind::AddRemoveNode) {
         out.extend(roll_expectations(s));
     }
     if s.kind.cuts_members() {
@@ -113,8 +113,8 @@ pub(super) fn expectations(s: &Seen<'_>) -> Vec<Expectation> {
     out
 }
 
-/// What `rolling-upgrade` and `node-disk-loss` expect of every member they took down: it
-/// came back and caught up, a leader's DC served writes again (`Roll`), the DC kept its
+/// What `rolling-upgrade`, `node-disk-loss` and `add-remove-node` expect of every member
+/// they took down: it (or its replacement) came back and caught up, a leader's DC served writes again (`Roll`), the DC kept its
 /// epoch; an upgrade's leaders of this release handed their lead over.
 fn roll_expectations(s: &Seen<'_>) -> Vec<Expectation> {
     let stops = s.plan.actions.iter().filter(|a| matches!(a.action, Action::StopMember { .. })).count();
@@ -137,11 +137,36 @@ fn roll_expectations(s: &Seen<'_>) -> Vec<Expectation> {
                 .join(", ")
         ),
     });
+    if s.kind == DrillKind::AddRemoveNode {
+        out.push(replaced_expectation(rolls, all_back));
+    } else {
+        out.push(handover_expectation(s, rolls, all_back));
+    }
+    let moved: Vec<String> = rolls
+        .iter()
+        .filter(|r| r.epoch.0.is_none() || r.epoch.0 != r.epoch.1)
+        .map(|r| format!("{} n{}: {:?} -> {:?}", r.dc, r.member, r.epoch.0, r.epoch.1))
+        .collect();
+    out.push(Expectation {
+        name: "epoch-kept".into(),
+        passed: all_back && moved.is_empty(),
+        detail: if moved.is_empty() {
+            format!("every DC kept its epoch across its {} member restarts", rolls.len())
+        } else {
+            format!("the DC's epoch moved (or was not read): {}", moved.join("; "))
+        },
+    });
+    out
+}
+
+/// `leader-handover`: every leader taken down was followed by another member serving
+/// writes; an upgrade's leaders of this release handed over by transfer.
+fn handover_expectation(s: &Seen<'_>, rolls: &[Roll], all_back: bool) -> Expectation {
     let leaders: Vec<&Roll> = rolls.iter().filter(|r| r.was_leader).collect();
     let transfers: Vec<&Roll> = leaders.iter().copied().filter(|r| r.transfer.is_some()).collect();
     let mut gaps: Vec<u64> = leaders.iter().filter_map(|r| r.gap_ms).collect();
     gaps.sort_unstable();
-    out.push(Expectation {
+    Expectation {
         name: "leader-handover".into(),
         passed: all_back
             && !leaders.is_empty()
@@ -170,22 +195,37 @@ fn roll_expectations(s: &Seen<'_>) -> Vec<Expectation> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-    });
-    let moved: Vec<String> = rolls
-        .iter()
-        .filter(|r| r.epoch.0.is_none() || r.epoch.0 != r.epoch.1)
-        .map(|r| format!("{} n{}: {:?} -> {:?}", r.dc, r.member, r.epoch.0, r.epoch.1))
-        .collect();
-    out.push(Expectation {
-        name: "epoch-kept".into(),
-        passed: all_back && moved.is_empty(),
-        detail: if moved.is_empty() {
-            format!("every DC kept its epoch across its {} member restarts", rolls.len())
-        } else {
-            format!("the DC's epoch moved (or was not read): {}", moved.join("; "))
-        },
-    });
-    out
+    }
+}
+
+/// `replaced` (`add-remove-node`): each lost member was removed from its group and a node
+/// under a new id was added in its place.
+fn replaced_expectation(rolls: &[Roll], all_back: bool) -> Expectation {
+    let done = |r: &&Roll| r.removed_ms.is_some() && r.replaced_by.is_some() && r.added_ms.is_some();
+    let mut added: Vec<u64> = rolls.iter().filter_map(|r| r.added_ms).collect();
+    added.sort_unstable();
+    Expectation {
+        name: "replaced".into(),
+        passed: all_back && rolls.iter().all(|r| done(&r)),
+        detail: format!(
+            "{} of {} lost members removed and replaced by a new id (add: learner, catch-up, promotion; max {}ms): {}",
+            rolls.iter().filter(done).count(),
+            rolls.len(),
+            added.last().copied().unwrap_or(0),
+            rolls
+                .iter()
+                .map(|r| format!(
+                    "{} n{}->n{} removed {}ms added {}ms",
+                    r.dc,
+                    r.member,
+                    r.replaced_by.unwrap_or(0),
+                    r.removed_ms.unwrap_or(0),
+                    r.added_ms.unwrap_or(0)
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
 }
 
 /// What `leader-isolated` and `follower-partition` expect of every member they cut off

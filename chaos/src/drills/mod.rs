@@ -296,9 +296,9 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     if opts.kind == DrillKind::RollingUpgrade {
         tuning.previous_release = true;
     }
-    if opts.kind == DrillKind::NodeDiskLoss {
-        // A few hundred entries a drill: a member that lost its disk is behind the
-        // leader's first log entry, so it comes back from a snapshot.
+    if matches!(opts.kind, DrillKind::NodeDiskLoss | DrillKind::AddRemoveNode) {
+        // A few hundred entries a drill: a member that lost its disk (or a new one) is
+        // behind the leader's first log entry, so it comes back from a snapshot.
         tuning.snapshot_every_entries = Some(NODE_DISK_LOSS_SNAPSHOT_EVERY);
     }
     if let Environment::Targets { .. } = opts.env {

@@ -59,7 +59,8 @@ pub struct Member {
 }
 
 /// The members `metrics` names (the log's membership), or the file's before this member
-/// holds any membership (a joining node that was not added yet).
+/// holds any membership (a joining node that was not added yet). A member the file lists
+/// is reached at the file's addresses.
 pub fn members_of(
     metrics: &openraft::RaftMetrics<NodeId, BasicNode>,
     section: &ClusterSection,
@@ -69,14 +70,14 @@ pub fn members_of(
     let mut members: Vec<Member> = membership
         .nodes()
         .filter_map(|(id, node)| {
-            let configured = section.member(*id);
-            let (raft, http) = addrs_of(node).or(configured.map(|m| (m.raft_addr, None)))?;
-            Some(Member {
-                id: *id,
-                raft_addr: raft,
-                http_addr: http.or(configured.map(|m| m.http_addr)),
-                voter: voters.contains(id),
-            })
+            // The file's addresses first: where this member reaches that one may differ from
+            // where the member that added it does (a relay, another network); a member the
+            // file does not list is reached where the membership says.
+            let (raft, http) = match section.member(*id) {
+                Some(m) => (m.raft_addr, Some(m.http_addr)),
+                None => addrs_of(node)?,
+            };
+            Some(Member { id: *id, raft_addr: raft, http_addr: http, voter: voters.contains(id) })
         })
         .collect();
     if members.is_empty() {
@@ -94,19 +95,18 @@ pub fn members_of(
 pub fn follow_membership(raft: &Raft<TypeConfig>, link: MemberLink, section: ClusterSection) {
     let mut metrics = raft.metrics();
     tokio::spawn(async move {
-        let mut seen = None;
+        let mut seen: Option<Vec<(u64, SocketAddr)>> = None;
         loop {
-            let (at, members) = {
-                let m = metrics.borrow_and_update();
-                (m.membership_config.log_id().to_owned(), members_of(&m, &section))
-            };
-            if seen != Some(at) {
-                let addrs: Vec<(u64, SocketAddr)> = members.iter().map(|m| (m.id, m.raft_addr)).collect();
+            let addrs: Vec<(u64, SocketAddr)> = members_of(&metrics.borrow_and_update(), &section)
+                .iter()
+                .map(|m| (m.id, m.raft_addr))
+                .collect();
+            if seen.as_ref() != Some(&addrs) {
                 if seen.is_some() {
-                    tracing::info!(members = ?addrs, "the group's membership changed");
+                    tracing::info!(members = ?addrs, "the group's members changed");
                 }
                 link.set_members(&addrs);
-                seen = Some(at);
+                seen = Some(addrs);
             }
             if metrics.changed().await.is_err() {
                 return;
