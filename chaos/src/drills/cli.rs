@@ -15,7 +15,7 @@ use crate::report::DrillReport;
 #[command(
     name = "tandem chaos",
     about = "Partition-heal chaos drills with a seeded workload and an invariant checker",
-    after_help = "Drills: partition-heal, one-way-partition, flapping-link, crash-restart, pause, packet-chaos, long-partition, restore-rollback, split-incarnation, leader-kill, leader-isolated, follower-partition, failover-leases; `all` runs them all, `list` describes them.\n\
+    after_help = "Drills: partition-heal, one-way-partition, flapping-link, crash-restart, pause, packet-chaos, long-partition, restore-rollback, split-incarnation, leader-kill, leader-isolated, follower-partition, failover-leases, rolling-upgrade, node-disk-loss, add-remove-node; `all` runs them all, `list` describes them.\n\
 Exit status: 0 when every invariant held (and, by default, when a drill was SKIPPED: see --skipped-exit-code), 1 when an invariant failed, 2 when a drill could not run, 130 on Ctrl-C."
 )]
 struct ChaosCli {
@@ -234,5 +234,16 @@ mod tests {
         assert_eq!(parse_seed("0x10"), Ok(16));
         assert_eq!(parse_seed("42"), Ok(42));
         assert!(parse_seed("x").is_err());
+    }
+
+    #[test]
+    fn the_help_names_every_drill() {
+        let help = <ChaosCli as clap::CommandFactory>::command().render_long_help().to_string();
+        for kind in DrillKind::ALL {
+            assert!(
+                help.contains(&format!(" {},", kind.name())) || help.contains(&format!(" {};", kind.name())),
+                "{kind} is missing from the help"
+            );
+        }
     }
 }
