@@ -349,6 +349,11 @@ pub enum Action {
     },
 }
 
+/// `add-remove-node`: replacements per DC at most. A replacement takes the next unused
+/// node id, and the sandbox makes certificates for ids 1..=9 (`tandem certs --nodes 9`):
+/// three members and six replacements.
+pub const REPLACEMENTS_PER_DC_MAX: u64 = 6;
+
 /// How a `StopMember` takes its member down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stop {
@@ -599,14 +604,18 @@ pub fn plan(kind: DrillKind, seed: u64, span_ms: Option<u64>, caps: Capabilities
             }
         }
         DrillKind::AddRemoveNode => {
-            // Each DC in turn loses a follower's machine, replaced under a new id.
+            // Each DC in turn loses a follower's machine, replaced under a new id: at most
+            // REPLACEMENTS_PER_DC_MAX per DC, spread over the span (a long run spaces them).
             let mut side = rng.gen_range(0..2usize);
-            while t + 4_000 <= end {
+            let spacing = (end - t) / (2 * REPLACEMENTS_PER_DC_MAX);
+            let mut done = 0;
+            while t + 4_000 <= end && done < 2 * REPLACEMENTS_PER_DC_MAX {
                 let down = rng.gen_range(800..1_500);
                 at(t, Action::StopMember { side, leader: false, how: Stop::Replace });
                 at(t + down, Action::StartMember { side });
-                t += down + rng.gen_range(2_500..3_500);
+                t += (down + rng.gen_range(2_500..3_500)).max(spacing);
                 side = 1 - side;
+                done += 1;
             }
         }
         DrillKind::LeaderKill => {
@@ -715,5 +724,8 @@ mod tests {
             .collect();
         assert!(replaced.len() >= 4 && replaced.iter().all(|l| !l.1), "followers only: {replaced:?}");
         assert!(replaced.windows(2).all(|w| w[0].0 != w[1].0), "each DC in turn: {replaced:?}");
+        let long = plan(DrillKind::AddRemoveNode, 3, Some(600_000), ALL_CAPS);
+        let steps = long.actions.iter().filter(|x| matches!(x.action, Action::StopMember { .. })).count();
+        assert_eq!(steps as u64, 2 * REPLACEMENTS_PER_DC_MAX, "a long run spaces them, within the ids");
     }
 }

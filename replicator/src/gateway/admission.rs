@@ -79,8 +79,9 @@ impl fmt::Display for SourceRule {
     }
 }
 
-/// The listener's admission rules, fixed when the gateway starts (the member link's
-/// follow its membership: [`Admission::with_peers`]).
+/// A listener's admission rules, resolved against the peers' addresses: the gateway's
+/// change with a reload ([`PeerBook`]), the member link's with the group's membership
+/// ([`Admission::with_peers`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Admission {
     rules: Vec<SourceRule>,

@@ -216,8 +216,8 @@ impl Group {
         let voters: BTreeSet<NodeId> = members.iter().filter(|m| m.voter).map(|m| m.id).collect();
         match change {
             Change::Add { id, raft_addr, http_addr, voter } => {
-                let learner_already = members.iter().any(|m| m.id == id && !m.voter);
-                if !learner_already {
+                // A learner already (an earlier `add` whose catch-up ran out): promote it.
+                if !members.iter().any(|m| m.id == id && !m.voter) {
                     self.check_new(&members, id, raft_addr, http_addr)?;
                     committed(self.raft.add_learner(
                         id,
@@ -226,8 +226,6 @@ impl Group {
                     ))
                     .await?;
                     tracing::info!(node = self.id, learner = id, raft = %raft_addr, "added a learner");
-                } else if voters.contains(&id) {
-                    return Err(MembershipError::Exists(id));
                 }
                 if voter {
                     self.caught_up(id).await?;
