@@ -374,3 +374,48 @@ impl Group {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::config::MemberSection;
+
+    fn at(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    /// This member's file lists members 1..=3 at addresses of its own (relays in front of
+    /// them); the membership that member 1 formed names them at its own, and member 4,
+    /// added later, only there.
+    #[test]
+    fn the_file_names_where_its_members_are_reached_and_the_membership_the_rest() {
+        let section = ClusterSection::with_defaults(
+            2,
+            (1..=3)
+                .map(|id| MemberSection {
+                    id,
+                    raft_addr: at(9000 + id as u16),
+                    http_addr: at(8000 + id as u16),
+                })
+                .collect(),
+            tandem_replicator::tls::TlsPaths { ca_cert: "c".into(), cert: "c".into(), key: "k".into() },
+        );
+        let mut metrics = openraft::RaftMetrics::<NodeId, BasicNode>::new_initial(2);
+        assert_eq!(members_of(&metrics, &section).len(), 3, "no membership yet: the file's");
+        let nodes: BTreeMap<NodeId, BasicNode> = (1..=4)
+            .map(|id| (id, crate::cluster::node_of(at(7000 + id as u16), at(6000 + id as u16))))
+            .collect();
+        let membership = openraft::Membership::new(vec![BTreeSet::from([1, 2, 3])], nodes);
+        metrics.membership_config = Arc::new(openraft::StoredMembership::new(None, membership));
+        let members = members_of(&metrics, &section);
+        let of = |id: NodeId| members.iter().find(|m| m.id == id).cloned().unwrap();
+        assert_eq!((of(1).raft_addr, of(1).http_addr, of(1).voter), (at(9001), Some(at(8001)), true));
+        assert_eq!((of(4).raft_addr, of(4).http_addr, of(4).voter), (at(7004), Some(at(6004)), false));
+        // A group formed by an earlier release: the node carries its Raft address alone.
+        let lone = BasicNode::new(at(7005).to_string());
+        assert_eq!(addrs_of(&lone), Some((at(7005), None)));
+        assert_eq!(addrs_of(&BasicNode::new("not an address")), None);
+    }
+}

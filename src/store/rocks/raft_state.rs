@@ -187,7 +187,13 @@ impl RocksLog {
             self.poisoned = true;
             return Err(e);
         }
-        tracing::warn!(dc = %self.dc, own = ?self.own, pairs = pairs.len(), "event log replaced by a Raft snapshot");
+        tracing::warn!(
+            dc = %self.dc,
+            own = ?self.own,
+            pairs = pairs.len(),
+            bytes = export.len(),
+            "event log replaced by a Raft snapshot"
+        );
         Ok(())
     }
 
