@@ -96,12 +96,9 @@ enum ClusterCmd {
     /// the log or a snapshot, promoted to voter once at most 100 entries behind (unless
     /// --learner). Refused if the voters after it would not hold a quorum that answers now.
     Add {
-        #[arg(long)]
-        id: u64,
-        #[arg(long)]
-        raft_addr: String,
-        #[arg(long)]
-        http_addr: String,
+        #[command(flatten)]
+        node: NewNode,
+        /// Leave it a learner: it follows and serves reads, and never votes.
         #[arg(long)]
         learner: bool,
         #[command(flatten)]
@@ -118,17 +115,28 @@ enum ClusterCmd {
     /// Put node --id (started with [cluster] join = true) in member --old's place: added as
     /// a learner, caught up, then swapped for --old in one change.
     Replace {
+        /// The member it replaces (its node id).
         #[arg(long)]
         old: u64,
-        #[arg(long)]
-        id: u64,
-        #[arg(long)]
-        raft_addr: String,
-        #[arg(long)]
-        http_addr: String,
+        #[command(flatten)]
+        node: NewNode,
         #[command(flatten)]
         conn: Conn,
     },
+}
+
+/// A node to add to a group: its id and where its member link and HTTP API listen.
+#[derive(clap::Args)]
+struct NewNode {
+    /// Its node id (its certificate names n<id>.<dc>.tandem-node); never a removed one's.
+    #[arg(long)]
+    id: u64,
+    /// Where its member link listens (HOST:PORT, UDP).
+    #[arg(long)]
+    raft_addr: String,
+    /// Where its HTTP API listens (HOST:PORT).
+    #[arg(long)]
+    http_addr: String,
 }
 
 #[derive(Subcommand)]
@@ -699,15 +707,15 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
             let member = |url: &str| conn.client_of(&[url.to_owned()]);
             cluster::transfer_leader(&conn.client(), to, &scheme, &member).await
         }
-        Cmd::Cluster { cmd: ClusterCmd::Add { conn, id, raft_addr, http_addr, learner } } => {
-            cluster::changed(conn.client().add_member(id, &raft_addr, &http_addr, learner).await)
-        }
+        Cmd::Cluster { cmd: ClusterCmd::Add { conn, node, learner } } => cluster::changed(
+            conn.client().add_member(node.id, &node.raft_addr, &node.http_addr, learner).await,
+        ),
         Cmd::Cluster { cmd: ClusterCmd::Remove { conn, id } } => {
             cluster::changed(conn.client().remove_member(id).await)
         }
-        Cmd::Cluster { cmd: ClusterCmd::Replace { conn, old, id, raft_addr, http_addr } } => {
-            cluster::changed(conn.client().replace_member(old, id, &raft_addr, &http_addr).await)
-        }
+        Cmd::Cluster { cmd: ClusterCmd::Replace { conn, old, node } } => cluster::changed(
+            conn.client().replace_member(old, node.id, &node.raft_addr, &node.http_addr).await,
+        ),
         Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } | Cmd::Chaos { .. } | Cmd::Acl { .. } => {
             Ok(())
         }

@@ -95,6 +95,18 @@ fn start_members(dir: &Path, extra: &dyn Fn(usize) -> String) -> Vec<Member> {
         .collect()
 }
 
+/// A DC of three started in `dir`, its serving leader, and ten persistent registrations
+/// of `web` (w0..w9) acknowledged by the leader.
+async fn dc_with_ten_writes(dir: &Path) -> (Vec<Member>, u64) {
+    let members = start_dc(dir);
+    let leader = serving_leader(&members).await;
+    let c = members[(leader - 1) as usize].client();
+    for i in 0..10 {
+        c.register(&reg_body("web", &format!("w{i}"), true)).await.unwrap();
+    }
+    (members, leader)
+}
+
 /// The `cluster` part of a node's status, when it answers.
 async fn group_status(m: &Member) -> Option<Value> {
     m.client().status().await.ok().map(|s| s["cluster"].clone())
@@ -566,12 +578,7 @@ async fn a_member_back_from_a_disk_loss_votes_only_once_it_holds_the_groups_log(
     // it would form a group of its own from its member list). It asks the others how far
     // their logs reach, holds its votes until its own log does, and follows the leader.
     let dir = tempfile::tempdir().unwrap();
-    let mut members = start_dc(dir.path());
-    let leader = serving_leader(&members).await;
-    let c = members[(leader - 1) as usize].client();
-    for i in 0..10 {
-        c.register(&reg_body("web", &format!("w{i}"), true)).await.unwrap();
-    }
+    let (mut members, leader) = dc_with_ten_writes(dir.path()).await;
     let lost = members.iter().position(|m| m.id != leader).unwrap();
     let survivor = members.iter().position(|m| m.id != leader && m.id != members[lost].id).unwrap();
     eventually(Duration::from_secs(10), "every member holds the writes", || async {
@@ -678,12 +685,7 @@ async fn voters(m: &Member) -> Option<BTreeSet<u64>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_are_added_removed_and_replaced_and_a_change_that_loses_quorum_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let mut members = start_dc(dir.path());
-    let leader = serving_leader(&members).await;
-    let c = members[(leader - 1) as usize].client();
-    for i in 0..10 {
-        c.register(&reg_body("web", &format!("w{i}"), true)).await.unwrap();
-    }
+    let (mut members, leader) = dc_with_ten_writes(dir.path()).await;
     let followers: Vec<usize> = (0..members.len()).filter(|k| members[*k].id != leader).collect();
     let (gone, dead) = (followers[0], followers[1]);
 
