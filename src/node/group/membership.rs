@@ -216,17 +216,7 @@ impl Group {
         let voters: BTreeSet<NodeId> = members.iter().filter(|m| m.voter).map(|m| m.id).collect();
         match change {
             Change::Add { id, raft_addr, http_addr, voter } => {
-                // A learner already (an earlier `add` whose catch-up ran out): promote it.
-                if !members.iter().any(|m| m.id == id && !m.voter) {
-                    self.check_new(&members, id, raft_addr, http_addr)?;
-                    committed(self.raft.add_learner(
-                        id,
-                        crate::cluster::node_of(raft_addr, http_addr),
-                        false,
-                    ))
-                    .await?;
-                    tracing::info!(node = self.id, learner = id, raft = %raft_addr, "added a learner");
-                }
+                self.add_learner(&members, id, raft_addr, http_addr).await?;
                 if voter {
                     self.caught_up(id).await?;
                     let after: BTreeSet<NodeId> = voters.iter().copied().chain([id]).collect();
@@ -270,24 +260,13 @@ impl Group {
                 }
                 let after: BTreeSet<NodeId> =
                     voters.iter().copied().filter(|v| *v != old).chain([id]).collect();
-                if !members.iter().any(|m| m.id == id && !m.voter) {
-                    // The new node may take the old one's addresses (the same machine, its
-                    // disk wiped).
-                    let others: Vec<Member> = members.iter().filter(|m| m.id != old).cloned().collect();
-                    self.check_new(&others, id, raft_addr, http_addr)?;
-                    committed(self.raft.add_learner(
-                        id,
-                        crate::cluster::node_of(raft_addr, http_addr),
-                        false,
-                    ))
-                    .await?;
-                    tracing::info!(
-                        node = self.id,
-                        learner = id,
-                        replaces = old,
-                        "added a learner to replace a member"
-                    );
+                if id == old {
+                    return Err(MembershipError::Invalid(format!("node {id} cannot replace itself")));
                 }
+                // The new node may take the old one's addresses (the same machine, its disk
+                // wiped).
+                let others: Vec<Member> = members.iter().filter(|m| m.id != old).cloned().collect();
+                self.add_learner(&others, id, raft_addr, http_addr).await?;
                 self.caught_up(id).await?;
                 self.check_quorum(&after).await?;
                 committed(
@@ -303,6 +282,25 @@ impl Group {
             learners: now.iter().filter(|m| !m.voter).map(|m| m.id).collect(),
             took_ms: started.elapsed().as_millis() as u64,
         })
+    }
+
+    /// Adds `id` as a learner, unless it is one already (an earlier `add` whose catch-up
+    /// ran out: it is promoted, not added again). `members`: those whose id and addresses
+    /// it must not take.
+    async fn add_learner(
+        &self,
+        members: &[Member],
+        id: NodeId,
+        raft: SocketAddr,
+        http: SocketAddr,
+    ) -> Result<(), MembershipError> {
+        if members.iter().any(|m| m.id == id && !m.voter) {
+            return Ok(());
+        }
+        self.check_new(members, id, raft, http)?;
+        committed(self.raft.add_learner(id, crate::cluster::node_of(raft, http), false)).await?;
+        tracing::info!(node = self.id, learner = id, raft = %raft, "added a learner");
+        Ok(())
     }
 
     /// Refuses a new member whose id or addresses the group already holds, or one past
