@@ -16,6 +16,7 @@ use crate::node::Node;
 use tandem_client::api::StatusName;
 use tandem_client::{Client, ClientError};
 
+mod backup;
 mod cluster;
 mod dev;
 pub use dev::dev_configs;
@@ -293,6 +294,13 @@ enum Cmd {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Write a consistent backup of the DC (the state and its meta, checked by SHA-256)
+    /// to --out, taken from the node that serves its writes while it serves (--addr: give
+    /// every member's address; a follower refuses). Docs: docs/operations.md.
+    Backup(backup::BackupArgs),
+    /// Seed the empty data dir of --config's node from a backup, offline. The restored DC
+    /// starts a new, fenced epoch. A group member starts as the only member; add the others.
+    Restore(backup::RestoreArgs),
     /// A DC's Raft group (`tandem cluster status --help`).
     Cluster {
         #[command(subcommand)]
@@ -366,9 +374,8 @@ fn check_tls(cmd: &Cmd) -> Result<(), ClientError> {
         | Cmd::Cluster { cmd: ClusterCmd::Add { conn, .. } }
         | Cmd::Cluster { cmd: ClusterCmd::Remove { conn, .. } }
         | Cmd::Cluster { cmd: ClusterCmd::Replace { conn, .. } } => conn,
-        Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } | Cmd::Chaos { .. } | Cmd::Acl { .. } => {
-            return Ok(())
-        }
+        // Backup checks its own; restore, like the rest, runs no client.
+        _ => return Ok(()),
     };
     conn.tls().map(drop)
 }
@@ -404,8 +411,10 @@ async fn run(cli: Cli) -> ExitCode {
             init_tracing(fmt.as_deref(), None);
             dev::dev(dir, http_port, repl_port, stale_after_ms, nodes).await
         }
-        Cmd::Certs { out, dcs, nodes, force } => certs(out, dcs, nodes, force),
+        Cmd::Certs { out, dcs, nodes, force } => dev::certs(out, dcs, nodes, force),
         Cmd::Acl { cmd: AclCmd::Token { cmd } } => crate::acl::cli::token(cmd_args(cmd)),
+        Cmd::Restore(args) => backup::restore(args),
+        Cmd::Backup(args) => return backup::backup(args).await,
         Cmd::Chaos { args } => {
             // Drills start `tandem server` processes from this very binary.
             let bin = match std::env::current_exe() {
@@ -501,39 +510,6 @@ pub(crate) async fn wait_for_stop(nodes: &[&Node]) {
 /// Most nodes per DC `tandem certs --nodes` makes certificates for (a Raft group is 3 or
 /// 5 voters; room for learners while members are replaced).
 pub const NODES_PER_DC_MAX: u64 = crate::config::MEMBERS_MAX as u64;
-
-fn certs(out: PathBuf, mut dcs: Vec<String>, nodes: u64, force: bool) -> anyhow::Result<()> {
-    use tandem_replicator::tls;
-    if dcs.is_empty() {
-        dcs = vec!["dc-a".into(), "dc-b".into()];
-    }
-    let names: Vec<&str> = dcs.iter().map(String::as_str).collect();
-    let ids: Vec<u64> = (1..=nodes).collect();
-    if !force {
-        // Refuse before writing anything, node files included.
-        let mut existing = Vec::new();
-        for dc in &names {
-            for id in &ids {
-                let paths = tls::node_cert_paths(&out, &tls::NodeName::new(dc, *id)?);
-                existing.extend([paths.cert, paths.key].into_iter().filter(|p| p.exists()));
-            }
-        }
-        if let Some(path) = existing.first() {
-            anyhow::bail!("refusing to overwrite existing file {} (--force replaces it)", path.display());
-        }
-    }
-    let pki = tls::generate_dev_pki(&out, &names, force)?;
-    println!("development CA: {}", out.join("ca.pem").display());
-    for dc in &names {
-        if let Some(p) = pki.paths(dc) {
-            println!("{dc}: cert {} key {}", p.cert.display(), p.key.display());
-        }
-        for (node, p) in tls::generate_dev_node_certs(&out, dc, &ids, force)? {
-            println!("{dc} node {}: cert {} key {}", node.id, p.cert.display(), p.key.display());
-        }
-    }
-    Ok(())
-}
 
 fn parse_status(s: &str) -> Result<StatusName, String> {
     serde_json::from_value(Value::String(s.to_owned()))
@@ -716,9 +692,13 @@ async fn client_cmd(cmd: Cmd) -> ExitCode {
         Cmd::Cluster { cmd: ClusterCmd::Replace { conn, old, node } } => cluster::changed(
             conn.client().replace_member(old, node.id, &node.raft_addr, &node.http_addr).await,
         ),
-        Cmd::Server { .. } | Cmd::Dev { .. } | Cmd::Certs { .. } | Cmd::Chaos { .. } | Cmd::Acl { .. } => {
-            Ok(())
-        }
+        Cmd::Server { .. }
+        | Cmd::Dev { .. }
+        | Cmd::Certs { .. }
+        | Cmd::Chaos { .. }
+        | Cmd::Acl { .. }
+        | Cmd::Backup(_)
+        | Cmd::Restore(_) => Ok(()),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -763,7 +743,7 @@ async fn keepalive(
 mod tests {
     use tandem_replicator::tls::{NodeName, TlsMaterial};
 
-    use super::*;
+    use super::dev::certs;
 
     #[test]
     fn certs_makes_both_kinds_and_overwrites_nothing_without_force() {

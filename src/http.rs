@@ -31,6 +31,7 @@ use crate::shared::NodeShared;
 
 pub mod audit;
 pub mod auth;
+pub mod backup;
 pub mod forward;
 pub mod limits;
 pub mod listener;
@@ -63,6 +64,7 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .route(members::MEMBERS_PATH, post(members::add))
         .route(&format!("{}/{{id}}", members::MEMBERS_PATH), delete(members::remove))
         .route(&format!("{}/{{id}}/replace", members::MEMBERS_PATH), post(members::replace))
+        .route(crate::backup::BACKUP_PATH, get(backup::backup))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         // Innermost: on a DC group's follower, a write goes to the leader (every check

@@ -32,6 +32,7 @@ pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (release build)")
 
 pub mod acl;
 pub mod audit;
+pub mod backup;
 pub mod cli;
 pub mod clock;
 pub mod cluster;

@@ -5,6 +5,8 @@
 //! it is back, writes are accepted again within a bound, and a lease that kept beating
 //! through a follower does not expire.
 
+#[path = "cluster/backup.rs"]
+mod backup;
 mod common;
 
 use std::collections::BTreeSet;

@@ -308,12 +308,72 @@ impl Client {
         self.send(reqwest::Method::POST, &path, Some(&body), MEMBER_CHANGE_TIMEOUT).await.map(|(v, _)| v)
     }
 
+    /// GET /v1/admin/backup: the DC's state as a backup, from the node among this client's
+    /// addresses that serves the DC's writes (a follower answers 503 `not_leader`, and the
+    /// next address is asked). The export goes to `out` as it arrives (at most
+    /// `bytes_max` bytes, else a decode error); returns the backup's meta (the node's
+    /// `x-tandem-backup` header, JSON) and the bytes written.
+    pub async fn backup(
+        &self,
+        out: &mut (dyn std::io::Write + Send),
+        bytes_max: u64,
+    ) -> Result<(Value, u64), ClientError> {
+        let mut last = String::from("no registry address configured");
+        for base in &self.bases {
+            let url = format!("{base}/v1/admin/backup");
+            let mut req = self.http.get(&url).timeout(BACKUP_TIMEOUT).header("x-tandem-admin", "1");
+            if let Some(t) = &self.token {
+                req = req.bearer_auth(t);
+            }
+            let mut resp = match req.send().await {
+                Ok(r) => r,
+                Err(e) => {
+                    last = format!("{url}: {}", with_causes(&e));
+                    continue;
+                }
+            };
+            let status = resp.status();
+            if !status.is_success() {
+                let body = read_body(resp).await.map_err(ClientError::Decode)?;
+                let (code, message) = match serde_json::from_slice::<ErrorBody>(&body) {
+                    Ok(b) => (b.error.code, b.error.message),
+                    Err(_) => ("unknown".to_owned(), String::from_utf8_lossy(&body).into_owned()),
+                };
+                if status.is_server_error() && status != reqwest::StatusCode::INSUFFICIENT_STORAGE {
+                    last = format!("{url}: {status} {code}: {message}");
+                    continue;
+                }
+                return Err(ClientError::Api { status: status.as_u16(), code, message });
+            }
+            let meta = resp
+                .headers()
+                .get("x-tandem-backup")
+                .and_then(|v| serde_json::from_slice::<Value>(v.as_bytes()).ok())
+                .ok_or_else(|| ClientError::Decode(format!("{url}: no x-tandem-backup header")))?;
+            let mut written = 0u64;
+            while let Some(chunk) = resp.chunk().await.map_err(|e| ClientError::Decode(with_causes(&e)))? {
+                written += chunk.len() as u64;
+                if written > bytes_max {
+                    return Err(ClientError::Decode(format!("backup larger than {bytes_max} bytes")));
+                }
+                out.write_all(&chunk)
+                    .map_err(|e| ClientError::Decode(format!("cannot write the backup: {e}")))?;
+            }
+            return Ok((meta, written));
+        }
+        Err(ClientError::Unreachable(last))
+    }
+
     /// POST /v1/admin/unretire-dc: let a retired DC replicate again (from scratch).
     pub async fn unretire_dc(&self, dc: &str) -> Result<UnretireAnswer, ClientError> {
         let body = RetireRequest { dc: dc.to_owned() };
         self.call(reqwest::Method::POST, "/v1/admin/unretire-dc", Some(&body)).await
     }
 }
+
+/// How long a backup may take to arrive (the node's own bound is 300 s past its request
+/// timeout).
+pub const BACKUP_TIMEOUT: Duration = Duration::from_secs(330);
 
 /// How long a membership change may take to answer: a new member's catch-up (at most
 /// 120 s on the leader) and the forward to the leader.

@@ -143,3 +143,37 @@ pub(super) async fn dev(
     futures::future::join_all(running.into_iter().map(|(_, n)| n.shutdown())).await;
     Ok(())
 }
+
+/// `tandem certs`: a development CA, a certificate per DC and one per node of each DC.
+pub fn certs(out: PathBuf, mut dcs: Vec<String>, nodes: u64, force: bool) -> anyhow::Result<()> {
+    use tandem_replicator::tls;
+    if dcs.is_empty() {
+        dcs = vec!["dc-a".into(), "dc-b".into()];
+    }
+    let names: Vec<&str> = dcs.iter().map(String::as_str).collect();
+    let ids: Vec<u64> = (1..=nodes).collect();
+    if !force {
+        // Refuse before writing anything, node files included.
+        let mut existing = Vec::new();
+        for dc in &names {
+            for id in &ids {
+                let paths = tls::node_cert_paths(&out, &tls::NodeName::new(dc, *id)?);
+                existing.extend([paths.cert, paths.key].into_iter().filter(|p| p.exists()));
+            }
+        }
+        if let Some(path) = existing.first() {
+            anyhow::bail!("refusing to overwrite existing file {} (--force replaces it)", path.display());
+        }
+    }
+    let pki = tls::generate_dev_pki(&out, &names, force)?;
+    println!("development CA: {}", out.join("ca.pem").display());
+    for dc in &names {
+        if let Some(p) = pki.paths(dc) {
+            println!("{dc}: cert {} key {}", p.cert.display(), p.key.display());
+        }
+        for (node, p) in tls::generate_dev_node_certs(&out, dc, &ids, force)? {
+            println!("{dc} node {}: cert {} key {}", node.id, p.cert.display(), p.key.display());
+        }
+    }
+    Ok(())
+}

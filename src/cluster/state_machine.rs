@@ -167,6 +167,45 @@ impl RegistryStateMachine {
         f(&self.inner.lock().log)
     }
 
+    /// The whole state as a backup (`tandem backup`, docs/operations.md): its export (the
+    /// format of a Raft snapshot, bounded by [`SNAPSHOT_BYTES_MAX`]), the applied index it
+    /// is consistent with and the own mark, taken under the state's lock on a blocking
+    /// thread (applies wait meanwhile).
+    pub async fn backup(&self) -> Result<(Vec<u8>, u64, Mark), LogError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let inner = inner.lock();
+            let export = inner.log.export_state(SNAPSHOT_BYTES_MAX)?;
+            Ok((export, inner.applied.map_or(0, |l| l.index), inner.log.own_mark()))
+        })
+        .await
+        .map_err(|e| LogError::Storage(format!("backup task: {e}")))?
+    }
+
+    /// Seeds a new member's state in `dir` from a backup's export (`tandem restore`): the
+    /// backup's state, in the provisional epoch `epoch`, applied up to `index` by a group
+    /// whose one member is `me` (at `node`). The member then starts as that group's only
+    /// voter with its log purged up to `index`, so every member added later gets a Raft
+    /// snapshot of the restored state, never the log entries of another history. Refuses a
+    /// dir that already holds a state.
+    pub fn restore(
+        dir: &Path,
+        dc: &str,
+        export: &[u8],
+        (me, node): (NodeId, BasicNode),
+        index: u64,
+        epoch: NonZeroU64,
+    ) -> Result<(), String> {
+        let mut log = RocksLog::create_with_epoch(dir, dc, epoch).map_err(|e| e.to_string())?;
+        let id = LogId::new(openraft::CommittedLeaderId::new(0, me), index);
+        let members = openraft::Membership::new(
+            vec![std::collections::BTreeSet::from([me])],
+            BTreeMap::from([(me, node)]),
+        );
+        let applied = encode_applied(&Some(id), &Membership::new(Some(id), members))?;
+        log.restore_state(export, Some(&applied), epoch).map_err(|e| e.to_string())
+    }
+
     /// Runs `f` with the state locked on a blocking thread.
     async fn blocking<R: Send + 'static>(
         &self,

@@ -59,6 +59,8 @@ pub struct HttpState {
     pub tls_plain_http: AtomicU64,
     /// Requests refused for their Host header.
     pub refused_host: AtomicU64,
+    /// `GET /v1/admin/backup` (`backup.rs`).
+    pub backups: super::backup::BackupStats,
     /// Admin calls refused for lacking a JSON content type or the admin header.
     pub refused_admin_unmarked: AtomicU64,
     /// Admin calls refused by the admin rate limit.
@@ -298,13 +300,21 @@ fn admin_marked(req: &Request) -> bool {
         })
 }
 
+/// What a backup (`GET /v1/admin/backup`) may take besides `request_timeout_ms`: its
+/// largest export at about 2 MB/s.
+pub const BACKUP_TIME_MAX: Duration = Duration::from_secs(300);
+
 /// How long a request may take: `request_timeout_ms`, plus its `wait` for a blocking query
 /// (a streaming watch answers at once; its body is bounded by its own keep-alive), or
-/// plus twice a new member's catch-up bound for a membership change.
+/// plus twice a new member's catch-up bound for a membership change, or plus
+/// [`BACKUP_TIME_MAX`] for a backup.
 fn budget(cfg: &Config, req: &Request) -> Duration {
     let base = Duration::from_millis(cfg.http.request_timeout_ms);
     if req.uri().path().starts_with(super::members::MEMBERS_PATH) {
         return base + crate::node::group::CATCH_UP_TIMEOUT * 2;
+    }
+    if req.uri().path() == crate::backup::BACKUP_PATH {
+        return base + BACKUP_TIME_MAX;
     }
     let q = req.uri().query().unwrap_or("");
     if !req.uri().path().starts_with("/v1/services/") || !q.split('&').any(|kv| kv.starts_with("index=")) {

@@ -694,6 +694,12 @@ impl NodeShared {
         for (reason, c) in by_cap {
             m.counter(req, help, &[("dc", dc), ("reason", reason)], get(c));
         }
+        let (b, help) =
+            ("tandem_backups_total", "Backups asked of this node (GET /v1/admin/backup), by result");
+        m.counter(b, help, &[("dc", dc), ("result", "served")], get(&h.backups.served));
+        m.counter(b, help, &[("dc", dc), ("result", "refused")], get(&h.backups.refused));
+        let help = "Bytes of the backups this node served";
+        m.counter("tandem_backup_bytes_total", help, &[("dc", dc)], get(&h.backups.bytes));
     }
 }
 

@@ -168,7 +168,54 @@ impl RocksLog {
     pub fn replace_state(&mut self, export: &[u8], applied: &[u8]) -> Result<(), LogError> {
         self.check_writable()?;
         let pairs = parse_export(export)?;
-        self.check_export(&pairs, applied)?;
+        self.write_pairs(&pairs, Some(applied), "event log replaced by a Raft snapshot")
+    }
+
+    /// Seeds this log, which must be new (no own event, no instance), with a backup's
+    /// export (`tandem restore`, docs/operations.md): the export's state with its own
+    /// epoch made `epoch` (a restore passes a provisional one, so the DC takes a new epoch
+    /// above what its peers saw at its first handshake: a restored history is one that
+    /// went back) and its Raft applied state made `applied` (a group's first member: a
+    /// one-member group at the backup's index; a single node: none).
+    pub fn restore_state(
+        &mut self,
+        export: &[u8],
+        applied: Option<&[u8]>,
+        epoch: std::num::NonZeroU64,
+    ) -> Result<(), LogError> {
+        self.check_writable()?;
+        if self.own.seq != 0 || self.scan_all(CF_INSTANCES)?.next().is_some() {
+            return Err(LogError::Invalid(format!(
+                "the log in {} is not new (own seq {}): a restore seeds an empty data dir",
+                self.dir.display(),
+                self.own.seq
+            )));
+        }
+        let parsed = parse_export(export)?;
+        let meta = COLUMN_FAMILIES.iter().position(|n| *n == CF_META).map(|p| p as u8);
+        let epoch_bytes = epoch.get().to_be_bytes();
+        let mut pairs: Vec<Pair<'_>> = parsed
+            .into_iter()
+            .filter(|(p, k, _)| !(Some(*p) == meta && (*k == META_EPOCH || *k == META_RAFT_APPLIED)))
+            .collect();
+        let meta = meta.ok_or_else(|| bad("no meta column family".into()))?;
+        pairs.push((meta, META_EPOCH, &epoch_bytes));
+        if let Some(applied) = applied {
+            pairs.push((meta, META_RAFT_APPLIED, applied));
+        }
+        pairs.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        self.write_pairs(&pairs, applied, "event log seeded from a backup")
+    }
+
+    /// Checks `pairs` (see [`check_export`](Self::check_export)), then replaces every
+    /// stored pair by them in one synced batch and reloads.
+    fn write_pairs(
+        &mut self,
+        pairs: &[Pair<'_>],
+        applied: Option<&[u8]>,
+        what: &str,
+    ) -> Result<(), LogError> {
+        self.check_export(pairs, applied)?;
         let mut batch = WriteBatch::default();
         for name in COLUMN_FAMILIES {
             let cf = self.cf(name)?;
@@ -176,7 +223,7 @@ impl RocksLog {
                 batch.delete_cf(cf, item?.0);
             }
         }
-        for (position, k, v) in &pairs {
+        for (position, k, v) in pairs {
             batch.put_cf(self.cf(COLUMN_FAMILIES[usize::from(*position)])?, k, v);
         }
         self.pending_index = None;
@@ -187,18 +234,12 @@ impl RocksLog {
             self.poisoned = true;
             return Err(e);
         }
-        tracing::warn!(
-            dc = %self.dc,
-            own = ?self.own,
-            pairs = pairs.len(),
-            bytes = export.len(),
-            "event log replaced by a Raft snapshot"
-        );
+        tracing::warn!(dc = %self.dc, own = ?self.own, pairs = pairs.len(), "{what}");
         Ok(())
     }
 
     /// What [`load`](Self::load) will need of the export, checked before anything is written.
-    fn check_export(&self, pairs: &[Pair<'_>], applied: &[u8]) -> Result<(), LogError> {
+    fn check_export(&self, pairs: &[Pair<'_>], applied: Option<&[u8]>) -> Result<(), LogError> {
         let position = |name: &str| COLUMN_FAMILIES.iter().position(|n| *n == name).map(|p| p as u8);
         let (meta, log) = (position(CF_META), position(CF_LOG));
         let meta_of =
@@ -206,7 +247,7 @@ impl RocksLog {
         if meta_of(META_DC) != Some(self.dc.as_bytes()) {
             return Err(bad(format!("not a state of DC {}", self.dc)));
         }
-        if meta_of(META_RAFT_APPLIED) != Some(applied) {
+        if meta_of(META_RAFT_APPLIED) != applied {
             return Err(bad("its applied state is not the one its meta names".into()));
         }
         let u64_of = |key: &[u8]| -> Result<u64, LogError> {
