@@ -165,6 +165,7 @@ impl FaultLedger {
             | Action::StartMember { .. } => {}
             Action::RestartMember { .. }
             | Action::Save { .. }
+            | Action::Backup { .. }
             | Action::EndSplit { .. }
             | Action::Cut(_)
             | Action::Heal
@@ -190,7 +191,10 @@ impl FaultLedger {
             Action::Pause { side } => format!("SIGSTOP {}", self.names[side]),
             Action::Resume { side } => format!("SIGCONT {}", self.names[side]),
             Action::Save { side } => format!("copy {}'s data dir aside", self.names[side]),
-            Action::Restore { side } => format!("restore {}'s older data dir", self.names[side]),
+            Action::Restore { side } => format!("restore {}'s older data dir (or backup)", self.names[side]),
+            Action::Backup { side } => {
+                format!("back {} up from its leader (tandem backup)", self.names[side])
+            }
             Action::Split { side } => {
                 format!(
                     "start a replacement of {} on an empty data dir; the old process keeps running",
@@ -265,7 +269,7 @@ impl FaultLedger {
                 self.close(FaultKind::Down(side), done);
                 self.down[side] = false;
             }
-            Action::Save { .. } | Action::Restore { .. } => {}
+            Action::Save { .. } | Action::Restore { .. } | Action::Backup { .. } => {}
             Action::Split { side } => {
                 let label = format!("old process of {} next to its replacement", self.names[side]);
                 self.open(FaultKind::Split(side), label, started);

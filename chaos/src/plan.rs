@@ -29,10 +29,11 @@ pub enum DrillKind {
     RollingUpgrade,
     NodeDiskLoss,
     AddRemoveNode,
+    BackupRestore,
 }
 
 impl DrillKind {
-    pub const ALL: [DrillKind; 16] = [
+    pub const ALL: [DrillKind; 17] = [
         DrillKind::PartitionHeal,
         DrillKind::OneWayPartition,
         DrillKind::FlappingLink,
@@ -49,6 +50,7 @@ impl DrillKind {
         DrillKind::RollingUpgrade,
         DrillKind::NodeDiskLoss,
         DrillKind::AddRemoveNode,
+        DrillKind::BackupRestore,
     ];
 
     pub fn name(self) -> &'static str {
@@ -69,6 +71,7 @@ impl DrillKind {
             DrillKind::RollingUpgrade => "rolling-upgrade",
             DrillKind::NodeDiskLoss => "node-disk-loss",
             DrillKind::AddRemoveNode => "add-remove-node",
+            DrillKind::BackupRestore => "backup-restore",
         }
     }
 
@@ -110,6 +113,9 @@ impl DrillKind {
             DrillKind::AddRemoveNode => {
                 "a follower's machine is lost (kill -9, data dir wiped; each DC in turn): it is removed from its group, and a node under a new id on the same addresses is started to join and added (a learner caught up by snapshot, then a voter)"
             }
+            DrillKind::BackupRestore => {
+                "back a DC up from its leader while it serves (tandem backup), write on, then lose the DC whole (kill -9 of every member, data dirs wiped) and restore it (tandem restore into one member, the others join); each DC in turn. The restored DC takes a new epoch; nothing written after the backup comes back at the peer"
+            }
         }
     }
 
@@ -132,6 +138,7 @@ impl DrillKind {
             DrillKind::RollingUpgrade => 40_000,
             DrillKind::NodeDiskLoss => 24_000,
             DrillKind::AddRemoveNode => 30_000,
+            DrillKind::BackupRestore => 30_000,
         }
     }
 
@@ -145,7 +152,8 @@ impl DrillKind {
             | DrillKind::FailoverLeases
             | DrillKind::RollingUpgrade
             | DrillKind::NodeDiskLoss
-            | DrillKind::AddRemoveNode => 3,
+            | DrillKind::AddRemoveNode
+            | DrillKind::BackupRestore => 3,
             _ => 1,
         }
     }
@@ -160,6 +168,7 @@ impl DrillKind {
             | DrillKind::RollingUpgrade
             | DrillKind::NodeDiskLoss
             | DrillKind::AddRemoveNode
+            | DrillKind::BackupRestore
                 if nodes < 3 =>
             {
                 Some(format!("{self} needs a group of at least three nodes per DC (--nodes 3), not {nodes}"))
@@ -206,6 +215,7 @@ impl DrillKind {
                 | DrillKind::RollingUpgrade
                 | DrillKind::NodeDiskLoss
                 | DrillKind::AddRemoveNode
+                | DrillKind::BackupRestore
         )
     }
 }
@@ -300,6 +310,13 @@ pub enum Action {
     Restore {
         side: usize,
     },
+    /// While the DC serves: a backup of it is taken from its leader (`tandem backup`). A
+    /// later `Restore` of a group DC restores it (`tandem restore` into its first member)
+    /// and the `Restart` after that starts the first member alone, then has the others
+    /// join.
+    Backup {
+        side: usize,
+    },
     /// A replacement process of the DC starts on an empty data dir (new ports); once it
     /// answers, clients and the peer's dials move to it. The old process keeps running.
     Split {
@@ -380,9 +397,10 @@ impl Action {
         )
     }
 
-    /// Neither starts nor ends a fault: done to a DC that is down (`Save`, `Restore`).
+    /// Neither starts nor ends a fault: done to a DC that is down (`Save`, `Restore`), or
+    /// to one that serves without a fault (`Backup`).
     pub fn within_fault(self) -> bool {
-        matches!(self, Action::Save { .. } | Action::Restore { .. })
+        matches!(self, Action::Save { .. } | Action::Restore { .. } | Action::Backup { .. })
     }
 }
 
@@ -537,6 +555,20 @@ pub fn plan(kind: DrillKind, seed: u64, span_ms: Option<u64>, caps: Capabilities
                 side = 1 - side;
             }
         }
+        DrillKind::BackupRestore => {
+            // Each cycle, one DC (each in turn): a backup while it serves, a few seconds of
+            // writes, then the DC lost whole and restored from that backup.
+            let mut side = rng.gen_range(0..2usize);
+            while t + 9_000 <= end {
+                at(t, Action::Backup { side });
+                let r = t + rng.gen_range(2_500..3_500);
+                at(r, Action::Kill { side, wipe: false });
+                at(r + 1, Action::Restore { side });
+                at(r + 300, Action::Restart { side });
+                t = r + 300 + rng.gen_range(4_000..5_000);
+                side = 1 - side;
+            }
+        }
         DrillKind::SplitIncarnation => {
             let mut side = rng.gen_range(0..2usize);
             while t + 7_000 <= end {
@@ -661,6 +693,9 @@ mod tests {
                         Action::Resume { side } => paused[side] = false,
                         Action::Save { side } | Action::Restore { side } => {
                             assert!(killed[side], "{kind}: the data dir is copied while the DC is down")
+                        }
+                        Action::Backup { side } => {
+                            assert!(!killed[side], "{kind}: a backup is taken while the DC serves")
                         }
                         Action::Split { side } => split[side] = true,
                         Action::EndSplit { side } => split[side] = false,

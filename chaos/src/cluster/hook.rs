@@ -35,6 +35,7 @@ impl Cluster {
             Action::Resume { side } => vec!["resume".into(), self.dcs[side].name.clone()],
             Action::Save { side } => vec!["save".into(), self.dcs[side].name.clone()],
             Action::Restore { side } => vec!["restore".into(), self.dcs[side].name.clone()],
+            Action::Backup { side } => vec!["backup".into(), self.dcs[side].name.clone()],
             Action::Split { side } => vec!["split".into(), self.dcs[side].name.clone()],
             Action::EndSplit { side } => vec!["end-split".into(), self.dcs[side].name.clone()],
             Action::KillLeader { side } => vec!["kill-leader".into(), self.dcs[side].name.clone()],

@@ -31,6 +31,7 @@ use crate::api::Api;
 use crate::plan::{Action, Capabilities, Cut, PacketFaults};
 use crate::relay::{Direction, Faults, LinkFaults, Probability, Relay};
 
+mod backups;
 mod configs;
 mod group;
 mod hook;
@@ -40,6 +41,7 @@ mod netns;
 mod roll;
 
 use crate::ports::free_port;
+pub use backups::Restore;
 use configs::{make_certs, node_config, toml_str};
 pub use group::{Failover, DRAIN};
 use incarnations::OldIncarnation;
@@ -175,6 +177,10 @@ pub struct Dc {
     stopped: Option<(usize, Roll)>,
     /// The highest node id a member of its group took (a replacement takes the next).
     last_id: u64,
+    /// The last backup taken (`backup-restore`), until it is restored; restored and not
+    /// started yet.
+    backup: Option<(PathBuf, backups::Restore)>,
+    restored: bool,
 }
 
 impl Dc {
@@ -192,6 +198,8 @@ impl Dc {
             heir: None,
             stopped: None,
             last_id: 0,
+            backup: None,
+            restored: false,
         }
     }
 
@@ -237,6 +245,8 @@ pub struct Cluster {
     probe_target: Option<(String, String)>,
     /// Every member taken down and started again (`rolling-upgrade`, `node-disk-loss`).
     rolls: Vec<Roll>,
+    /// Every backup restored (`backup-restore`).
+    restores: Vec<backups::Restore>,
 }
 
 impl Cluster {
@@ -291,6 +301,7 @@ impl Cluster {
             isolations: Vec::new(),
             probe_target: None,
             rolls: Vec::new(),
+            restores: Vec::new(),
         }
     }
 
@@ -573,6 +584,9 @@ impl Cluster {
                     }
                 }
             }
+            Action::Restart { side } if self.dcs[side].restored => {
+                return self.start_restored(side).await.map(Some)
+            }
             Action::Restart { side } => {
                 self.spawn(side)?;
                 self.wait_ready(side).await?;
@@ -580,7 +594,9 @@ impl Cluster {
             Action::Pause { side } => self.signal(side, "-STOP", true).await?,
             Action::Resume { side } => self.signal(side, "-CONT", false).await?,
             Action::Save { side } => self.save(side)?,
+            Action::Restore { side } if self.dcs[side].nodes.len() > 1 => self.restore_backup(side).await?,
             Action::Restore { side } => self.restore(side)?,
+            Action::Backup { side } => return self.backup(side).await.map(Some),
             Action::Split { side } => self.split(side).await?,
             Action::EndSplit { side } => self.end_split(side).await?,
             Action::KillLeader { side } => return self.kill_leader(side).await.map(Some),

@@ -15,7 +15,7 @@ use crate::report::DrillReport;
 #[command(
     name = "tandem chaos",
     about = "Partition-heal chaos drills with a seeded workload and an invariant checker",
-    after_help = "Drills: partition-heal, one-way-partition, flapping-link, crash-restart, pause, packet-chaos, long-partition, restore-rollback, split-incarnation, leader-kill, leader-isolated, follower-partition, failover-leases, rolling-upgrade, node-disk-loss, add-remove-node; `all` runs them all, `list` describes them.\n\
+    after_help = "Drills: partition-heal, one-way-partition, flapping-link, crash-restart, pause, packet-chaos, long-partition, restore-rollback, split-incarnation, leader-kill, leader-isolated, follower-partition, failover-leases, rolling-upgrade, node-disk-loss, add-remove-node, backup-restore; `all` runs them all, `list` describes them.\n\
 Exit status: 0 when every invariant held (and, by default, when a drill was SKIPPED: see --skipped-exit-code), 1 when an invariant failed, 2 when a drill could not run, 130 on Ctrl-C."
 )]
 struct ChaosCli {

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use super::leases::{self, LeaseStats};
-use crate::cluster::{Failover, Isolation, Roll, SplitCheck};
+use crate::cluster::{Failover, Isolation, Restore, Roll, SplitCheck};
 use crate::plan::{Action, DrillKind, Plan};
 use crate::report::{Expectation, Figures};
 
@@ -24,6 +24,8 @@ pub(super) struct Seen<'a> {
     pub failovers: &'a [Failover],
     pub isolations: &'a [Isolation],
     pub rolls: &'a [Roll],
+    /// Every backup restored (`backup-restore`).
+    pub restores: &'a [Restore],
     /// The probe instances each DC showed at the end (`leader-isolated`,
     /// `follower-partition`).
     pub probes_visible: &'a Result<[BTreeSet<String>; 2], String>,
@@ -105,6 +107,9 @@ pub(super) fn expectations(s: &Seen<'_>) -> Vec<Expectation> {
     }
     if matches!(s.kind, DrillKind::RollingUpgrade | DrillKind::NodeDiskLoss | DrillKind::AddRemoveNode) {
         out.extend(roll_expectations(s));
+    }
+    if s.kind == DrillKind::BackupRestore {
+        out.push(restore_expectation(s));
     }
     if s.kind.cuts_members() {
         let cuts = s.plan.actions.iter().filter(|a| matches!(a.action, Action::IsolateMember { .. })).count();
@@ -324,4 +329,35 @@ fn isolation_expectations(
         ),
     });
     out
+}
+
+/// `restored`: every restore of a backup brought the DC's group back whole (the first
+/// member serving alone, each other one added and caught up), and the restored DC took an
+/// epoch above the one it had when backed up.
+fn restore_expectation(s: &Seen<'_>) -> Expectation {
+    let planned = s.plan.actions.iter().filter(|a| matches!(a.action, Action::Restore { .. })).count();
+    let nodes = s.restores.iter().map(|r| r.members).max().unwrap_or(0);
+    let bad: Vec<String> = s
+        .restores
+        .iter()
+        .filter(|r| r.members != nodes || r.epoch.1.is_none_or(|e| e <= r.epoch.0))
+        .map(|r| format!("{}: {} members, epoch {} -> {:?}", r.dc, r.members, r.epoch.0, r.epoch.1))
+        .collect();
+    Expectation {
+        name: "restored".into(),
+        passed: planned > 0 && s.restores.len() == planned && bad.is_empty(),
+        detail: format!(
+            "{} of {planned} restores brought the DC back whole in a new epoch{}: {}",
+            s.restores.len(),
+            if bad.is_empty() { String::new() } else { format!(" (not: {})", bad.join("; ")) },
+            s.restores
+                .iter()
+                .map(|r| format!(
+                    "{} backup {}ms {}B, restore {}ms, serving {}ms, joined {}ms",
+                    r.dc, r.backup_ms, r.bytes, r.restore_ms, r.serving_ms, r.joined_ms
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
 }

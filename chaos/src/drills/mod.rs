@@ -296,7 +296,7 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     if opts.kind == DrillKind::RollingUpgrade {
         tuning.previous_release = true;
     }
-    if matches!(opts.kind, DrillKind::NodeDiskLoss | DrillKind::AddRemoveNode) {
+    if matches!(opts.kind, DrillKind::NodeDiskLoss | DrillKind::AddRemoveNode | DrillKind::BackupRestore) {
         // A few hundred entries a drill: a member that lost its disk (or a new one) is
         // behind the leader's first log entry, so it comes back from a snapshot.
         tuning.snapshot_every_entries = Some(NODE_DISK_LOSS_SNAPSHOT_EVERY);
@@ -616,6 +616,7 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
     let failovers = cluster.failovers().to_vec();
     let isolations = cluster.isolations().to_vec();
     let rolls = cluster.rolls().to_vec();
+    let restores = cluster.restores().to_vec();
     let probes_visible =
         if opts.kind.cuts_members() { cluster.probe_visible(&ns).await } else { Ok(Default::default()) };
     let logs: Vec<String> =
@@ -640,6 +641,7 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
             failovers: &failovers,
             isolations: &isolations,
             rolls: &rolls,
+            restores: &restores,
             probes_visible: &probes_visible,
             leases: &lease_stats.lock(),
         })
