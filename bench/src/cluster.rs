@@ -45,7 +45,7 @@ use crate::sys::{process_cpu, PROFILE};
 use crate::{cpu_now, Ctx};
 
 /// The DC of the tandem group.
-const DC: &str = "dc-a";
+pub(crate) const DC: &str = "dc-a";
 /// Members of each group.
 const MEMBERS: u64 = 3;
 /// Concurrencies of the leader rows (those of `compare`'s etcd rows), and of the follower row.
@@ -77,8 +77,8 @@ pub struct MemberStats {
 }
 
 /// `serve-member`: one member of the group in this process. Prints `http=ADDR` once the
-/// node runs, then answers each `stats` line on stdin with one JSON line; stops when stdin
-/// closes (the parent's guard) or after [`MEMBER_LIFETIME`].
+/// node runs, then answers each `stats` line on stdin with one JSON line; stops its node when
+/// stdin closes (the parent's guard), on SIGTERM, or after [`MEMBER_LIFETIME`].
 pub fn serve_member(dir: PathBuf, id: u64, members: &str) -> anyhow::Result<()> {
     let members = parse_members(members)?;
     let me = members.iter().find(|m| m.id == id).with_context(|| format!("member {id} is not listed"))?;
@@ -102,7 +102,12 @@ pub fn serve_member(dir: PathBuf, id: u64, members: &str) -> anyhow::Result<()> 
             }
         })?;
         let deadline = tokio::time::Instant::now() + MEMBER_LIFETIME;
-        while let Ok(Some(cmd)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+        // SIGTERM stops the node gracefully too (`roll` restarts members that way).
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        while let Ok(Some(cmd)) = tokio::select! {
+            c = tokio::time::timeout_at(deadline, rx.recv()) => c,
+            _ = term.recv() => Ok(None),
+        } {
             if cmd.trim() != "stats" {
                 continue;
             }

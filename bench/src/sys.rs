@@ -171,6 +171,16 @@ pub fn interrupt(pid: u32) {
     }
 }
 
+/// Sends SIGTERM to process `pid` (a server child this process started, which then stops
+/// gracefully: `roll`).
+#[allow(unsafe_code)]
+pub fn terminate(pid: u32) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: kill(2) takes two integers and touches no memory of this process.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+}
+
 /// Resident set size of a process, bytes.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

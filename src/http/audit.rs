@@ -48,6 +48,7 @@ fn action(method: &Method, segs: &[&str]) -> Option<(&'static str, Option<String
         (&Method::POST, ["v1", "admin", "reload"]) => ("reload", None),
         (&Method::POST, ["v1", "admin", "retire-dc"]) => ("retire_dc", None),
         (&Method::POST, ["v1", "admin", "unretire-dc"]) => ("unretire_dc", None),
+        (&Method::GET, ["v1", "admin", "backup"]) => ("backup", None),
         (_, ["v1", "admin", ..]) => ("admin", None),
         _ => return None,
     })

@@ -669,8 +669,16 @@ impl Cluster {
         Ok(())
     }
 
-    /// SIGKILL of every process of the DC, then reap (bounded).
+    /// SIGKILL of every process of the DC at once, then reap (bounded). At once: a group
+    /// killed member by member would elect another leader that ships on meanwhile (a
+    /// member in an fsync dies only once it returns), after the checker was told the DC
+    /// is down.
     pub async fn kill(&mut self, side: usize) -> anyhow::Result<()> {
+        for node in &mut self.dcs[side].nodes {
+            if let Some(child) = node.child.as_mut() {
+                let _ = child.start_kill();
+            }
+        }
         for k in 0..self.dcs[side].nodes.len() {
             self.kill_node(side, k).await?;
         }
