@@ -1,5 +1,5 @@
 //! `roll`: a rolling restart of a DC's 3-member tandem group against one of a 3-member etcd
-//! 3.4 cluster, under the same closed-loop write load (issue 17's operations story).
+//! 3.4 cluster, under the same closed-loop write load (issue 18).
 //!
 //! Both systems run as in `cluster` (three `serve-member` processes of this binary; three
 //! `etcd` processes with a static `--initial-cluster`; with pinning, all under

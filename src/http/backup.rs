@@ -2,10 +2,9 @@
 //! [`crate::backup`]). An admin call, served by the node that serves the DC's writes (a
 //! group's leader, or a single node): a follower answers 503 `not_leader` naming the
 //! leader's HTTP address (the `tandem` client then asks the next address it was given).
-//! The body is the export (`application/octet-stream`, at most
-//! [`BACKUP_BYTES_MAX`](crate::backup::BACKUP_BYTES_MAX)), its meta is in the
-//! [`BACKUP_META_HEADER`] (JSON). A state too large for one export answers 507
-//! `too_large`. Counted in [`BackupStats`].
+//! The body is the export (`application/octet-stream`, at most [`BACKUP_BYTES_MAX`]),
+//! its meta is in the [`BACKUP_META_HEADER`] (JSON). A state too large for one export
+//! answers 507 `too_large`. Counted in [`BackupStats`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
