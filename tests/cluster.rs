@@ -335,21 +335,19 @@ async fn applied_mark(c: &Client, origin: &str) -> Option<(u64, u64)> {
     Some((m["epoch"].as_u64()?, m["seq"].as_u64()?))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dc_group_replicates_through_its_leader_and_a_new_leader_resumes_without_a_gap() {
-    let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
+/// Two DCs' certificates in `dir/certs` and dc-b, one node that knows every node of dc-a,
+/// started; dc-a's replication ports (one per member, for `start_members`) and dc-b's.
+fn start_dc_b(dir: &Path) -> (Member, Vec<u16>, u16) {
+    let certs = dir.join("certs");
     tandem_replicator::tls::generate_dev_pki(&certs, &[DC, "dc-b"], false).unwrap();
     let a_repl: Vec<u16> = (0..NODES).map(|_| free_udp_port()).collect();
-    let b_repl = free_udp_port();
-    // dc-b: one node that knows every node of dc-a.
-    let b_http = free_tcp_port();
-    let b_cfg = dir.path().join("b.toml");
+    let (b_repl, b_http) = (free_udp_port(), free_tcp_port());
+    let b_cfg = dir.join("b.toml");
     std::fs::write(
         &b_cfg,
         format!(
             "dc = \"dc-b\"\ndata_dir = \"{}\"\nhttp_addr = \"127.0.0.1:{b_http}\"\n{}",
-            dir.path().join("b").display(),
+            dir.join("b").display(),
             replication_toml(b_repl, &certs, "dc-b", DC, a_repl[0], &a_repl[1..]),
         ),
     )
@@ -357,6 +355,14 @@ async fn a_dc_group_replicates_through_its_leader_and_a_new_leader_resumes_witho
     let mut b =
         Member { id: 0, http: format!("http://127.0.0.1:{b_http}"), server: ServerProc::new(b_cfg, "info") };
     b.server.start();
+    (b, a_repl, b_repl)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dc_group_replicates_through_its_leader_and_a_new_leader_resumes_without_a_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let (b, a_repl, b_repl) = start_dc_b(dir.path());
     let mut members =
         start_members(dir.path(), &|i| replication_toml(a_repl[i], &certs, DC, "dc-b", b_repl, &[]));
     let leader = serving_leader(&members).await;
@@ -444,13 +450,14 @@ async fn transfer_leader(addr: &str, to: u64) -> (bool, String) {
 
 /// `tandem cluster <args>`: (exit status 0, standard output and error).
 async fn tandem_cluster(args: &[&str]) -> (bool, String) {
+    tandem([&["cluster"], args].concat()).await
+}
+
+/// `tandem <args>`: (exit status 0, standard output and error).
+async fn tandem(args: Vec<&str>) -> (bool, String) {
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     tokio::task::spawn_blocking(move || {
-        let out = std::process::Command::new(common::tandem_bin())
-            .arg("cluster")
-            .args(&args)
-            .output()
-            .expect("tandem runs");
+        let out = std::process::Command::new(common::tandem_bin()).args(&args).output().expect("tandem runs");
         let text =
             format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         (out.status.success(), text)

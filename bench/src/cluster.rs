@@ -40,7 +40,9 @@ use tandem::config::{ClusterSection, MemberSection};
 
 use crate::load::{closed_loop, rate, Run};
 use crate::nodes::{check, register_body, Child};
-use crate::peers::{etcd_register_once, find_bin, free_tcp, ok_json, spawn, wait_ready, Proc};
+use crate::peers::{
+    etcd_member_args, etcd_ports, etcd_register_once, find_bin, free_tcp, ok_json, spawn, wait_ready, Proc,
+};
 use crate::sys::{process_cpu, PROFILE};
 use crate::{cpu_now, Ctx};
 
@@ -367,40 +369,11 @@ struct EtcdCluster {
 /// settings otherwise), pinned like tandem's members, and waits until each is healthy.
 async fn start_etcd_cluster(ctx: &Ctx, bin: &Path) -> anyhow::Result<EtcdCluster> {
     let dir = ctx.tempdir("tandem-bench-etcd-cluster")?;
-    let ports = (0..MEMBERS).map(|_| Ok((free_tcp()?, free_tcp()?))).collect::<anyhow::Result<Vec<_>>>()?;
-    let initial = ports
-        .iter()
-        .enumerate()
-        .map(|(k, (_, p))| format!("m{}=http://127.0.0.1:{p}", k + 1))
-        .collect::<Vec<_>>()
-        .join(",");
+    let ports = etcd_ports()?;
     let (mut procs, mut clients) = (Vec::new(), Vec::new());
-    for (k, (c, p)) in ports.iter().enumerate() {
-        let (client, peer) = (format!("http://127.0.0.1:{c}"), format!("http://127.0.0.1:{p}"));
-        let args: Vec<String> = vec![
-            "--name".into(),
-            format!("m{}", k + 1),
-            "--data-dir".into(),
-            dir.path().join(format!("m{}", k + 1)).to_string_lossy().into_owned(),
-            "--listen-client-urls".into(),
-            client.clone(),
-            "--advertise-client-urls".into(),
-            client.clone(),
-            "--listen-peer-urls".into(),
-            peer.clone(),
-            "--initial-advertise-peer-urls".into(),
-            peer,
-            "--initial-cluster".into(),
-            initial.clone(),
-            "--initial-cluster-state".into(),
-            "new".into(),
-            "--initial-cluster-token".into(),
-            format!("tandem-bench-{}", std::process::id()),
-            "--log-level".into(),
-            "error".into(),
-            "--logger".into(),
-            "zap".into(),
-        ];
+    for k in 0..ports.len() {
+        let token = format!("tandem-bench-{}", std::process::id());
+        let (client, args) = etcd_member_args(&ports, k, dir.path(), &token);
         let log = dir.path().join(format!("m{}.log", k + 1));
         procs.push(spawn(ctx, "etcd member", bin, &args, &[], &log)?);
         clients.push(client);

@@ -47,7 +47,7 @@ use tandem::config::MemberSection;
 use crate::cluster::{members_arg, DC};
 use crate::load::{ms, rate, Lat, OpResult};
 use crate::nodes::{check, register_body};
-use crate::peers::{etcd_register_once, find_bin, free_tcp, ok_json};
+use crate::peers::{etcd_member_args, etcd_ports, etcd_register_once, find_bin, free_tcp, ok_json};
 use crate::sys::{terminate, PROFILE};
 use crate::Ctx;
 
@@ -299,37 +299,16 @@ struct EtcdGroup {
 
 impl EtcdGroup {
     async fn start(ctx: &Ctx, bin: &Path, dir: &Path) -> anyhow::Result<EtcdGroup> {
-        let ports =
-            (0..MEMBERS).map(|_| Ok((free_tcp()?, free_tcp()?))).collect::<anyhow::Result<Vec<_>>>()?;
-        let initial = ports
-            .iter()
-            .enumerate()
-            .map(|(k, (_, p))| format!("m{}=http://127.0.0.1:{p}", k + 1))
-            .collect::<Vec<_>>()
-            .join(",");
+        let ports = etcd_ports()?;
         let (mut servers, mut clients) = (Vec::new(), Vec::new());
-        for (k, (c, p)) in ports.iter().enumerate() {
-            let (client, peer) = (format!("http://127.0.0.1:{c}"), format!("http://127.0.0.1:{p}"));
-            let data = dir.join(format!("m{}", k + 1)).to_string_lossy().into_owned();
+        for k in 0..ports.len() {
             let name = format!("m{}", k + 1);
             let token = format!("tandem-bench-roll-{}", std::process::id());
-            let flags = [
-                ("--name", name.as_str()),
-                ("--data-dir", &data),
-                ("--listen-client-urls", &client),
-                ("--advertise-client-urls", &client),
-                ("--listen-peer-urls", &peer),
-                ("--initial-advertise-peer-urls", &peer),
-                ("--initial-cluster", &initial),
-                ("--initial-cluster-state", "new"),
-                ("--initial-cluster-token", &token),
-                ("--log-level", "error"),
-                ("--logger", "zap"),
-            ];
+            let (client, args) = etcd_member_args(&ports, k, dir, &token);
             let mut s = Server {
                 name: format!("etcd member {name}"),
                 program: bin.to_owned(),
-                args: flags.iter().flat_map(|(f, v)| [(*f).to_owned(), (*v).to_owned()]).collect(),
+                args,
                 log: dir.join(format!("{name}.log")),
                 pin: ctx.pin,
                 stdin: false,

@@ -6,22 +6,6 @@
 
 use super::*;
 
-/// `tandem <args>`: (exit status 0, standard output and error).
-async fn tandem(args: Vec<String>) -> (bool, String) {
-    tokio::task::spawn_blocking(move || {
-        let out = std::process::Command::new(common::tandem_bin()).args(&args).output().expect("tandem runs");
-        let text =
-            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        (out.status.success(), text)
-    })
-    .await
-    .unwrap()
-}
-
-fn strings(args: &[&str]) -> Vec<String> {
-    args.iter().map(|a| a.to_string()).collect()
-}
-
 /// The ids of `origin`'s instances of `web` a node holds.
 async fn held(c: &Client, origin: &str) -> Option<BTreeSet<String>> {
     c.discover("default", "web", &format!("dc={origin}")).await.ok().map(|a| ids_of(&a))
@@ -31,22 +15,7 @@ async fn held(c: &Client, origin: &str) -> Option<BTreeSet<String>> {
 async fn a_restored_backup_starts_a_new_epoch_and_nothing_written_after_it_comes_back() {
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path().join("certs");
-    tandem_replicator::tls::generate_dev_pki(&certs, &[DC, "dc-b"], false).unwrap();
-    let a_repl: Vec<u16> = (0..NODES).map(|_| free_udp_port()).collect();
-    let (b_repl, b_http) = (free_udp_port(), free_tcp_port());
-    let b_cfg = dir.path().join("b.toml");
-    std::fs::write(
-        &b_cfg,
-        format!(
-            "dc = \"dc-b\"\ndata_dir = \"{}\"\nhttp_addr = \"127.0.0.1:{b_http}\"\n{}",
-            dir.path().join("b").display(),
-            replication_toml(b_repl, &certs, "dc-b", DC, a_repl[0], &a_repl[1..]),
-        ),
-    )
-    .unwrap();
-    let mut b =
-        Member { id: 0, http: format!("http://127.0.0.1:{b_http}"), server: ServerProc::new(b_cfg, "info") };
-    b.server.start();
+    let (b, a_repl, b_repl) = start_dc_b(dir.path());
     let mut members =
         start_members(dir.path(), &|i| replication_toml(a_repl[i], &certs, DC, "dc-b", b_repl, &[]));
     let leader = serving_leader(&members).await;
@@ -65,15 +34,15 @@ async fn a_restored_backup_starts_a_new_epoch_and_nothing_written_after_it_comes
     let follower = members.iter().find(|m| m.id != leader).unwrap();
     let out = dir.path().join("backup");
     let out_s = out.display().to_string();
-    let (ok, text) = tandem(strings(&["backup", "--out", &out_s, "--addr", &follower.http])).await;
+    let (ok, text) = tandem(vec!["backup", "--out", &out_s, "--addr", &follower.http]).await;
     assert!(!ok && text.contains("not_leader") && text.contains(&format!("node {leader}")), "{text}");
     let all: Vec<String> = members.iter().map(|m| m.http.clone()).collect();
-    let (ok, text) = tandem(strings(&["backup", "--out", &out_s, "--addr", &all.join(",")])).await;
+    let (ok, text) = tandem(vec!["backup", "--out", &out_s, "--addr", &all.join(",")]).await;
     assert!(ok, "{text}");
     let meta: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(meta["backup"]["dc"], DC, "{text}");
     assert_eq!(meta["backup"]["node_id"], leader, "{text}");
-    let (ok, text) = tandem(strings(&["backup", "--out", &out_s, "--addr", &all.join(",")])).await;
+    let (ok, text) = tandem(vec!["backup", "--out", &out_s, "--addr", &all.join(",")]).await;
     assert!(!ok && text.contains("already holds a backup"), "{text}");
 
     // After the backup: a5 registered, a0 deregistered; dc-b sees both.
@@ -90,7 +59,7 @@ async fn a_restored_backup_starts_a_new_epoch_and_nothing_written_after_it_comes
         m.server.kill9();
     }
     let n1_cfg = dir.path().join("n1.toml").display().to_string();
-    let (ok, text) = tandem(strings(&["restore", "--from", &out_s, "--config", &n1_cfg])).await;
+    let (ok, text) = tandem(vec!["restore", "--from", &out_s, "--config", &n1_cfg]).await;
     assert!(!ok && text.contains("not empty"), "{text}");
     for m in &members {
         std::fs::remove_dir_all(dir.path().join(format!("n{}", m.id))).unwrap();
@@ -106,12 +75,12 @@ async fn a_restored_backup_starts_a_new_epoch_and_nothing_written_after_it_comes
     bytes[last] ^= 1;
     std::fs::write(&state, bytes).unwrap();
     let damaged_s = damaged.display().to_string();
-    let (ok, text) = tandem(strings(&["restore", "--from", &damaged_s, "--config", &n1_cfg])).await;
+    let (ok, text) = tandem(vec!["restore", "--from", &damaged_s, "--config", &n1_cfg]).await;
     assert!(!ok && text.contains("damaged"), "{text}");
     assert!(!dir.path().join("n1").join("state").exists(), "a refused restore writes nothing");
 
     // Restored into node 1, which starts as its group's only member; 2 and 3 join.
-    let (ok, text) = tandem(strings(&["restore", "--from", &out_s, "--config", &n1_cfg])).await;
+    let (ok, text) = tandem(vec!["restore", "--from", &out_s, "--config", &n1_cfg]).await;
     assert!(ok, "{text}");
     assert!(text.contains("tandem cluster add --id 2"), "it says what to do next: {text}");
     members[0].server.start();

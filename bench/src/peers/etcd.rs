@@ -204,3 +204,41 @@ pub(super) async fn etcd(ctx: &mut Ctx, bin: &Path) -> anyhow::Result<PeerFigure
     drop(proc);
     Ok(fig)
 }
+
+/// Members of a bench's etcd cluster (`cluster`, `roll`).
+const GROUP_MEMBERS: usize = 3;
+
+/// Client and peer ports of [`GROUP_MEMBERS`] etcd members on loopback.
+pub(crate) fn group_ports() -> anyhow::Result<Vec<(u16, u16)>> {
+    (0..GROUP_MEMBERS).map(|_| Ok((free_tcp()?, free_tcp()?))).collect()
+}
+
+/// Member `k` of an etcd cluster on `ports` (static initial cluster `token`, data in
+/// `dir/m<k+1>`, default settings otherwise): its client URL and its flags.
+pub(crate) fn member_args(ports: &[(u16, u16)], k: usize, dir: &Path, token: &str) -> (String, Vec<String>) {
+    let initial = ports
+        .iter()
+        .enumerate()
+        .map(|(k, (_, p))| format!("m{}=http://127.0.0.1:{p}", k + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let (c, p) = ports[k];
+    let (client, peer) = (format!("http://127.0.0.1:{c}"), format!("http://127.0.0.1:{p}"));
+    let name = format!("m{}", k + 1);
+    let data = dir.join(&name).to_string_lossy().into_owned();
+    let flags = [
+        ("--name", name.as_str()),
+        ("--data-dir", &data),
+        ("--listen-client-urls", &client),
+        ("--advertise-client-urls", &client),
+        ("--listen-peer-urls", &peer),
+        ("--initial-advertise-peer-urls", &peer),
+        ("--initial-cluster", &initial),
+        ("--initial-cluster-state", "new"),
+        ("--initial-cluster-token", token),
+        ("--log-level", "error"),
+        ("--logger", "zap"),
+    ];
+    let args = flags.iter().flat_map(|(f, v)| [(*f).to_owned(), (*v).to_owned()]).collect();
+    (client, args)
+}

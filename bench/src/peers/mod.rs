@@ -32,7 +32,10 @@ use crate::sys::process_cpu;
 use crate::Ctx;
 
 use etcd::etcd;
-pub(crate) use etcd::{register_once as etcd_register_once, start_etcd};
+pub(crate) use etcd::{
+    group_ports as etcd_ports, member_args as etcd_member_args, register_once as etcd_register_once,
+    start_etcd,
+};
 use rnacos::rnacos;
 
 /// What a peer measured, for ratios.
