@@ -62,8 +62,7 @@ async fn take(args: &BackupArgs) -> anyhow::Result<BackupMeta> {
     );
     crate::node::data_dir::prepare(dir)?;
     let partial = dir.join(format!("{STATE_FILE}.partial"));
-    let mut file =
-        std::fs::File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+    let mut file = private_file(&partial)?;
     let (meta, written) = args.conn.client().backup(&mut file, BACKUP_BYTES_MAX as u64).await?;
     file.sync_all().with_context(|| format!("cannot sync {}", partial.display()))?;
     drop(file);
@@ -83,12 +82,22 @@ async fn take(args: &BackupArgs) -> anyhow::Result<BackupMeta> {
     std::fs::rename(&partial, &state_path)
         .with_context(|| format!("cannot write {}", state_path.display()))?;
     let json = serde_json::to_vec_pretty(&meta).context("cannot encode the backup's meta")?;
-    std::fs::write(&meta_path, json).with_context(|| format!("cannot write {}", meta_path.display()))?;
+    std::io::Write::write_all(&mut private_file(&meta_path)?, &json)
+        .with_context(|| format!("cannot write {}", meta_path.display()))?;
     // The names are durable once the dir is.
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .with_context(|| format!("cannot sync {}", dir.display()))?;
     Ok(meta)
+}
+
+/// A new file only its owner may read (0600): a backup holds every registration.
+fn private_file(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    opts.open(path).with_context(|| format!("cannot create {}", path.display()))
 }
 
 /// `tandem restore`: seeds the node's empty data dir, and says what to do next.

@@ -44,6 +44,11 @@ async fn a_restored_backup_starts_a_new_epoch_and_nothing_written_after_it_comes
     assert_eq!(meta["backup"]["node_id"], leader, "{text}");
     let (ok, text) = tandem(vec!["backup", "--out", &out_s, "--addr", &all.join(",")]).await;
     assert!(!ok && text.contains("already holds a backup"), "{text}");
+    for f in [tandem::backup::META_FILE, tandem::backup::STATE_FILE] {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(out.join(f)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{f} is private");
+    }
 
     // After the backup: a5 registered, a0 deregistered; dc-b sees both.
     lc.register(&reg_body("web", "a5", true)).await.unwrap();
