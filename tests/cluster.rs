@@ -358,13 +358,18 @@ fn start_dc_b(dir: &Path) -> (Member, Vec<u16>, u16) {
     (b, a_repl, b_repl)
 }
 
+/// dc-b (`start_dc_b`) and dc-a, a group of three replicating with it, started.
+fn start_two_dcs(dir: &Path) -> (Member, Vec<Member>) {
+    let certs = dir.join("certs");
+    let (b, a_repl, b_repl) = start_dc_b(dir);
+    let members = start_members(dir, &|i| replication_toml(a_repl[i], &certs, DC, "dc-b", b_repl, &[]));
+    (b, members)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dc_group_replicates_through_its_leader_and_a_new_leader_resumes_without_a_gap() {
     let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
-    let (b, a_repl, b_repl) = start_dc_b(dir.path());
-    let mut members =
-        start_members(dir.path(), &|i| replication_toml(a_repl[i], &certs, DC, "dc-b", b_repl, &[]));
+    let (b, mut members) = start_two_dcs(dir.path());
     let leader = serving_leader(&members).await;
 
     // Both ways: dc-a's writes reach dc-b, and dc-b's reach every node of dc-a (dc-b

@@ -182,22 +182,27 @@ impl Member {
     }
 }
 
-/// Starts the three members (certificates as `tandem certs --nodes 3` makes them) and
-/// waits for each to serve HTTP.
-async fn start_group(ctx: &Ctx, dir: &Path) -> anyhow::Result<Vec<Member>> {
+/// The members of a bench's tandem group on loopback, with their certificates in
+/// `dir/certs` (as `tandem certs --nodes 3` makes them).
+pub(crate) fn group_members(dir: &Path) -> anyhow::Result<Vec<MemberSection>> {
     let certs = dir.join("certs");
     tandem_replicator::tls::generate_dev_pki(&certs, &[DC], false).context("cannot create the CA")?;
     let ids: Vec<u64> = (1..=MEMBERS).collect();
     tandem_replicator::tls::generate_dev_node_certs(&certs, DC, &ids, false)
         .context("cannot create the node certificates")?;
-    let members = ids
-        .iter()
+    ids.iter()
         .map(|id| {
             let udp = std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?;
             let http = SocketAddr::from(([127, 0, 0, 1], free_tcp()?));
             anyhow::Ok(MemberSection { id: *id, raft_addr: udp, http_addr: http })
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect()
+}
+
+/// Starts the three members (certificates as `tandem certs --nodes 3` makes them) and
+/// waits for each to serve HTTP.
+async fn start_group(ctx: &Ctx, dir: &Path) -> anyhow::Result<Vec<Member>> {
+    let members = group_members(dir)?;
     let arg = members_arg(&members);
     let exe = std::env::current_exe()?;
     let mut started = Vec::new();

@@ -44,10 +44,10 @@ use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
 use tandem::config::MemberSection;
 
-use crate::cluster::{members_arg, DC};
+use crate::cluster::{group_members, members_arg};
 use crate::load::{ms, rate, Lat, OpResult};
 use crate::nodes::{check, register_body};
-use crate::peers::{etcd_member_args, etcd_ports, etcd_register_once, find_bin, free_tcp, ok_json};
+use crate::peers::{etcd_member_args, etcd_ports, etcd_register_once, find_bin, ok_json};
 use crate::sys::{terminate, PROFILE};
 use crate::Ctx;
 
@@ -192,19 +192,7 @@ struct TandemGroup {
 
 impl TandemGroup {
     async fn start(ctx: &Ctx, dir: &Path) -> anyhow::Result<TandemGroup> {
-        let certs = dir.join("certs");
-        tandem_replicator::tls::generate_dev_pki(&certs, &[DC], false).context("cannot create the CA")?;
-        let ids: Vec<u64> = (1..=MEMBERS as u64).collect();
-        tandem_replicator::tls::generate_dev_node_certs(&certs, DC, &ids, false)
-            .context("cannot create the node certificates")?;
-        let members = ids
-            .iter()
-            .map(|id| {
-                let udp = std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?;
-                let http = std::net::SocketAddr::from(([127, 0, 0, 1], free_tcp()?));
-                anyhow::Ok(MemberSection { id: *id, raft_addr: udp, http_addr: http })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let members = group_members(dir)?;
         let arg = members_arg(&members);
         let exe = std::env::current_exe()?;
         let mut servers = Vec::new();

@@ -14,10 +14,7 @@ async fn held(c: &Client, origin: &str) -> Option<BTreeSet<String>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_backup_starts_a_new_epoch_and_nothing_written_after_it_comes_back() {
     let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
-    let (b, a_repl, b_repl) = start_dc_b(dir.path());
-    let mut members =
-        start_members(dir.path(), &|i| replication_toml(a_repl[i], &certs, DC, "dc-b", b_repl, &[]));
+    let (b, mut members) = start_two_dcs(dir.path());
     let leader = serving_leader(&members).await;
     let lc = members[(leader - 1) as usize].client();
     let before: BTreeSet<String> = (0..5).map(|i| format!("a{i}")).collect();
