@@ -36,6 +36,7 @@ pub mod backup;
 pub mod cli;
 pub mod clock;
 pub mod cluster;
+pub mod compat;
 pub mod config;
 pub mod error;
 pub mod failover;

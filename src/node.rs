@@ -459,8 +459,11 @@ impl Node {
             invalid_records,
             https: https.clone(),
             reloading: Mutex::new(()),
+            compat: Default::default(),
         });
 
+        // Consul's TTL checks (timed on the node serving the DC's writes).
+        tasks.push(tokio::spawn(crate::compat::run_ttl(shared.clone(), shut_rx.clone())));
         // Lease checker (in a group: on the leader that took over, only).
         {
             let reg = registry.clone();

@@ -55,6 +55,8 @@ pub struct NodeShared {
     pub http: Arc<crate::http::limits::HttpState>,
     /// The access rules in force and their counters.
     pub acl: Arc<crate::acl::AclState>,
+    /// What the Consul and Nacos front ends keep (Consul's TTL checks).
+    pub compat: crate::compat::Compat,
     /// The audit log.
     pub audit: Arc<crate::audit::Audit>,
     /// Stored records the log skipped on read because they break the schema's rules.

@@ -20,8 +20,9 @@ use crate::acl::{Need, Principal};
 use crate::error::ApiError;
 use crate::shared::NodeShared;
 
-pub async fn authorize(State(node): State<Arc<NodeShared>>, mut req: Request, next: Next) -> Response {
+pub async fn authorize(State(node): State<Arc<NodeShared>>, req: Request, next: Next) -> Response {
     let acl = node.acl.current();
+    let mut req = if acl.enabled() { compat_token(req).await } else { req };
     let cert = req.extensions().get::<super::tls::ClientCert>().map(|c| c.0.clone());
     let principal =
         match acl.authenticate(req.headers(), cert.as_deref(), tandem_replicator::gateway::wall_ms()) {
@@ -50,6 +51,45 @@ pub async fn authorize(State(node): State<Arc<NodeShared>>, mut req: Request, ne
     }
     req.extensions_mut().insert(principal);
     next.run(req).await
+}
+
+/// Consul's clients present their token as `X-Consul-Token` or `?token=`, Nacos's as
+/// `accessToken` (query or form body): moved into tandem's own token header, so that one
+/// authentication judges every front end. A token header already given wins.
+async fn compat_token(req: Request) -> Request {
+    if req.headers().contains_key(axum::http::header::AUTHORIZATION)
+        || req.headers().contains_key(crate::acl::TOKEN_HEADER)
+    {
+        return req;
+    }
+    let path = req.uri().path();
+    let nacos = path.starts_with("/nacos/");
+    let mut token: Option<String> =
+        req.headers().get("x-consul-token").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let query = req.uri().query().unwrap_or("").to_owned();
+    if token.is_none() {
+        let key = if nacos { "accessToken" } else { "token" };
+        token = form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == key).map(|(_, v)| v.into_owned());
+    }
+    let form = req
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|c| c.to_str().ok())
+        .is_some_and(|c| c.starts_with("application/x-www-form-urlencoded"));
+    let req = if token.is_none() && nacos && form {
+        // A form body is read (within the body limit) and put back as it was.
+        let (parts, body) = req.into_parts();
+        let bytes = axum::body::to_bytes(body, super::REQUEST_BODY_BYTES_MAX).await.unwrap_or_default();
+        token = form_urlencoded::parse(&bytes).find(|(k, _)| k == "accessToken").map(|(_, v)| v.into_owned());
+        Request::from_parts(parts, axum::body::Body::from(bytes))
+    } else {
+        req
+    };
+    let mut req = req;
+    if let Some(v) = token.and_then(|t| HeaderValue::from_str(t.trim()).ok()) {
+        req.headers_mut().insert(crate::acl::TOKEN_HEADER, v);
+    }
+    req
 }
 
 /// A refusal made here (outside the audit layer) to the audit log, sampled.
@@ -103,9 +143,52 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Result<Need, Ap
             Need::Read { namespace: ns, service: None }
         }
         (&Method::GET, ["v1", "status"]) => Need::Status,
+        // Consul's API (`crate::compat`): its writes name their service in the body or
+        // through the service id, and the handler checks `write` on it.
+        (&Method::PUT, ["v1", "agent", "service", "register"])
+        | (&Method::PUT, ["v1", "agent", "service", "deregister" | "maintenance", _])
+        | (&Method::PUT, ["v1", "agent", "check", _, _]) => Need::Authenticated,
+        (&Method::GET, ["v1", "health" | "catalog", "service", svc]) => {
+            Need::Read { namespace: "default".to_owned(), service: Some((*svc).to_owned()) }
+        }
+        (&Method::GET, ["v1", "catalog", "services"])
+        | (&Method::GET, ["v1", "agent", "services" | "checks"]) => {
+            Need::Read { namespace: "default".to_owned(), service: None }
+        }
+        (&Method::GET, ["v1", "catalog", "datacenters"])
+        | (&Method::GET, ["v1", "status", "leader" | "peers"])
+        | (&Method::GET, ["v1", "agent", "self"]) => Need::Status,
+        // Nacos's: writes as Consul's; reads of a service by its query.
+        (_, ["nacos", "v1", "ns", "instance"]) if *method != Method::GET => Need::Authenticated,
+        (&Method::PUT, ["nacos", "v1", "ns", "instance", "beat"]) => Need::Authenticated,
+        (&Method::GET, ["nacos", "v1", "ns", "instance"])
+        | (&Method::GET, ["nacos", "v1", "ns", "instance", "list"]) => nacos_read(query, true),
+        (&Method::GET, ["nacos", "v1", "ns", "service", "list"]) => nacos_read(query, false),
+        // Prometheus's service discovery lists every instance: the scope Prometheus
+        // already holds to scrape /metrics.
+        (&Method::GET, ["v1", "sd", "prometheus"]) => Need::Metrics,
         (&Method::GET, ["metrics"]) => Need::Metrics,
         _ => Need::Admin,
     })
+}
+
+/// What a Nacos read needs: `read` on its namespace, and on its service when it names one.
+fn nacos_read(query: Option<&str>, service: bool) -> Need {
+    let pairs: Vec<(String, String)> =
+        form_urlencoded::parse(query.unwrap_or("").as_bytes()).into_owned().collect();
+    let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty());
+    let namespace = match get("namespaceId") {
+        None | Some("public") => "default".to_owned(),
+        Some(ns) => ns.to_owned(),
+    };
+    let service = service.then(|| {
+        let full = get("serviceName").unwrap_or("");
+        let (group, name) = full
+            .split_once("@@")
+            .unwrap_or((get("groupName").unwrap_or(crate::compat::nacos::DEFAULT_GROUP), full));
+        crate::compat::nacos::tandem_service(group, name)
+    });
+    Need::Read { namespace, service }
 }
 
 #[cfg(test)]

@@ -317,6 +317,9 @@ fn budget(cfg: &Config, req: &Request) -> Duration {
         return base + BACKUP_TIME_MAX;
     }
     let q = req.uri().query().unwrap_or("");
+    if let Some(wait) = crate::compat::catalog::blocking_budget(req.uri().path(), q) {
+        return base + wait;
+    }
     if !req.uri().path().starts_with("/v1/services/") || !q.split('&').any(|kv| kv.starts_with("index=")) {
         return base;
     }

@@ -6,7 +6,8 @@
 //! - `write`: patches, the overlay of writes in flight, commit, register, deregister, status;
 //! - `leases`: heartbeats (single and batched), lease transitions, the lease checker,
 //!   self-preservation (the lease lifecycle itself is [`crate::leases`]);
-//! - `discovery`: discover and explain, protect threshold, failover, blocking-query waits.
+//! - `discovery`: discover and explain, protect threshold, failover, blocking-query waits;
+//! - `compat`: what the Consul and Nacos front ends need besides (edits, namespace reads).
 //!
 //! Write path: a request is validated, turned into a [`ChangeEvent`] by a closure that the
 //! committer runs with the current own mark (so seqs are assigned behind one boundary,
@@ -34,6 +35,7 @@ use crate::health::HealthConfig;
 use crate::leases::LeaseBook;
 use crate::store::AppendLocal;
 
+mod compat;
 mod discovery;
 mod leases;
 mod owners;
@@ -43,6 +45,7 @@ mod write;
 #[cfg(test)]
 mod tests;
 
+pub use compat::Edited;
 pub use discovery::validate_query;
 pub use owners::{Writer, ANONYMOUS};
 pub use view::{metadata_bytes, Held, NsUsage, ViewCell, ViewIndex};

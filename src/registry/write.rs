@@ -33,9 +33,22 @@ pub(crate) enum Patch {
         version: u64,
     },
     Damped(bool, u64),
+    /// A change of a live record's fields decided against its latest minted state (the
+    /// Consul front end's check results, `crate::compat`); never its key or lease.
+    Edit(Edit),
     /// `Some(version)`: removes that registration only (a lease expiry); `None`: whatever
     /// registration is current (an explicit deregistration).
     Deregister(DeregisterReason, Option<u64>),
+}
+
+/// The change of [`Patch::Edit`]: returns whether it changed the record.
+#[derive(Clone)]
+pub(crate) struct Edit(pub(crate) Arc<dyn Fn(&mut InstanceRecord) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Edit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Edit(..)")
+    }
 }
 
 /// What a committed patch did, as its caller sees it. Short-lived and rare: size is fine.
@@ -86,7 +99,7 @@ impl Patch {
         match self {
             Patch::Health { version, .. } | Patch::Damped(_, version) => Some(*version),
             Patch::Deregister(_, version) => *version,
-            Patch::Register(_) | Patch::Status(_) => None,
+            Patch::Register(_) | Patch::Status(_) | Patch::Edit(_) => None,
         }
     }
 
@@ -134,6 +147,13 @@ impl Patch {
             Patch::Damped(damped, _) => Self::modify(current, |r| {
                 let changed = r.damped != damped;
                 r.damped = damped;
+                changed
+            }),
+            Patch::Edit(edit) => Self::modify(current, |r| {
+                let (key, ttl, persistent) = (r.key.clone(), r.lease_ttl_ms, r.persistent);
+                let changed = (edit.0)(r);
+                // What identifies the record and its lease is not the edit's to change.
+                (r.key, r.lease_ttl_ms, r.persistent) = (key, ttl, persistent);
                 changed
             }),
         };
@@ -325,6 +345,17 @@ impl Registry {
     /// POST /v1/register on behalf of `by`, who becomes the instance's owner; refused (403)
     /// when another principal owns it and `by` is not an admin.
     pub async fn register_as(&self, req: RegisterRequest, by: &Writer) -> Result<RegisterAnswer, ApiError> {
+        self.register_with(req, by, Health::Healthy).await
+    }
+
+    /// [`register_as`](Self::register_as) with the health the record starts with (a
+    /// Consul TTL check starts critical).
+    pub(crate) async fn register_with(
+        &self,
+        req: RegisterRequest,
+        by: &Writer,
+        health: Health,
+    ) -> Result<RegisterAnswer, ApiError> {
         let namespace = req.namespace.unwrap_or_else(|| "default".into());
         tandem_schemas::validate_name("namespace", &namespace).map_err(ApiError::invalid)?;
         tandem_schemas::validate_name("service", &req.service).map_err(ApiError::invalid)?;
@@ -436,7 +467,7 @@ impl Registry {
             persistent,
             lease_ttl_ms: u32::try_from(ttl_ms).unwrap_or(u32::MAX),
             status: req.status.map(Status::from).unwrap_or(Status::Up),
-            health: Health::Healthy,
+            health,
             damped: false,
         };
         tandem_schemas::validate_record(&record).map_err(ApiError::invalid)?;
