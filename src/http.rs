@@ -66,7 +66,7 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .route(&format!("{}/{{id}}/replace", members::MEMBERS_PATH), post(members::replace))
         .route(crate::backup::BACKUP_PATH, get(backup::backup))
         .route("/metrics", get(metrics))
-        .merge(crate::compat::routes())
+        .merge(crate::compat::routes(node.clone()))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         // Innermost: on a DC group's follower, a write goes to the leader (every check
         // around it ran here first).

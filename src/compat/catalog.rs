@@ -61,7 +61,7 @@ fn wait_of(pairs: &[(String, String)]) -> Result<Duration, Response> {
 
 /// The DC a read is about: this one unless `dc` names a peer. An unknown DC is Consul's
 /// 500 "No path to datacenter".
-fn dc_of(node: &NodeShared, pairs: &[(String, String)]) -> Result<String, Response> {
+pub fn dc_of(node: &NodeShared, pairs: &[(String, String)]) -> Result<String, Response> {
     let cfg = node.registry.config();
     match query_get(pairs, "dc") {
         None | Some("") => Ok(cfg.dc.clone()),
@@ -122,7 +122,7 @@ fn headers(node: &NodeShared, index: u64) -> HeaderMap {
     h
 }
 
-fn json_reply(node: &NodeShared, index: u64, v: &Value) -> Response {
+pub fn json_reply(node: &NodeShared, index: u64, v: &Value) -> Response {
     (headers(node, index), Bytes::from(serde_json::to_vec(v).unwrap_or_default())).into_response()
 }
 
@@ -260,30 +260,45 @@ pub async fn health_service(
         tandem_schemas::validate_name("service", &service)
             .map_err(|e| text(StatusCode::BAD_REQUEST, e.to_string()))?;
         block(&node, &pairs, client.map(|a| a.0 .0), Some(&service)).await?;
-        let (index, found) = instances(&node, &service, &dc)?;
         let passing = query_flag(&pairs, "passing");
-        let mut out = Vec::new();
-        for i in &found {
-            let Some(r) = record_of(&node, &service, i) else { continue };
-            if !tags_match(&pairs, &r) {
-                continue;
-            }
-            let checks = super::consul::checks_json(&service, &r, i.seq);
-            if passing && !checks.iter().all(|c| c["Status"] == "passing") {
-                continue;
-            }
-            let mut svc = super::consul::agent_service(&service, &r);
-            svc["CreateIndex"] = json!(i.seq);
-            svc["ModifyIndex"] = json!(i.seq);
-            let entry = json!({"Node": node_json(&r, i.seq), "Service": svc, "Checks": checks});
-            if filter.as_ref().is_some_and(|f| !f.matches(&|sel| select(&entry, sel))) {
-                continue;
-            }
-            out.push(entry);
-        }
+        let tags: Vec<String> = pairs.iter().filter(|(k, _)| k == "tag").map(|(_, t)| t.clone()).collect();
+        let keep = |e: &Value| {
+            let checks = e["Checks"].as_array().map_or(&[][..], Vec::as_slice);
+            (!passing || checks.iter().all(|c| c["Status"] == "passing"))
+                && filter.as_ref().is_none_or(|f| f.matches(&|sel| select(e, sel)))
+        };
+        let (index, out) = health_entries(&node, &service, &dc, &tags, keep)?;
         Ok::<_, Response>(json_reply(&node, index, &Value::Array(out)))
     };
     run.await.unwrap_or_else(|r| r)
+}
+
+/// The health entries (`Node`, `Service`, `Checks`) of `service`'s instances owned by
+/// `dc` that carry every tag of `tags` and that `keep` keeps, with the service's index.
+pub fn health_entries(
+    node: &NodeShared,
+    service: &str,
+    dc: &str,
+    tags: &[String],
+    keep: impl Fn(&Value) -> bool,
+) -> Result<(u64, Vec<Value>), Response> {
+    let (index, found) = instances(node, service, dc)?;
+    let mut out = Vec::new();
+    for i in &found {
+        let Some(r) = record_of(node, service, i) else { continue };
+        if !tags.iter().all(|t| r.tags.contains(t)) {
+            continue;
+        }
+        let checks = super::consul::checks_json(service, &r, i.seq);
+        let mut svc = super::consul::agent_service(service, &r);
+        svc["CreateIndex"] = json!(i.seq);
+        svc["ModifyIndex"] = json!(i.seq);
+        let entry = json!({"Node": node_json(&r, i.seq), "Service": svc, "Checks": checks});
+        if keep(&entry) {
+            out.push(entry);
+        }
+    }
+    Ok((index, out))
 }
 
 /// `GET /v1/catalog/service/{name}?tag&dc&index&wait&filter`.

@@ -51,7 +51,7 @@ pub fn query_get<'q>(pairs: &'q [(String, String)], key: &str) -> Option<&'q str
 
 /// A Consul boolean flag: present and not `false`/`0`.
 pub fn query_flag(pairs: &[(String, String)], key: &str) -> bool {
-    query_get(pairs, key).is_some_and(|v| v != "false" && v != "0")
+    query_get(pairs, key).is_some_and(|v| !v.eq_ignore_ascii_case("false") && v != "0" && v != "f")
 }
 
 /// Looks a key up in a JSON object as Go's decoder does: case-insensitively, and (as
@@ -337,9 +337,10 @@ pub async fn maintenance(
     RawQuery(q): RawQuery,
 ) -> Response {
     let pairs = query_pairs(&q);
+    // As Go's ParseBool reads it.
     let enable = match query_get(&pairs, "enable") {
-        Some("true") => true,
-        Some("false") => false,
+        Some("1" | "t" | "T" | "true" | "TRUE" | "True") => true,
+        Some("0" | "f" | "F" | "false" | "FALSE" | "False") => false,
         _ => return text(StatusCode::BAD_REQUEST, "Missing value for enable"),
     };
     let Some(service) = service_of(&node, &id) else {

@@ -8,7 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::routing::{get, put};
+use axum::extract::State;
+use axum::http::HeaderValue;
+use axum::response::Response;
+use axum::routing::{get, post, put};
 use axum::Router;
 
 use crate::shared::NodeShared;
@@ -19,6 +22,7 @@ pub mod consul;
 pub mod filter;
 pub mod nacos;
 pub mod prom;
+pub mod query;
 
 /// How often the serving node looks for lapsed TTL checks.
 pub const TTL_TICK: Duration = Duration::from_millis(250);
@@ -31,8 +35,8 @@ pub struct Compat {
 }
 
 /// The routes of the three front ends.
-pub fn routes() -> Router<Arc<NodeShared>> {
-    Router::new()
+pub fn routes(node: Arc<NodeShared>) -> Router<Arc<NodeShared>> {
+    let consul = Router::new()
         .route("/v1/agent/service/register", put(consul::register))
         .route("/v1/agent/service/deregister/{id}", put(consul::deregister))
         .route("/v1/agent/service/maintenance/{id}", put(consul::maintenance))
@@ -46,6 +50,13 @@ pub fn routes() -> Router<Arc<NodeShared>> {
         .route("/v1/catalog/service/{name}", get(catalog::catalog_service))
         .route("/v1/catalog/services", get(catalog::catalog_services))
         .route("/v1/catalog/datacenters", get(catalog::catalog_datacenters))
+        .route("/v1/query", post(query::create).get(query::list))
+        .route("/v1/query/{id}", get(query::one).put(query::one).delete(query::one))
+        .route("/v1/query/{id}/{verb}", get(query::execute))
+        // Consul's clients read X-Consul-Index from every answer, errors included.
+        .layer(axum::middleware::map_response_with_state(node, consul_index));
+    Router::new()
+        .merge(consul)
         .route(
             "/nacos/v1/ns/instance",
             get(nacos::instance).post(nacos::instance).put(nacos::instance).delete(nacos::instance),
@@ -53,7 +64,17 @@ pub fn routes() -> Router<Arc<NodeShared>> {
         .route("/nacos/v1/ns/instance/beat", put(nacos::beat))
         .route("/nacos/v1/ns/instance/list", get(nacos::list))
         .route("/nacos/v1/ns/service/list", get(nacos::service_list))
+        .route("/nacos/v1/ns/operator/metrics", get(nacos::metrics))
         .route("/v1/sd/prometheus", get(prom::targets))
+}
+
+/// Adds `X-Consul-Index` (the view's index) to a Consul answer that has none.
+async fn consul_index(State(node): State<Arc<NodeShared>>, mut resp: Response) -> Response {
+    if !resp.headers().contains_key("x-consul-index") {
+        let index = node.registry.view().index().max(1);
+        resp.headers_mut().insert("x-consul-index", HeaderValue::from(index));
+    }
+    resp
 }
 
 /// The TTL timer of the node serving the DC's writes: lapsed checks turn critical (one

@@ -381,6 +381,17 @@ fn detail(node: &NodeShared, p: &Params, t: &Target) -> Response {
     }
 }
 
+/// `GET /nacos/v1/ns/operator/metrics`: what a Nacos client's server-status call reads.
+pub async fn metrics(State(node): State<Arc<NodeShared>>) -> Response {
+    let up = node.group.as_ref().is_none_or(|g| g.knows_leader());
+    axum::Json(json!({
+        "status": if up { "UP" } else { "DOWN" },
+        "serviceCount": node.registry.view().service_count(),
+        "instanceCount": node.registry.view().instance_count(),
+    }))
+    .into_response()
+}
+
 /// `GET /nacos/v1/ns/service/list?pageNo&pageSize&groupName&namespaceId`.
 pub async fn service_list(
     State(node): State<Arc<NodeShared>>,

@@ -158,6 +158,11 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Result<Need, Ap
         (&Method::GET, ["v1", "catalog", "datacenters"])
         | (&Method::GET, ["v1", "status", "leader" | "peers"])
         | (&Method::GET, ["v1", "agent", "self"]) => Need::Status,
+        // Prepared queries: the handler checks `write` (or `read`) on the query's service.
+        (&Method::POST, ["v1", "query"])
+        | (_, ["v1", "query", _])
+        | (&Method::GET, ["v1", "query", _, _]) => Need::Authenticated,
+        (&Method::GET, ["v1", "query"]) => Need::Read { namespace: "default".to_owned(), service: None },
         // Nacos's: writes as Consul's; reads of a service by its query.
         (_, ["nacos", "v1", "ns", "instance"]) if *method != Method::GET => Need::Authenticated,
         (&Method::PUT, ["nacos", "v1", "ns", "instance", "beat"]) => Need::Authenticated,
