@@ -211,10 +211,15 @@ pub fn agent_select(v: &Value, sel: &str) -> Option<Vec<String>> {
 }
 
 /// The `filter` of a query, parsed (400 with the reason when tandem cannot apply it).
-pub fn parse_filter(pairs: &[(String, String)], known: fn(&str) -> bool) -> Result<Option<Filter>, Response> {
+pub fn parse_filter(
+    node: &NodeShared,
+    pairs: &[(String, String)],
+    known: fn(&str) -> bool,
+) -> Result<Option<Filter>, Response> {
     match query_get(pairs, "filter") {
         None | Some("") => Ok(None),
         Some(f) => Filter::parse(f, &known).map(Some).map_err(|e| {
+            super::bump(&node.compat.counters.refused_filter);
             text(StatusCode::BAD_REQUEST, format!("Failed to create boolean expression evaluator: {e}"))
         }),
     }
@@ -256,7 +261,7 @@ pub async fn health_service(
     let pairs = query_pairs(&q);
     let run = async {
         let dc = dc_of(&node, &pairs)?;
-        let filter = parse_filter(&pairs, health_selector_known)?;
+        let filter = parse_filter(&node, &pairs, health_selector_known)?;
         tandem_schemas::validate_name("service", &service)
             .map_err(|e| text(StatusCode::BAD_REQUEST, e.to_string()))?;
         block(&node, &pairs, client.map(|a| a.0 .0), Some(&service)).await?;
@@ -311,7 +316,7 @@ pub async fn catalog_service(
     let pairs = query_pairs(&q);
     let run = async {
         let dc = dc_of(&node, &pairs)?;
-        let filter = parse_filter(&pairs, agent_selector_known)?;
+        let filter = parse_filter(&node, &pairs, agent_selector_known)?;
         tandem_schemas::validate_name("service", &service)
             .map_err(|e| text(StatusCode::BAD_REQUEST, e.to_string()))?;
         block(&node, &pairs, client.map(|a| a.0 .0), Some(&service)).await?;

@@ -152,8 +152,8 @@ struct Table {
 /// What the timer found due.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Due {
-    /// Check `check` of `service/instance` passed its TTL: it turns critical.
-    Lapse { check: String, service: String, instance: String },
+    /// Check `check` of `service/instance` passed its TTL: it turns critical (from `was`).
+    Lapse { check: String, service: String, instance: String, was: CheckStatus },
     /// `service/instance` has had a critical check for its `DeregisterCriticalServiceAfter`.
     Reap { service: String, instance: String },
 }
@@ -212,6 +212,11 @@ impl TtlTable {
         self.table.lock().services.get(instance).cloned()
     }
 
+    /// Who holds check `id` now, if anyone.
+    pub fn holder(&self, id: &str) -> Option<Owner> {
+        self.table.lock().checks.get(id).map(|c| (c.service.clone(), c.instance.clone()))
+    }
+
     /// Where check `id` belongs, and whether its status already is `status`.
     pub fn lookup(&self, id: &str, status: CheckStatus) -> Option<(Owner, bool)> {
         let t = self.table.lock();
@@ -232,6 +237,15 @@ impl TtlTable {
         self.deregistered(instance);
     }
 
+    /// A lapse's write failed (no leader, a log that cannot write): the check is not
+    /// critical after all, and lapses again at the next tick.
+    pub fn lapse_failed(&self, id: &str, was: CheckStatus) {
+        if let Some(c) = self.table.lock().checks.get_mut(id) {
+            c.status = was;
+            c.critical_since_ms = None;
+        }
+    }
+
     /// What is due at `now_ms`. A lapse is marked critical here at once, so the next call
     /// does not report it again; a write that fails is retried at the next lapse.
     pub fn due(&self, now_ms: u64) -> Vec<Due> {
@@ -240,11 +254,13 @@ impl TtlTable {
         let mut reap: Vec<Owner> = Vec::new();
         for (id, c) in t.checks.iter_mut() {
             if c.status != CheckStatus::Critical && now_ms >= c.deadline_ms {
+                let was = c.status;
                 set(c, CheckStatus::Critical, now_ms);
                 out.push(Due::Lapse {
                     check: id.clone(),
                     service: c.service.clone(),
                     instance: c.instance.clone(),
+                    was,
                 });
             }
             if let (Some(since), Some(dca)) = (c.critical_since_ms, c.dca_ms) {
@@ -370,8 +386,12 @@ mod tests {
         let t = TtlTable::default();
         t.registered("web", "web1", &[def("service:web1", CheckStatus::Passing)], 0);
         assert!(t.due(1_999).is_empty());
-        let lapse =
-            Due::Lapse { check: "service:web1".into(), service: "web".into(), instance: "web1".into() };
+        let lapse = Due::Lapse {
+            check: "service:web1".into(),
+            service: "web".into(),
+            instance: "web1".into(),
+            was: CheckStatus::Passing,
+        };
         assert_eq!(t.due(2_000), vec![lapse]);
         assert!(t.due(2_500).is_empty(), "reported once");
         // A pass revives it and restarts both clocks.

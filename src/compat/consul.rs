@@ -225,13 +225,39 @@ pub async fn register(
 ) -> Response {
     let (req, defs) = match registration(&body, client.map(|Extension(a)| a.0)) {
         Ok(r) => r,
-        Err(e) => return text(StatusCode::BAD_REQUEST, e),
+        Err(e) => {
+            if e.starts_with("at most") {
+                super::bump(&node.compat.counters.refused_checks);
+            }
+            return text(StatusCode::BAD_REQUEST, e);
+        }
     };
     let (service, id) = (req.service.clone(), req.instance_id.clone().unwrap_or_default());
     if let Err(e) =
         auth::check(&node, &principal, &Need::Write { namespace: NAMESPACE.into(), service: service.clone() })
     {
         return plain(e);
+    }
+    // Check ids and service ids are the DC's, as they are an agent's in Consul: one held by
+    // another service is refused, so that no registration takes over another's check.
+    let ttl = &node.compat.ttl;
+    ttl.load(&node.registry, node.registry.now_ms());
+    if let Some(other) = service_of(&node, &id).filter(|s| *s != service) {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("service ID {id:?} is registered for service {other:?}: deregister it first"),
+        );
+    }
+    for c in &defs {
+        if let Some((svc, inst)) = ttl.holder(&c.id).filter(|(_, inst)| *inst != id) {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "CheckID {:?} is held by service ID {inst:?} of {svc:?}: choose another CheckID",
+                    c.id
+                ),
+            );
+        }
     }
     let health = checks::aggregate(&defs);
     match auth::owned(&node, node.registry.register_with(req, &principal.writer(), health).await) {
@@ -312,7 +338,9 @@ pub async fn check_update(
     {
         return plain(e);
     }
-    if !same {
+    if same {
+        super::bump(&node.compat.counters.passes);
+    } else {
         let edit = checks::set_status(check_id.clone(), status);
         if let Err(e) = auth::owned(
             &node,
@@ -428,7 +456,7 @@ pub fn checks_json(svc: &str, r: &InstanceRecord, index: u64) -> Vec<Value> {
 /// `GET /v1/agent/services`: the DC's own services (of the `default` namespace).
 pub async fn agent_services(State(node): State<Arc<NodeShared>>, RawQuery(q): RawQuery) -> Response {
     let pairs = query_pairs(&q);
-    let filter = match super::catalog::parse_filter(&pairs, super::catalog::agent_selector_known) {
+    let filter = match super::catalog::parse_filter(&node, &pairs, super::catalog::agent_selector_known) {
         Ok(f) => f,
         Err(r) => return r,
     };
@@ -446,6 +474,7 @@ pub async fn agent_services(State(node): State<Arc<NodeShared>>, RawQuery(q): Ra
         out.insert(r.key.instance_id.to_string(), v);
     });
     if too_many {
+        super::bump(&node.compat.counters.refused_agent_services);
         return text(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!(
@@ -471,6 +500,7 @@ pub async fn agent_checks(State(node): State<Arc<NodeShared>>) -> Response {
         }
     });
     if services > AGENT_SERVICES_MAX {
+        super::bump(&node.compat.counters.refused_agent_services);
         return text(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("this DC holds more than {AGENT_SERVICES_MAX} services"),

@@ -5,6 +5,7 @@
 //! writes to the DC's leader). docs/compat.md says, endpoint by endpoint, what is
 //! supported and what differs.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +33,28 @@ pub const TTL_TICK: Duration = Duration::from_millis(250);
 pub struct Compat {
     /// The Consul TTL checks this node times (when it serves the DC's writes).
     pub ttl: checks::TtlTable,
+    pub counters: Counters,
+}
+
+/// What the front ends count (shown in /metrics).
+#[derive(Default)]
+pub struct Counters {
+    /// Check passes that changed nothing (nothing written).
+    pub passes: AtomicU64,
+    /// TTL checks that lapsed.
+    pub lapses: AtomicU64,
+    /// Services deregistered after `DeregisterCriticalServiceAfter`.
+    pub reaped: AtomicU64,
+    /// Refusals by limit.
+    pub refused_checks: AtomicU64,
+    pub refused_agent_services: AtomicU64,
+    pub refused_sd_targets: AtomicU64,
+    pub refused_filter: AtomicU64,
+}
+
+/// Adds one to a counter.
+pub fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
 }
 
 /// The routes of the three front ends.
@@ -97,20 +120,27 @@ pub async fn run_ttl(node: Arc<NodeShared>, mut shut: tokio::sync::watch::Receiv
         ttl.load(reg, reg.now_ms());
         for due in ttl.due(reg.now_ms()) {
             let by = crate::registry::Writer::anonymous();
-            let (result, instance) = match due {
-                checks::Due::Lapse { check, service, instance } => {
-                    let edit = checks::set_status(check, checks::CheckStatus::Critical);
-                    (reg.edit_as(checks::NAMESPACE, &service, &instance, edit, &by).await.map(drop), instance)
+            let (result, instance, lapsed) = match due {
+                checks::Due::Lapse { check, service, instance, was } => {
+                    let edit = checks::set_status(check.clone(), checks::CheckStatus::Critical);
+                    let r = reg.edit_as(checks::NAMESPACE, &service, &instance, edit, &by).await.map(drop);
+                    (r, instance, Some((check, was)))
                 }
-                checks::Due::Reap { service, instance } => {
-                    (reg.deregister_as(checks::NAMESPACE, &service, &instance, &by).await.map(drop), instance)
-                }
+                checks::Due::Reap { service, instance } => (
+                    reg.deregister_as(checks::NAMESPACE, &service, &instance, &by).await.map(drop),
+                    instance,
+                    None,
+                ),
             };
-            match result {
-                Ok(()) => {}
-                Err(e) if e.status == axum::http::StatusCode::NOT_FOUND => ttl.gone(&instance),
-                Err(e) => {
-                    tracing::warn!(instance, error = %e.message, "a Consul TTL check's change was not written")
+            match (result, lapsed) {
+                (Ok(()), Some(_)) => bump(&node.compat.counters.lapses),
+                (Ok(()), None) => bump(&node.compat.counters.reaped),
+                (Err(e), _) if e.status == axum::http::StatusCode::NOT_FOUND => ttl.gone(&instance),
+                (Err(e), lapsed) => {
+                    if let Some((check, was)) = lapsed {
+                        ttl.lapse_failed(&check, was);
+                    }
+                    tracing::warn!(instance, error = %e.message, "a Consul TTL check's change was not written; retried")
                 }
             }
         }

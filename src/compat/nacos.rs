@@ -159,6 +159,8 @@ impl Target {
             .or(p.get("cluster"))
             .map(str::to_owned)
             .or_else(|| from_beat("cluster"))
+            // nacos-sdk-python sends its None as "None" (JSON null in a beat).
+            .filter(|c| c != "None" && c != "null")
             .unwrap_or_else(|| DEFAULT_CLUSTER.to_owned());
         let (group, name) = group_and_name(p)?;
         Ok(Target {
@@ -289,6 +291,10 @@ pub async fn beat(
         Err(r) => return r,
     };
     let id = t.id();
+    let need = Need::Write { namespace: t.ns.clone(), service: t.service.clone() };
+    if let Err(e) = auth::check(&node, &principal, &need) {
+        return err(e);
+    }
     if let Err(e) = auth::owned(&node, node.registry.check_owner(&t.ns, &t.service, &id, &principal.writer()))
     {
         return err(e);

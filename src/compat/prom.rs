@@ -70,6 +70,7 @@ pub async fn targets(State(node): State<Arc<NodeShared>>, RawQuery(q): RawQuery)
         });
     }
     if too_many {
+        super::bump(&node.compat.counters.refused_sd_targets);
         return text(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("more than {SD_TARGETS_MAX} targets: narrow the call with namespace, service or dc"),

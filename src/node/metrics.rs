@@ -177,6 +177,7 @@ impl NodeShared {
             reg.owned_instances() as f64,
         );
         self.render_http_limits(&mut m, dc);
+        self.render_compat(&mut m, dc);
         let st = self.committer.stats();
         m.counter(
             "tandem_group_commit_fsyncs_total",
@@ -700,6 +701,32 @@ impl NodeShared {
         m.counter(b, help, &[("dc", dc), ("result", "refused")], get(&h.backups.refused));
         let help = "Bytes of the backups this node served";
         m.counter("tandem_backup_bytes_total", help, &[("dc", dc)], get(&h.backups.bytes));
+    }
+}
+
+impl NodeShared {
+    /// The Consul and Nacos front ends (`crate::compat`).
+    fn render_compat(&self, m: &mut Metrics, dc: &str) {
+        let c = &self.compat.counters;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let help = "Consul TTL checks this node times (it serves the DC's writes)";
+        m.gauge("tandem_consul_ttl_checks", help, &[("dc", dc)], self.compat.ttl.len() as f64);
+        let help = "Consul check passes that changed nothing (heartbeats: nothing written)";
+        m.counter("tandem_consul_check_passes_total", help, &[("dc", dc)], get(&c.passes));
+        let help = "Consul TTL checks that lapsed (turned critical: one event each)";
+        m.counter("tandem_consul_ttl_lapses_total", help, &[("dc", dc)], get(&c.lapses));
+        let help = "Consul services deregistered after DeregisterCriticalServiceAfter";
+        m.counter("tandem_consul_services_reaped_total", help, &[("dc", dc)], get(&c.reaped));
+        let (name, help) =
+            ("tandem_compat_refused_total", "Consul, Nacos and HTTP-SD calls refused by a limit");
+        for (limit, v) in [
+            ("checks_per_service_max", &c.refused_checks),
+            ("agent_services_max", &c.refused_agent_services),
+            ("sd_targets_max", &c.refused_sd_targets),
+            ("filter", &c.refused_filter),
+        ] {
+            m.counter(name, help, &[("dc", dc), ("limit", limit)], get(v));
+        }
     }
 }
 
