@@ -327,12 +327,15 @@ async fn consul_and_nacos_tokens_authenticate() {
     assert_eq!(resp.text().await.unwrap(), "ok", "accessToken in a form body");
     assert_eq!(form(&reader).await.unwrap().status(), StatusCode::FORBIDDEN, "the reader registers");
     // A beat renews a lease: it needs write, as tandem's own heartbeat does.
-    let beat = |token: &str| {
-        let url = format!("{nacos}/beat?serviceName=web&ip=10.0.0.9&port=80&accessToken={token}");
+    let beat = |ip: &str, token: &str| {
+        let url = format!("{nacos}/beat?serviceName=web&ip={ip}&port=80&accessToken={token}");
         api.h.put(url).send()
     };
-    assert_eq!(beat(&reader).await.unwrap().status(), StatusCode::FORBIDDEN, "the reader beats");
-    let resp = beat(&writer).await.unwrap();
+    assert_eq!(beat("10.0.0.9", &reader).await.unwrap().status(), StatusCode::FORBIDDEN, "the reader beats");
+    // Refused for lacking write, not for not owning the instance: one nobody owns too.
+    let resp = beat("10.9.9.9", &reader).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN, "the reader beats: {}", resp.text().await.unwrap());
+    let resp = beat("10.0.0.9", &writer).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.json::<Value>().await.unwrap()["code"], 10200, "the writer's beat renews");
     let resp = api.h.post(format!("{nacos}?serviceName=web&ip=10.0.0.11&port=80")).send().await.unwrap();
