@@ -247,8 +247,26 @@ fn node_json(r: &InstanceRecord, index: u64) -> Value {
     })
 }
 
-fn tags_match(pairs: &[(String, String)], r: &InstanceRecord) -> bool {
-    pairs.iter().filter(|(k, _)| k == "tag").all(|(_, t)| r.tags.iter().any(|x| x == t))
+/// What a read of one service starts with: the DC it reads, its filter (selectors
+/// `known`), the service name checked, and the wait of a blocking query.
+async fn service_read(
+    node: &NodeShared,
+    pairs: &[(String, String)],
+    service: &str,
+    client: Option<std::net::IpAddr>,
+    known: fn(&str) -> bool,
+) -> Result<(String, Option<Filter>), Response> {
+    let dc = dc_of(node, pairs)?;
+    let filter = parse_filter(node, pairs, known)?;
+    tandem_schemas::validate_name("service", service)
+        .map_err(|e| text(StatusCode::BAD_REQUEST, e.to_string()))?;
+    block(node, pairs, client, Some(service)).await?;
+    Ok((dc, filter))
+}
+
+/// The `tag` values of a query.
+fn tags_of(pairs: &[(String, String)]) -> Vec<String> {
+    pairs.iter().filter(|(k, _)| k == "tag").map(|(_, t)| t.clone()).collect()
 }
 
 /// `GET /v1/health/service/{name}?passing&tag&dc&index&wait&filter`.
@@ -260,19 +278,15 @@ pub async fn health_service(
 ) -> Response {
     let pairs = query_pairs(&q);
     let run = async {
-        let dc = dc_of(&node, &pairs)?;
-        let filter = parse_filter(&node, &pairs, health_selector_known)?;
-        tandem_schemas::validate_name("service", &service)
-            .map_err(|e| text(StatusCode::BAD_REQUEST, e.to_string()))?;
-        block(&node, &pairs, client.map(|a| a.0 .0), Some(&service)).await?;
+        let client = client.map(|a| a.0 .0);
+        let (dc, filter) = service_read(&node, &pairs, &service, client, health_selector_known).await?;
         let passing = query_flag(&pairs, "passing");
-        let tags: Vec<String> = pairs.iter().filter(|(k, _)| k == "tag").map(|(_, t)| t.clone()).collect();
         let keep = |e: &Value| {
             let checks = e["Checks"].as_array().map_or(&[][..], Vec::as_slice);
             (!passing || checks.iter().all(|c| c["Status"] == "passing"))
                 && filter.as_ref().is_none_or(|f| f.matches(&|sel| select(e, sel)))
         };
-        let (index, out) = health_entries(&node, &service, &dc, &tags, keep)?;
+        let (index, out) = health_entries(&node, &service, &dc, &tags_of(&pairs), keep)?;
         Ok::<_, Response>(json_reply(&node, index, &Value::Array(out)))
     };
     run.await.unwrap_or_else(|r| r)
@@ -315,16 +329,14 @@ pub async fn catalog_service(
 ) -> Response {
     let pairs = query_pairs(&q);
     let run = async {
-        let dc = dc_of(&node, &pairs)?;
-        let filter = parse_filter(&node, &pairs, agent_selector_known)?;
-        tandem_schemas::validate_name("service", &service)
-            .map_err(|e| text(StatusCode::BAD_REQUEST, e.to_string()))?;
-        block(&node, &pairs, client.map(|a| a.0 .0), Some(&service)).await?;
+        let client = client.map(|a| a.0 .0);
+        let (dc, filter) = service_read(&node, &pairs, &service, client, agent_selector_known).await?;
+        let tags = tags_of(&pairs);
         let (index, found) = instances(&node, &service, &dc)?;
         let mut out = Vec::new();
         for i in &found {
             let Some(r) = record_of(&node, &service, i) else { continue };
-            if !tags_match(&pairs, &r) {
+            if !tags.iter().all(|t| r.tags.contains(t)) {
                 continue;
             }
             let entry = json!({
