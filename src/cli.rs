@@ -171,6 +171,9 @@ enum Cmd {
         /// 10*(k-1)); 1 runs each DC as a single node.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=NODES_PER_DC_MAX))]
         nodes: u64,
+        /// A folder of `tandem chaos` runs for the console's Drills page (`[ui] drills_dir`).
+        #[arg(long)]
+        drills: Option<PathBuf>,
     },
     /// Create a development CA and a certificate and key per DC (the replication link's),
     /// and with `--nodes` one per node of each DC's Raft group (the member link's).
@@ -407,9 +410,9 @@ async fn run(cli: Cli) -> ExitCode {
     let fmt = cli.log_format.clone();
     let res = match cli.cmd {
         Cmd::Server { config, http_addr, data_dir } => server(config, http_addr, data_dir, fmt).await,
-        Cmd::Dev { dir, http_port, repl_port, stale_after_ms, nodes } => {
+        Cmd::Dev { dir, http_port, repl_port, stale_after_ms, nodes, drills } => {
             init_tracing(fmt.as_deref(), None);
-            dev::dev(dir, http_port, repl_port, stale_after_ms, nodes).await
+            dev::dev(dir, http_port, repl_port, stale_after_ms, nodes, drills).await
         }
         Cmd::Certs { out, dcs, nodes, force } => dev::certs(out, dcs, nodes, force),
         Cmd::Acl { cmd: AclCmd::Token { cmd } } => crate::acl::cli::token(cmd_args(cmd)),

@@ -67,6 +67,7 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .route(crate::backup::BACKUP_PATH, get(backup::backup))
         .route("/metrics", get(metrics))
         .merge(crate::compat::routes(node.clone()))
+        .merge(crate::ui::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         // Innermost: on a DC group's follower, a write goes to the leader (every check
         // around it ran here first).

@@ -48,3 +48,4 @@ pub mod node;
 pub mod registry;
 pub mod shared;
 pub mod store;
+pub mod ui;

@@ -153,6 +153,14 @@ impl Principal {
         Principal { id: id.clone(), name: id, grants: Arc::new(Grants::everything()) }
     }
 
+    /// A principal granted nothing (a request for the console's static files, which need
+    /// no token).
+    pub fn nobody() -> Principal {
+        let id: Arc<str> = "-".into();
+        let grants = Grants { rules: Vec::new(), admin: false, status: false, metrics: false };
+        Principal { id: id.clone(), name: id, grants: Arc::new(grants) }
+    }
+
     /// The principal as instance ownership sees it.
     pub fn writer(&self) -> crate::registry::Writer {
         crate::registry::Writer { principal: self.name.clone(), admin: self.grants.admin }

@@ -90,11 +90,13 @@ pub(super) async fn dev(
     repl_port: u16,
     stale_after_ms: u64,
     nodes: u64,
+    drills: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let [a, b] = dev_configs(&dir, http_port, repl_port, stale_after_ms, nodes)?;
     let mut running: Vec<(&str, Node)> = Vec::new();
-    for (dc, cfg) in a.into_iter().map(|c| ("dc-a", c)).chain(b.into_iter().map(|c| ("dc-b", c))) {
+    for (dc, mut cfg) in a.into_iter().map(|c| ("dc-a", c)).chain(b.into_iter().map(|c| ("dc-b", c))) {
+        cfg.ui.drills_dir.clone_from(&drills);
         running.push((dc, Node::start(cfg, None).await?));
     }
     let http_of = |dc: &str| -> Vec<SocketAddr> {
@@ -132,6 +134,8 @@ pub(super) async fn dev(
             }
         }
     }
+    println!();
+    println!("console: http://{ha}/ui/ (dc-a)  http://{hb}/ui/ (dc-b)");
     println!();
     println!("try:");
     println!("  curl -s -XPOST http://{ha}/v1/register -d '{{\"service\":\"orders\",\"address\":\"10.0.0.7\",\"port\":8080,\"persistent\":true}}' -H 'content-type: application/json'");

@@ -22,6 +22,13 @@ use crate::shared::NodeShared;
 
 pub async fn authorize(State(node): State<Arc<NodeShared>>, req: Request, next: Next) -> Response {
     let acl = node.acl.current();
+    // The console's static files hold no data: served to anyone, so that a browser can
+    // load the page that then asks for a token.
+    if crate::ui::is_static(req.uri().path()) {
+        let mut req = req;
+        req.extensions_mut().insert(Principal::nobody());
+        return next.run(req).await;
+    }
     let mut req = if acl.enabled() { compat_token(req).await } else { req };
     let cert = req.extensions().get::<super::tls::ClientCert>().map(|c| c.0.clone());
     let principal =
@@ -177,6 +184,16 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Result<Need, Ap
         (&Method::GET, ["nacos", "v1", "ns", "instance"])
         | (&Method::GET, ["nacos", "v1", "ns", "instance", "list"]) => nacos_read(query, true),
         (&Method::GET, ["nacos", "v1", "ns", "service", "list"]) => nacos_read(query, false),
+        // The console's calls: a namespace's services (read), its event stream (only
+        // indexes: any valid token), the drill reports (status).
+        (&Method::GET, ["v1", "ui", "services"]) => {
+            let ns = form_urlencoded::parse(query.unwrap_or("").as_bytes())
+                .find(|(k, _)| k == "namespace")
+                .map_or_else(|| "default".to_owned(), |(_, v)| v.into_owned());
+            Need::Read { namespace: ns, service: None }
+        }
+        (&Method::GET, ["v1", "ui", "events"]) => Need::Authenticated,
+        (&Method::GET, ["v1", "ui", "drills", ..]) => Need::Status,
         // Prometheus's service discovery lists every instance: the scope Prometheus
         // already holds to scrape /metrics.
         (&Method::GET, ["v1", "sd", "prometheus"]) => Need::Metrics,
