@@ -340,6 +340,17 @@ async fn consul_and_nacos_tokens_authenticate() {
     assert_eq!(resp.json::<Value>().await.unwrap()["code"], 10200, "the writer's beat renews");
     let resp = api.h.post(format!("{nacos}?serviceName=web&ip=10.0.0.11&port=80")).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "no token");
+    // A form body past the body limit is refused as too large, not read as empty.
+    let big = format!("serviceName=web&ip=10.0.0.12&port=80&pad={}", "x".repeat(70 * 1024));
+    let resp = api
+        .h
+        .post(&nacos)
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "an oversized form body");
     // The form body reached the handler whole: both Nacos instances are listed.
     let list = format!("{}/nacos/v1/ns/instance/list?serviceName=web&accessToken={reader}", api.base);
     let v: Value = api.h.get(list).send().await.unwrap().json().await.unwrap();

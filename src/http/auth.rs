@@ -29,7 +29,14 @@ pub async fn authorize(State(node): State<Arc<NodeShared>>, req: Request, next: 
         req.extensions_mut().insert(Principal::nobody());
         return next.run(req).await;
     }
-    let mut req = if acl.enabled() { compat_token(req).await } else { req };
+    let mut req = if acl.enabled() {
+        match compat_token(req).await {
+            Ok(r) => r,
+            Err(refused) => return refused,
+        }
+    } else {
+        req
+    };
     let cert = req.extensions().get::<super::tls::ClientCert>().map(|c| c.0.clone());
     let principal =
         match acl.authenticate(req.headers(), cert.as_deref(), tandem_replicator::gateway::wall_ms()) {
@@ -63,11 +70,11 @@ pub async fn authorize(State(node): State<Arc<NodeShared>>, req: Request, next: 
 /// Consul's clients present their token as `X-Consul-Token` or `?token=`, Nacos's as
 /// `accessToken` (query or form body): moved into tandem's own token header, so that one
 /// authentication judges every front end. A token header already given wins.
-async fn compat_token(req: Request) -> Request {
+async fn compat_token(req: Request) -> Result<Request, Response> {
     if req.headers().contains_key(axum::http::header::AUTHORIZATION)
         || req.headers().contains_key(crate::acl::TOKEN_HEADER)
     {
-        return req;
+        return Ok(req);
     }
     let path = req.uri().path();
     let nacos = path.starts_with("/nacos/");
@@ -77,7 +84,7 @@ async fn compat_token(req: Request) -> Request {
         .iter()
         .any(|p| path.starts_with(p));
     if !nacos && !consul {
-        return req;
+        return Ok(req);
     }
     let mut token: Option<String> =
         req.headers().get("x-consul-token").and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -94,7 +101,15 @@ async fn compat_token(req: Request) -> Request {
     let req = if token.is_none() && nacos && form {
         // A form body is read (within the body limit) and put back as it was.
         let (parts, body) = req.into_parts();
-        let bytes = axum::body::to_bytes(body, super::REQUEST_BODY_BYTES_MAX).await.unwrap_or_default();
+        // A body past the limit (or cut off) is refused as the handler would refuse it.
+        let Ok(bytes) = axum::body::to_bytes(body, super::REQUEST_BODY_BYTES_MAX).await else {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("a request body of at most {} bytes", super::REQUEST_BODY_BYTES_MAX),
+            )
+            .into_response());
+        };
         token = form_urlencoded::parse(&bytes).find(|(k, _)| k == "accessToken").map(|(_, v)| v.into_owned());
         Request::from_parts(parts, axum::body::Body::from(bytes))
     } else {
@@ -104,7 +119,7 @@ async fn compat_token(req: Request) -> Request {
     if let Some(v) = token.and_then(|t| HeaderValue::from_str(t.trim()).ok()) {
         req.headers_mut().insert(crate::acl::TOKEN_HEADER, v);
     }
-    req
+    Ok(req)
 }
 
 /// A refusal made here (outside the audit layer) to the audit log, sampled.

@@ -372,8 +372,9 @@ function drillPage(run) {
       const base = '/v1/ui/drills/' + encodeURIComponent(run) + '/';
       const r = await api(base + 'report.json');
       const inv = (r.invariants || []).map((i) => h('tr', {}, h('td', {}, i.name), h('td', { class: i.passed ? 'pass' : 'fail' }, i.passed ? 'pass' : 'FAIL'),
-        h('td', {}, i.checks ?? ''), h('td', {}, i.violations_total ?? 0), h('td', { class: 'wrap' }, i.detail || '')));
-      const exp = (r.expectations || []).map((e) => h('li', { class: e.met === false ? 'fail' : '' }, JSON.stringify(e)));
+        h('td', {}, i.checks ?? ''), h('td', {}, i.violations_total ?? 0), h('td', { class: 'wrap' }, h('div', { class: 'clip' }, i.detail || ''))));
+      const exp = (r.expectations || []).map((e) => h('tr', {}, h('td', {}, e.name), h('td', { class: e.passed ? 'pass' : 'fail' }, e.passed ? 'pass' : 'FAIL'),
+        h('td', { class: 'wrap' }, h('div', { class: 'clip' }, e.detail || ''))));
       let img = null;
       try {
         const resp = await fetch(base + 'timeline.svg', { headers: headers() });
@@ -381,7 +382,7 @@ function drillPage(run) {
       } catch (_) { /* no timeline */ }
       put(box, h('p', {}, r.drill + ' · seed ' + r.seed + ' · ' + r.mode + ' · ', h('strong', { class: r.result }, r.result)),
         h('h2', {}, 'Invariants'), h('div', { class: 'scroll' }, h('table', {}, h('thead', {}, h('tr', {}, ['invariant', 'result', 'checks', 'violations', 'detail'].map((c) => h('th', {}, c)))), h('tbody', {}, inv))),
-        exp.length ? [h('h2', {}, 'Expectations'), h('ul', {}, exp)] : null,
+        exp.length ? [h('h2', {}, 'Expectations'), h('div', { class: 'scroll' }, h('table', {}, h('thead', {}, h('tr', {}, ['expectation', 'result', 'detail'].map((c) => h('th', {}, c)))), h('tbody', {}, exp)))] : null,
         img ? [h('h2', {}, 'Timeline'), img] : null);
     },
   };
