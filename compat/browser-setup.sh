@@ -11,48 +11,17 @@ PUPPETEER_CORE=25.16.0
 CACHE="${TANDEM_COMPAT_CACHE:-$HOME/.cache/tandem-compat}"
 mkdir -p "$CACHE"
 
-fail() {
-    echo "browser setup: $*" >&2
-    exit 1
-}
+SETUP_NAME="browser setup"
+# shellcheck source=compat/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 command -v node >/dev/null || fail "node is not on PATH"
 command -v npm >/dev/null || fail "npm is not on PATH"
 
-if command -v chromium >/dev/null; then
-    echo "have chromium at $(command -v chromium)"
-else
-    command -v apt-get >/dev/null || fail "chromium is missing and there is no apt-get to install it"
-    echo "installing Debian's chromium"
-    log="$CACHE/apt-chromium.log"
-    ok=1
-    {
-        apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-            --no-install-recommends chromium
-    } >"$log" 2>&1 || ok=0
-    if [ "$ok" = 0 ] && ! command -v chromium >/dev/null; then
-        tail -n 30 "$log" >&2
-        fail "apt-get could not install chromium (log: $log)"
-    fi
-    command -v chromium >/dev/null || fail "chromium was installed but is not on PATH"
-    echo "installed $(command -v chromium)"
-fi
+apt_bin chromium chromium
 
-# Into $CACHE/npm/puppeteer-core-VERSION/node_modules, marked done by a .installed file.
+npm_pkg puppeteer-core "$PUPPETEER_CORE"
 dir="$CACHE/npm/puppeteer-core-$PUPPETEER_CORE"
-if [ -f "$dir/.installed" ]; then
-    echo "have puppeteer-core@$PUPPETEER_CORE in $dir"
-else
-    rm -rf "$dir"
-    mkdir -p "$dir"
-    echo "installing puppeteer-core@$PUPPETEER_CORE into $dir"
-    if ! npm install --prefix "$dir" --no-audit --no-fund --save-exact --loglevel=error \
-        "puppeteer-core@$PUPPETEER_CORE" >"$dir.log" 2>&1; then
-        cat "$dir.log" >&2
-        fail "npm could not install puppeteer-core@$PUPPETEER_CORE (log above)"
-    fi
-    touch "$dir/.installed"
-fi
 
 # Both must actually run: chromium prints its version, node loads puppeteer-core.
 # (Debian's launcher may print a shell warning before the version: the last line is kept.)
