@@ -17,18 +17,23 @@
 //! (`client/`), which does not depend on this one nor on RocksDB.
 
 /// The cargo profile this binary was built with: `release` is the one to deploy
-/// (`cargo install --locked --path .`); `dev` is what `./run.sh` and the tests build.
-pub const BUILD_PROFILE: &str = if cfg!(debug_assertions) { "dev" } else { "release" };
+/// (`cargo install --locked --path .`); `dev` is what `./run.sh` and the tests build (every
+/// crate optimized, RocksDB's C++ at -O1: docs/benchmarks.md, "The profile").
+pub const BUILD_PROFILE: &str = if IS_RELEASE { "release" } else { "dev" };
+
+/// Whether this is a release build (`TANDEM_BUILD_PROFILE`, set by build.rs from cargo's
+/// `PROFILE`).
+const IS_RELEASE: bool = matches!(env!("TANDEM_BUILD_PROFILE").as_bytes(), b"release");
 
 /// `tandem --version`: the version and the build profile.
-#[cfg(debug_assertions)]
-pub const VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (dev build; deploy the release build: cargo install --locked --path .)"
-);
-/// `tandem --version`: the version and the build profile.
-#[cfg(not(debug_assertions))]
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (release build)");
+pub const VERSION: &str = if IS_RELEASE {
+    concat!(env!("CARGO_PKG_VERSION"), " (release build)")
+} else {
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (dev build; deploy the release build: cargo install --locked --path .)"
+    )
+};
 
 pub mod acl;
 pub mod audit;

@@ -1,7 +1,8 @@
 //! The rules of docs/ARCHITECTURE.md that a program can check, checked: which crate may
 //! depend on what (from `cargo tree`, following normal and build dependencies; who may
-//! know rustls directly), which sources may name RocksDB, quinn and rustls, that every source file opens with a `//!`
-//! header, that the docs name only files that exist, that no source file outside a tests/
+//! know rustls directly), that RocksDB's build graph keeps its own opt-level in the one
+//! profile, which sources may name RocksDB, quinn and rustls, that every source file opens
+//! with a `//!` header, that the docs name only files that exist, that no source file outside a tests/
 //! folder grows past its size limit, and that nothing cites files outside the repository.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -80,6 +81,43 @@ fn workspace_deps() -> BTreeMap<String, Deps> {
         result.insert(name.to_owned(), Deps { direct, all });
     }
     result
+}
+
+/// The one cargo profile optimizes every dependency (`[profile.dev.package."*"]`), but
+/// RocksDB's C++ (15-18 minutes) must never rebuild because of it: every package of
+/// librocksdb-sys's build graph (normal and build dependencies: the build script's bindgen,
+/// cc...) names its own opt-level, which wins over the glob.
+#[test]
+fn rocksdb_build_graph_keeps_its_profile() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(&cargo)
+        .args(["tree", "-p", "librocksdb-sys", "-e", "normal,build", "--prefix", "none"])
+        .args(["--format", "{p}", "--target", "all", "--locked", "--offline"])
+        .current_dir(root())
+        .output()
+        .expect("cargo tree");
+    assert!(out.status.success(), "cargo tree: {}", String::from_utf8_lossy(&out.stderr));
+    let graph: BTreeSet<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split(' ').next())
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+        .collect();
+    assert!(graph.contains("bindgen") && graph.contains("lz4-sys"), "{graph:?}");
+    let manifest: toml::Table = std::fs::read_to_string(root().join("Cargo.toml")).unwrap().parse().unwrap();
+    let packages = &manifest["profile"]["dev"]["package"];
+    assert!(packages.get("*").is_some(), "the dev profile no longer optimizes dependencies");
+    let loose: Vec<&String> = graph
+        .iter()
+        .filter(|name| packages.get(name.as_str()).and_then(|p| p.get("opt-level")).is_none())
+        .collect();
+    assert!(
+        loose.is_empty(),
+        "these packages of RocksDB's build graph take `[profile.dev.package.\"*\"]`'s \
+         opt-level, so a change to it rebuilds RocksDB: give each its own opt-level in the \
+         root Cargo.toml: {loose:?}"
+    );
 }
 
 #[test]

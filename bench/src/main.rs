@@ -123,6 +123,11 @@ pub struct Opts {
     /// Do not pin the server and the load generator to different cores.
     #[arg(long, global = true)]
     no_pin: bool,
+    /// Skip the floors `register`, `heartbeat` and `discover` run first (for a profile of
+    /// the step alone: `perf record -- tandem-bench register --no-floors`); their "% of the
+    /// floor" verdicts then read "not measured".
+    #[arg(long, global = true)]
+    no_floors: bool,
     /// Concurrency steps of `register` (closed loop).
     #[arg(long, global = true, value_delimiter = ',', default_value = "1,8,64,256")]
     concurrency: Vec<usize>,
@@ -406,11 +411,13 @@ fn main() -> anyhow::Result<()> {
     let cmd = cli.cmd;
     let result = main_rt.block_on(async {
         // register is judged against the synced-batch floor: it runs the disk floors too.
-        if matches!(cmd, Cmd::All | Cmd::Fsync | Cmd::Register | Cmd::Raft) {
+        let floors = !ctx.opts.no_floors || matches!(cmd, Cmd::Fsync | Cmd::HttpFloor);
+        if floors && matches!(cmd, Cmd::All | Cmd::Fsync | Cmd::Register | Cmd::Raft) {
             floors::run(&mut ctx).await?;
         }
         // The HTTP floor, in the same run as the rows it bounds.
-        if matches!(cmd, Cmd::All | Cmd::HttpFloor | Cmd::Register | Cmd::Heartbeat | Cmd::Discover) {
+        if floors && matches!(cmd, Cmd::All | Cmd::HttpFloor | Cmd::Register | Cmd::Heartbeat | Cmd::Discover)
+        {
             httpfloor::run(&mut ctx).await?;
         }
         if matches!(cmd, Cmd::All | Cmd::Register) {

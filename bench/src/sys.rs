@@ -7,21 +7,23 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-/// The cargo profile this binary was built with. tandem's benches run in the dev profile
-/// (see docs/benchmarks.md): tandem's crates and the hot dependencies (tokio, hyper, axum,
-/// serde_json, quinn, rustls, ring, ...) are built at opt-level 2 inside that profile and
-/// librocksdb-sys at opt-level 1; the dependencies without debug assertions and overflow
-/// checks, tandem's own crates (this one too, hence `debug`) with them (root Cargo.toml).
-pub const PROFILE: &str = if cfg!(debug_assertions) { "debug" } else { "release" };
+/// The cargo profile this binary was built with (`debug` for the dev profile, `release`).
+/// tandem's benches run in the dev profile (see docs/benchmarks.md, "The profile"): every
+/// crate at opt-level 2 (RocksDB's C++ and its build graph excepted: librocksdb-sys at
+/// opt-level 1), no debug assertions or overflow checks (root Cargo.toml).
+pub const PROFILE: &str = if is_release() { "release" } else { "debug" };
 
 /// What the build running this binary is, for the headers and notes of a report.
-pub const BUILD: &str = if cfg!(debug_assertions) {
-    "cargo dev profile: opt-level 2 for tandem's crates and its hot dependencies tokio, hyper, axum, serde_json, \
-     quinn, rustls, ring, reqwest and others; debug assertions and overflow checks in tandem's crates only; \
-     librocksdb-sys opt-level 1; root Cargo.toml"
-} else {
+pub const BUILD: &str = if is_release() {
     "cargo release profile: opt-level 3 for every crate, RocksDB included; no debug assertions"
+} else {
+    "cargo dev profile: opt-level 2 for every crate except RocksDB's build graph (librocksdb-sys \
+     opt-level 1); no debug assertions or overflow checks; root Cargo.toml"
 };
+
+const fn is_release() -> bool {
+    matches!(tandem::BUILD_PROFILE.as_bytes(), b"release")
+}
 
 /// Prefix of the load generator's thread names; every other thread of the process except
 /// the main thread belongs to the server side.
