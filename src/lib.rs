@@ -18,7 +18,8 @@
 
 /// The cargo profile this binary was built with: `release` is the one to deploy
 /// (`cargo install --locked --path .`); `dev` is what `./run.sh` and the tests build (every
-/// crate optimized, RocksDB's C++ at -O1: docs/benchmarks.md, "The profile").
+/// crate optimized, RocksDB's C++ at -O1: docs/benchmarks.md, "Why the figures come from a
+/// dev-profile build").
 pub const BUILD_PROFILE: &str = if IS_RELEASE { "release" } else { "dev" };
 
 /// Whether this is a release build (`TANDEM_BUILD_PROFILE`, set by build.rs from cargo's

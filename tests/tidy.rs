@@ -2,8 +2,9 @@
 //! depend on what (from `cargo tree`, following normal and build dependencies; who may
 //! know rustls directly), that RocksDB's build graph keeps its own opt-level in the one
 //! profile, which sources may name RocksDB, quinn and rustls, that every source file opens
-//! with a `//!` header, that the docs name only files that exist, that no source file outside a tests/
-//! folder grows past its size limit, and that nothing cites files outside the repository.
+//! with a `//!` header, that the docs name only files that exist, that no source file
+//! outside a tests/ folder grows past its size limit, and that nothing cites files outside
+//! the repository.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -8,8 +8,8 @@ use std::process::Command;
 use std::time::Duration;
 
 /// The cargo profile this binary was built with (`debug` for the dev profile, `release`).
-/// tandem's benches run in the dev profile (see docs/benchmarks.md, "The profile"): every
-/// crate at opt-level 2 (RocksDB's C++ and its build graph excepted: librocksdb-sys at
+/// tandem's benches run in the dev profile (docs/benchmarks.md, "Why the figures come from a
+/// dev-profile build"): every crate at opt-level 2 (RocksDB's C++ and its build graph excepted: librocksdb-sys at
 /// opt-level 1), no debug assertions or overflow checks (root Cargo.toml).
 pub const PROFILE: &str = if is_release() { "release" } else { "debug" };
 
