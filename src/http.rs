@@ -18,8 +18,8 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use tandem_client::api::{
-    HeartbeatAnswer, HeartbeatBatch, RegisterRequest, ReloadAnswer, RetireAnswer, RetireRequest, ServiceList,
-    ServiceSummary, StatusChange, UnretireAnswer, WriteAnswer,
+    HeartbeatBatch, RegisterRequest, ReloadAnswer, RetireAnswer, RetireRequest, ServiceList, ServiceSummary,
+    StatusChange, UnretireAnswer, WriteAnswer,
 };
 
 use axum::body::Bytes;
@@ -27,7 +27,7 @@ use axum::body::Bytes;
 use crate::acl::{Need, Principal};
 use crate::error::ApiError;
 use crate::registry::DcFilter;
-use crate::shared::NodeShared;
+use crate::shared::{AnswerRef, NodeShared};
 
 pub mod audit;
 pub mod auth;
@@ -37,6 +37,7 @@ pub mod limits;
 pub mod listener;
 pub mod members;
 pub mod rate;
+pub mod stack;
 pub mod tls;
 
 /// Largest accepted request body.
@@ -69,19 +70,9 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .merge(crate::compat::routes(node.clone()))
         .merge(crate::ui::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
-        // Innermost: on a DC group's follower, a write goes to the leader (every check
-        // around it ran here first).
-        .layer(axum::middleware::from_fn_with_state(node.clone(), forward::writes))
         .layer(DefaultBodyLimit::max(REQUEST_BODY_BYTES_MAX))
-        .layer(axum::middleware::from_fn_with_state(node.clone(), limits::guard))
-        // After authentication, before everything else: the request rates.
-        .layer(axum::middleware::from_fn_with_state(node.clone(), rate::limit))
-        // Inside authentication (it knows the principal): state changes, admin calls and
-        // refusals to the audit log.
-        .layer(axum::middleware::from_fn_with_state(node.clone(), audit::record))
-        // Outermost: a request without a valid token is refused before it can use any
-        // shared budget (the admin call rate among them).
-        .layer(axum::middleware::from_fn_with_state(node.clone(), auth::authorize))
+        // Every check, in one layer (see `stack`).
+        .layer(axum::middleware::from_fn_with_state(node.clone(), stack::checks))
         .with_state(node)
 }
 
@@ -115,6 +106,11 @@ async fn register(
     Ok((StatusCode::OK, Json(resp)).into_response())
 }
 
+/// A renewal's answer, [`HeartbeatAnswer`](tandem_client::api::HeartbeatAnswer) `{ok: true}` as JSON, written once (a test checks
+/// it against the type).
+const HEARTBEAT_OK: ([(axum::http::HeaderName, &str); 1], &str) =
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], r#"{"ok":true}"#);
+
 async fn heartbeat(
     State(node): State<Arc<NodeShared>>,
     Extension(principal): Extension<Principal>,
@@ -122,7 +118,7 @@ async fn heartbeat(
 ) -> Result<Response, ApiError> {
     auth::owned(&node, node.registry.check_owner(&ns, &svc, &id, &principal.writer()))?;
     node.registry.heartbeat(&ns, &svc, &id).await?;
-    Ok(Json(HeartbeatAnswer { ok: true }).into_response())
+    Ok(HEARTBEAT_OK.into_response())
 }
 
 async fn heartbeat_batch(
@@ -286,9 +282,7 @@ async fn discover(
         answer_bytes(&node, &ns, &svc, &filter)?
     };
     let mut headers = HeaderMap::new();
-    if let Ok(v) = HeaderValue::from_str(&index.to_string()) {
-        headers.insert("x-tandem-index", v);
-    }
+    headers.insert("x-tandem-index", HeaderValue::from(index));
     headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     if let Some(g) = &node.group {
         group_headers(&mut headers, g);
@@ -471,9 +465,8 @@ const ANSWER_CACHE_ENTRIES_MAX: usize = 16_384;
 /// moves the index. So when thousands of watchers wake for one change, the answer is
 /// computed and encoded once and the same bytes go to all of them.
 fn answer_bytes(node: &NodeShared, ns: &str, svc: &str, filter: &DcFilter) -> Result<(u64, Bytes), ApiError> {
-    let key = (ns.to_owned(), svc.to_owned(), filter_key(filter));
     let current = node.registry.service_index(ns, svc);
-    if let Some((idx, bytes)) = node.answers.lock().get(&key) {
+    if let Some((idx, bytes)) = node.answers.lock().get(&AnswerRef(ns, svc, filter_key(filter))) {
         if *idx == current {
             node.registry.counters.discover_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Ok((*idx, bytes.clone()));
@@ -492,15 +485,16 @@ fn answer_bytes(node: &NodeShared, ns: &str, svc: &str, filter: &DcFilter) -> Re
     if cache.len() >= ANSWER_CACHE_ENTRIES_MAX {
         cache.clear();
     }
+    let key = (ns.to_owned(), svc.to_owned(), filter_key(filter).to_owned());
     cache.insert(key, (answer.index, bytes.clone()));
     Ok((answer.index, bytes))
 }
 
-fn filter_key(f: &DcFilter) -> String {
+fn filter_key(f: &DcFilter) -> &str {
     match f {
-        DcFilter::Policy => String::new(),
-        DcFilter::All => "*all".into(),
-        DcFilter::Only(dc) => dc.clone(),
+        DcFilter::Policy => "",
+        DcFilter::All => "*all",
+        DcFilter::Only(dc) => dc,
     }
 }
 
@@ -700,5 +694,14 @@ mod tests {
         let catching_up = behind(100, 120, false, Some(50)).unwrap_err();
         assert!(catching_up.message.contains("catching up"), "{}", catching_up.message);
         assert!(behind(120, 120, true, Some(2_500)).is_ok(), "caught up with the client: answers");
+    }
+
+    /// The renewal's pre-written answer is the JSON of the type the client reads.
+    #[test]
+    fn the_heartbeat_answer_is_the_types_json() {
+        let (headers, body) = HEARTBEAT_OK;
+        let typed = tandem_client::api::HeartbeatAnswer { ok: true };
+        assert_eq!(body, serde_json::to_string(&typed).unwrap());
+        assert_eq!(headers[0].1, "application/json");
     }
 }

@@ -28,7 +28,18 @@ pub struct LiveMarks {
 }
 
 /// Encoded discovery answers: (namespace, service, filter) -> (index, JSON bytes).
-pub type AnswerCache = std::collections::HashMap<(String, String, String), (u64, axum::body::Bytes)>;
+pub type AnswerCache = hashbrown::HashMap<(String, String, String), (u64, axum::body::Bytes)>;
+
+/// Looks an [`AnswerCache`] entry up by borrowed names, without building its key. Hashes
+/// exactly as the tuple does (field by field, each as a `str`).
+#[derive(Hash)]
+pub struct AnswerRef<'a>(pub &'a str, pub &'a str, pub &'a str);
+
+impl hashbrown::Equivalent<(String, String, String)> for AnswerRef<'_> {
+    fn equivalent(&self, key: &(String, String, String)) -> bool {
+        key.0 == self.0 && key.1 == self.1 && key.2 == self.2
+    }
+}
 
 /// What the HTTP handlers and the background tasks share.
 pub struct NodeShared {

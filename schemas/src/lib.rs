@@ -81,12 +81,56 @@ pub fn frame_bytes_max_for(head: &[u8], whole_snapshots: bool) -> usize {
 pub type Name = std::sync::Arc<str>;
 
 /// Identity of an instance: who owns it and what it is. The owner DC never changes.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+///
+/// Compared field by field in this order, as a derived order would, but two names that
+/// share their allocation are equal without reading them: within a service the DC,
+/// namespace and service names of every key are one allocation, so a lookup among a
+/// service's instances compares instance ids only (issue 21).
+#[derive(Clone, Debug, Eq, Serialize, Deserialize)]
 pub struct InstanceKey {
     pub owner_dc: Name,
     pub namespace: Name,
     pub service: Name,
     pub instance_id: Name,
+}
+
+fn name_cmp(a: &Name, b: &Name) -> std::cmp::Ordering {
+    if std::sync::Arc::ptr_eq(a, b) {
+        std::cmp::Ordering::Equal
+    } else {
+        a.cmp(b)
+    }
+}
+
+impl PartialEq for InstanceKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Ord for InstanceKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        name_cmp(&self.owner_dc, &other.owner_dc)
+            .then_with(|| name_cmp(&self.namespace, &other.namespace))
+            .then_with(|| name_cmp(&self.service, &other.service))
+            .then_with(|| name_cmp(&self.instance_id, &other.instance_id))
+    }
+}
+
+/// By content, field by field, as a derived hash would (equal keys hash alike).
+impl std::hash::Hash for InstanceKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.owner_dc.hash(state);
+        self.namespace.hash(state);
+        self.service.hash(state);
+        self.instance_id.hash(state);
+    }
+}
+
+impl PartialOrd for InstanceKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 /// Status the instance sets for itself (graceful up/down).

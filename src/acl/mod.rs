@@ -149,8 +149,12 @@ pub struct Principal {
 
 impl Principal {
     pub fn anonymous() -> Principal {
-        let id: Arc<str> = crate::registry::ANONYMOUS.into();
-        Principal { id: id.clone(), name: id, grants: Arc::new(Grants::everything()) }
+        // Every request has it when ACLs are off: built once, then shared.
+        static ANONYMOUS: std::sync::LazyLock<Principal> = std::sync::LazyLock::new(|| {
+            let id: Arc<str> = crate::registry::ANONYMOUS.into();
+            Principal { id: id.clone(), name: id, grants: Arc::new(Grants::everything()) }
+        });
+        ANONYMOUS.clone()
     }
 
     /// A principal granted nothing (a request for the console's static files, which need

@@ -6,9 +6,8 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode};
-use axum::middleware::Next;
+use axum::extract::Request;
+use axum::http::{Method, StatusCode, Uri};
 use axum::response::Response;
 use parking_lot::Mutex;
 
@@ -87,32 +86,58 @@ pub fn line(
     }
 }
 
-/// The middleware.
-pub async fn record(State(node): State<Arc<NodeShared>>, mut req: Request, next: Next) -> Response {
+/// What [`finish`] needs of a request once its answer is known.
+pub struct Pending {
+    note: AuditNote,
+    method: Method,
+    uri: Uri,
+    /// The audited action and the target its path names (`None`: only a refusal is logged).
+    audited: Option<(&'static str, Option<String>)>,
+    principal: Option<Arc<str>>,
+    client: Option<ClientAddr>,
+}
+
+/// Before the request runs: gives it its [`AuditNote`], and notes what [`finish`] logs.
+/// A GET names an audited action only under `/v1/admin`: any other GET path without a
+/// `%` (which decodes to itself) is not decoded, so a read costs no allocation here
+/// beyond the note.
+pub fn begin(node: &NodeShared, req: &mut Request) -> Option<Pending> {
     let note = AuditNote::default();
     req.extensions_mut().insert(note.clone());
     if !node.audit.enabled() {
-        return next.run(req).await;
+        return None;
     }
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
-    let decoded: Vec<String> = path
-        .trim_start_matches('/')
-        .split('/')
-        .map(|s| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned())
-        .collect();
-    let segs: Vec<&str> = decoded.iter().map(String::as_str).collect();
-    let audited = action(&method, &segs);
-    let principal = req.extensions().get::<Principal>().map_or_else(|| "-".into(), |p| p.id.to_string());
-    let client = req.extensions().get::<ClientAddr>().copied();
-    let resp = next.run(req).await;
+    let path = req.uri().path().trim_start_matches('/');
+    let audited = if req.method() == Method::GET && !path.starts_with("v1/admin") && !path.contains('%') {
+        None
+    } else {
+        let decoded: Vec<String> = path
+            .split('/')
+            .map(|s| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned())
+            .collect();
+        let segs: Vec<&str> = decoded.iter().map(String::as_str).collect();
+        action(req.method(), &segs)
+    };
+    Some(Pending {
+        note,
+        method: req.method().clone(),
+        uri: req.uri().clone(),
+        audited,
+        principal: req.extensions().get::<Principal>().map(|p| p.id.clone()),
+        client: req.extensions().get::<ClientAddr>().copied(),
+    })
+}
+
+/// After it ran: its line, when it changed state, was an admin call or was refused.
+pub fn finish(node: &NodeShared, pending: Option<Pending>, resp: &Response) {
+    let Some(p) = pending else { return };
     let is_refused = refused(resp.status());
-    if audited.is_none() && !is_refused {
-        return resp;
+    if p.audited.is_none() && !is_refused {
+        return;
     }
-    let mut rec = line(&method, &path, &principal, client, &resp);
-    let (target, detail) = std::mem::take(&mut *note.0.lock());
-    if let Some((action, path_target)) = audited {
+    let mut rec = line(&p.method, p.uri.path(), p.principal.as_deref().unwrap_or("-"), p.client, resp);
+    let (target, detail) = std::mem::take(&mut *p.note.0.lock());
+    if let Some((action, path_target)) = p.audited {
         rec.action = action.into();
         if let Some(t) = target.or(path_target) {
             rec.target = t;
@@ -124,5 +149,4 @@ pub async fn record(State(node): State<Arc<NodeShared>>, mut req: Request, next:
     } else {
         node.audit.record(rec);
     }
-    resp
 }

@@ -9,34 +9,26 @@
 //! Path segments are percent-decoded exactly as the router decodes them for the handlers,
 //! so `/v1/services/default/%6Frders` is judged as `orders`.
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderValue, Method, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::acl::{Need, Principal};
 use crate::error::ApiError;
 use crate::shared::NodeShared;
 
-pub async fn authorize(State(node): State<Arc<NodeShared>>, req: Request, next: Next) -> Response {
+/// Authenticates a request and authorizes what its method and path decide: the request
+/// with its [`Principal`] in its extensions, or the refusal (already counted and audited).
+pub async fn authorize(node: &NodeShared, req: Request) -> Result<Request, Response> {
     let acl = node.acl.current();
     // The console's static files hold no data: served to anyone, so that a browser can
     // load the page that then asks for a token.
     if crate::ui::is_static(req.uri().path()) {
         let mut req = req;
         req.extensions_mut().insert(Principal::nobody());
-        return next.run(req).await;
+        return Ok(req);
     }
-    let mut req = if acl.enabled() {
-        match compat_token(req).await {
-            Ok(r) => r,
-            Err(refused) => return refused,
-        }
-    } else {
-        req
-    };
+    let mut req = if acl.enabled() { compat_token(req).await? } else { req };
     let cert = req.extensions().get::<super::tls::ClientCert>().map(|c| c.0.clone());
     let principal =
         match acl.authenticate(req.headers(), cert.as_deref(), tandem_replicator::gateway::wall_ms()) {
@@ -47,24 +39,24 @@ pub async fn authorize(State(node): State<Arc<NodeShared>>, req: Request, next: 
                     ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", why.message()).into_response();
                 r.headers_mut()
                     .insert(axum::http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-                audit_refusal(&node, &req, "-", &r);
-                return r;
+                audit_refusal(node, &req, "-", &r);
+                return Err(r);
             }
         };
     if acl.enabled() {
         let need = match need(req.method(), req.uri().path(), req.uri().query()) {
             Ok(n) => n,
-            Err(e) => return e.into_response(),
+            Err(e) => return Err(e.into_response()),
         };
         if let Err(e) = principal.check(&need) {
             node.acl.refused(true, req.uri().path(), &e.message);
             let r = e.into_response();
-            audit_refusal(&node, &req, &principal.id, &r);
-            return r;
+            audit_refusal(node, &req, &principal.id, &r);
+            return Err(r);
         }
     }
     req.extensions_mut().insert(principal);
-    next.run(req).await
+    Ok(req)
 }
 
 /// Consul's clients present their token as `X-Consul-Token` or `?token=`, Nacos's as

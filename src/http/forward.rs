@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -88,7 +88,7 @@ fn bump(c: &AtomicU64) {
 }
 
 /// The layer: serves a write here when this node leads, forwards it when another does.
-pub async fn writes(State(node): State<Arc<NodeShared>>, req: Request, next: Next) -> Response {
+pub async fn writes(node: &NodeShared, req: Request, next: Next) -> Response {
     let Some(group) = node.group.clone() else {
         return next.run(req).await;
     };

@@ -12,9 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use parking_lot::Mutex;
 
@@ -342,36 +341,40 @@ fn log_refusal(node: &NodeShared, what: &'static str, detail: &str) {
     }
 }
 
-/// The middleware of every route: Host check, admin checks, request time budget.
-pub async fn guard(State(node): State<Arc<NodeShared>>, req: Request, next: Next) -> Response {
+/// The checks of every route (Host, admin calls): the request's time budget, or the refusal.
+pub fn admit(node: &NodeShared, req: &Request) -> Result<Duration, Box<Response>> {
     let cfg = node.registry.config();
     let st = &node.http;
-    if let Some(host) = request_host(&req) {
+    if let Some(host) = request_host(req) {
         if !host_allowed(&cfg, host) {
             HttpState::bump(&st.refused_host);
-            log_refusal(&node, "host", host);
-            return ApiError::new(
-                StatusCode::FORBIDDEN,
-                "host_not_allowed",
-                "this node does not serve that Host name ([http] allowed_hosts)",
-            )
-            .into_response();
+            log_refusal(node, "host", host);
+            return Err(Box::new(
+                ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "host_not_allowed",
+                    "this node does not serve that Host name ([http] allowed_hosts)",
+                )
+                .into_response(),
+            ));
         }
     }
     if req.uri().path().starts_with("/v1/admin/") {
-        if !admin_marked(&req) {
+        if !admin_marked(req) {
             HttpState::bump(&st.refused_admin_unmarked);
-            log_refusal(&node, "admin_unmarked", req.uri().path());
-            return ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "admin_needs_json",
-                format!("admin calls need Content-Type: application/json or the {ADMIN_HEADER} header"),
-            )
-            .into_response();
+            log_refusal(node, "admin_unmarked", req.uri().path());
+            return Err(Box::new(
+                ApiError::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "admin_needs_json",
+                    format!("admin calls need Content-Type: application/json or the {ADMIN_HEADER} header"),
+                )
+                .into_response(),
+            ));
         }
         if let Err(secs) = st.take_admin_call(cfg.http.admin_calls_per_minute) {
             HttpState::bump(&st.refused_admin_rate);
-            log_refusal(&node, "admin_rate", req.uri().path());
+            log_refusal(node, "admin_rate", req.uri().path());
             let e = ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limited",
@@ -380,23 +383,21 @@ pub async fn guard(State(node): State<Arc<NodeShared>>, req: Request, next: Next
                     cfg.http.admin_calls_per_minute
                 ),
             );
-            return retry_after(e, secs);
+            return Err(Box::new(retry_after(e, secs)));
         }
     }
-    let limit = budget(&cfg, &req);
-    drop(cfg);
-    match tokio::time::timeout(limit, next.run(req)).await {
-        Ok(r) => r,
-        Err(_) => {
-            HttpState::bump(&st.request_timeouts);
-            let e = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "request_timeout",
-                format!("the request took longer than {} ms ([http] request_timeout_ms)", limit.as_millis()),
-            );
-            retry_after(e, 1)
-        }
-    }
+    Ok(budget(&cfg, req))
+}
+
+/// The answer to a request that ran past its time budget (`limit`, from [`admit`]).
+pub fn timed_out(node: &NodeShared, limit: Duration) -> Response {
+    HttpState::bump(&node.http.request_timeouts);
+    let e = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "request_timeout",
+        format!("the request took longer than {} ms ([http] request_timeout_ms)", limit.as_millis()),
+    );
+    retry_after(e, 1)
 }
 
 #[cfg(test)]

@@ -14,9 +14,8 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::StatusCode;
-use axum::middleware::Next;
 use axum::response::Response;
 use governor::clock::{Clock as _, DefaultClock};
 use governor::state::keyed::DefaultKeyedStateStore;
@@ -119,8 +118,8 @@ fn take<K: Clone + std::hash::Hash + Eq>(lim: &Keyed<K>, key: &K, rates: &Rates)
     out
 }
 
-/// The middleware: per-address, then per-principal rate.
-pub async fn limit(State(node): State<Arc<NodeShared>>, req: Request, next: Next) -> Response {
+/// The refusal (429) of a request over its address's, then its principal's rate, if it is.
+pub fn refusal(node: &NodeShared, req: &Request) -> Option<Response> {
     let cfg = node.registry.config();
     let rates = &node.http.rates;
     let lim = rates.current(&cfg.limits);
@@ -139,31 +138,30 @@ pub async fn limit(State(node): State<Arc<NodeShared>>, req: Request, next: Next
     if let (Some(l), Some(addr)) = (&lim.address, req.extensions().get::<ClientAddr>()) {
         if let Err(secs) = take(l, &address_key(addr.0), rates) {
             let rate = cfg.limits.requests_per_second_per_address;
-            return refuse(
+            return Some(refuse(
                 &rates.refused_address,
                 "client address",
                 "requests_per_second_per_address",
                 rate,
                 secs,
-            );
+            ));
         }
     }
     if node.acl.current().enabled() {
         if let (Some(l), Some(p)) = (&lim.principal, req.extensions().get::<Principal>()) {
             if let Err(secs) = take(l, &p.name, rates) {
                 let rate = cfg.limits.requests_per_second_per_principal;
-                return refuse(
+                return Some(refuse(
                     &rates.refused_principal,
                     "principal",
                     "requests_per_second_per_principal",
                     rate,
                     secs,
-                );
+                ));
             }
         }
     }
-    drop(cfg);
-    next.run(req).await
+    None
 }
 
 #[cfg(test)]

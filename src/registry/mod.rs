@@ -206,11 +206,15 @@ impl Registry {
         if by.admin {
             return Ok(());
         }
-        let key = tandem_schemas::InstanceKey {
-            owner_dc: self.dc.clone(),
-            namespace: ns.into(),
-            service: svc.into(),
-            instance_id: id.into(),
+        // The held key when the view has it (its names are shared, not copied).
+        let key = match self.view.find(ns, svc, id).filter(|h| *h.record.key.owner_dc == *self.dc) {
+            Some(h) => h.record.key.clone(),
+            None => tandem_schemas::InstanceKey {
+                owner_dc: self.dc.clone(),
+                namespace: ns.into(),
+                service: svc.into(),
+                instance_id: id.into(),
+            },
         };
         let owner = self.owners.lock().current(&key);
         owners::judge(owner.as_deref(), by, &key)
