@@ -1,6 +1,6 @@
-//! The access-control middleware. Every request is authenticated first (401
-//! `unauthenticated` without a valid token or a client certificate bound under
-//! `[[acl.certs]]`, when ACLs are on); a route whose scope its
+//! Access control, run first by the one middleware ([`super::stack`]). Every request is
+//! authenticated first (401 `unauthenticated` without a valid token or a client
+//! certificate bound under `[[acl.certs]]`, when ACLs are on); a route whose scope its
 //! method and path decide is authorized here (403 `forbidden`, naming the missing scope);
 //! the principal then goes into the request's extensions, where the two handlers that
 //! decide on their body (register, batched heartbeats) check it. Unknown paths need

@@ -1,8 +1,7 @@
 //! The one middleware every route runs, in this order: authentication and authorization
-//! ([`auth`](super::auth)), the audit line around the rest ([`audit`](super::audit)),
-//! the request rates ([`rate`](super::rate)), the Host and admin checks and the time
-//! budget ([`limits`](super::limits)), then, on a DC group's follower, a write goes to the
-//! leader ([`forward`](super::forward)).
+//! ([`auth`]), the audit line around the rest ([`audit`]), the request rates ([`rate`]),
+//! the Host and admin checks and the time budget ([`limits`]), then, on a DC group's
+//! follower, a write goes to the leader ([`forward`]).
 //!
 //! One layer rather than one per check: each axum `from_fn` layer boxes a future and a
 //! service and clones the stack below it for every request, a cost the read paths paid five
