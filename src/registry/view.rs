@@ -491,8 +491,11 @@ impl ViewCell {
 
     pub(super) fn find_in<'v>(&self, v: &'v View, ns: &str, svc: &str, id: &str) -> Option<&'v Held> {
         let s = v.services.get(&SvcRef(ns, svc))?;
+        // The service's own copy of this DC's name when it has one: the held keys share it,
+        // so the search compares instance ids only (see `InstanceKey`'s order).
+        let local = s.owners.iter().find(|o| **o == self.local_dc).unwrap_or(&self.local_dc);
         let mut key = InstanceKey {
-            owner_dc: self.local_dc.clone(),
+            owner_dc: local.clone(),
             namespace: s.names.0.clone(),
             service: s.names.1.clone(),
             instance_id: id.into(),
