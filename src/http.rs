@@ -106,8 +106,8 @@ async fn register(
     Ok((StatusCode::OK, Json(resp)).into_response())
 }
 
-/// A renewal's answer, [`HeartbeatAnswer`](tandem_client::api::HeartbeatAnswer) `{ok: true}` as JSON, written once (a test checks
-/// it against the type).
+/// A renewal's answer: [`HeartbeatAnswer`](tandem_client::api::HeartbeatAnswer)
+/// `{ok: true}` as JSON, written once (a test checks it against the type).
 const HEARTBEAT_OK: ([(axum::http::HeaderName, &str); 1], &str) =
     ([(axum::http::header::CONTENT_TYPE, "application/json")], r#"{"ok":true}"#);
 

@@ -1,8 +1,8 @@
 //! The HTTP side of the audit log (see [`crate::audit`]): run by the one middleware
 //! ([`super::stack`]) after authentication, it records every state change and admin call
-//! with its outcome, and every refused request (401, 403, 429), sampled. Handlers that learn their target
-//! from the body (register, retire) or have a detail to add (status, reload) write it into
-//! the request's [`AuditNote`].
+//! with its outcome, and every refused request (401, 403, 429), sampled. Handlers that
+//! learn their target from the body (register, retire) or have a detail to add (status,
+//! reload) write it into the request's [`AuditNote`].
 
 use std::sync::Arc;
 
