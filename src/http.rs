@@ -116,8 +116,7 @@ async fn heartbeat(
     Extension(principal): Extension<Principal>,
     Path((ns, svc, id)): Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
-    auth::owned(&node, node.registry.check_owner(&ns, &svc, &id, &principal.writer()))?;
-    node.registry.heartbeat(&ns, &svc, &id).await?;
+    auth::owned(&node, node.registry.heartbeat_as(&ns, &svc, &id, &principal.writer()).await)?;
     Ok(HEARTBEAT_OK.into_response())
 }
 

@@ -31,6 +31,7 @@ pub mod data_dir;
 pub mod forward_batch;
 pub mod group;
 mod metrics;
+mod prom;
 pub mod status;
 
 fn log_err(e: CommitError) -> LogError {

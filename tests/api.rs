@@ -161,6 +161,37 @@ async fn heartbeats_cause_zero_disk_writes() {
     node.shutdown().await;
 }
 
+/// `tandem_disk_sync_duration_seconds`: one observation per synced write, in cumulative
+/// buckets that end at `+Inf`.
+#[tokio::test]
+async fn every_synced_write_is_timed_in_the_disk_sync_histogram() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let c = client(&node);
+    for i in 0..20 {
+        c.register(&reg_body("timed", &format!("i{i}"), true)).await.unwrap();
+    }
+    let metrics = reqwest::get(format!("{}/metrics", http(&node))).await.unwrap().text().await.unwrap();
+    let value = |line_start: &str| -> f64 {
+        let line =
+            metrics.lines().find(|l| l.starts_with(line_start)).unwrap_or_else(|| panic!("{line_start}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let writes = value("tandem_disk_writes_total{");
+    assert!(writes >= 20.0, "{metrics}");
+    assert!(metrics.contains("# TYPE tandem_disk_sync_duration_seconds histogram"), "{metrics}");
+    assert_eq!(value("tandem_disk_sync_duration_seconds_count{"), writes);
+    assert_eq!(value("tandem_disk_sync_duration_seconds_bucket{dc=\"dc-a\",le=\"+Inf\"}"), writes);
+    assert!(value("tandem_disk_sync_duration_seconds_sum{") > 0.0);
+    let buckets: Vec<f64> = metrics
+        .lines()
+        .filter(|l| l.starts_with("tandem_disk_sync_duration_seconds_bucket{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "cumulative: {buckets:?}");
+    node.shutdown().await;
+}
+
 #[tokio::test]
 async fn an_instance_without_heartbeats_goes_suspect_unhealthy_then_expires() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,8 +1,8 @@
 //! `GET /metrics`: the node's counters and gauges in the Prometheus text format.
 
-use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
+use super::prom::Metrics;
 use crate::shared::NodeShared;
 
 impl NodeShared {
@@ -29,6 +29,16 @@ impl NodeShared {
             "Synced RocksDB write batches (heartbeats never add to this)",
             &[("dc", dc)],
             self.committer.stats().fsyncs,
+        );
+        let stats = self.committer.stats();
+        let bounds: Vec<f64> = crate::store::SYNC_BUCKETS_US.iter().map(|us| *us as f64 / 1e6).collect();
+        m.histogram(
+            "tandem_disk_sync_duration_seconds",
+            "Synced writes of the event log by duration: encoding, memtable, WAL write and its fsync",
+            &[("dc", dc)],
+            &bounds,
+            &stats.sync_durations.buckets,
+            stats.sync_durations.sum_us as f64 / 1e6,
         );
         let health = self.committer.log_health();
         m.gauge(
@@ -727,51 +737,5 @@ impl NodeShared {
         ] {
             m.counter(name, help, &[("dc", dc), ("limit", limit)], get(v));
         }
-    }
-}
-
-/// A tiny Prometheus text writer: samples are grouped by family, each family's HELP and
-/// TYPE written once, in first-seen order.
-#[derive(Default)]
-struct Metrics {
-    families: Vec<(&'static str, String, &'static str, Vec<String>)>,
-}
-
-impl Metrics {
-    fn sample(
-        &mut self,
-        name: &'static str,
-        help: &str,
-        kind: &'static str,
-        labels: &[(&str, &str)],
-        v: f64,
-    ) {
-        let l: Vec<String> = labels
-            .iter()
-            .map(|(k, v)| {
-                format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n"))
-            })
-            .collect();
-        let line = format!("{name}{{{}}} {v}", l.join(","));
-        match self.families.iter_mut().find(|f| f.0 == name) {
-            Some(f) => f.3.push(line),
-            None => self.families.push((name, help.to_owned(), kind, vec![line])),
-        }
-    }
-    fn counter(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], v: u64) {
-        self.sample(name, help, "counter", labels, v as f64);
-    }
-    fn gauge(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], v: f64) {
-        self.sample(name, help, "gauge", labels, v);
-    }
-    fn render(&self) -> String {
-        let mut out = String::new();
-        for (name, help, kind, lines) in &self.families {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for l in lines {
-                let _ = writeln!(out, "{l}");
-            }
-        }
-        out
     }
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use tandem_schemas::{DeregisterReason, InstanceKey};
 
 use super::write::Patch;
-use super::{HeartbeatBatchAnswer, HeartbeatItem, Registry, HEARTBEAT_BATCH_MAX};
+use super::{HeartbeatBatchAnswer, HeartbeatItem, Registry, Writer, HEARTBEAT_BATCH_MAX};
 use crate::error::ApiError;
 use crate::health::{NamespacePreservation, Transition};
 
@@ -96,6 +96,17 @@ impl Registry {
     /// PUT /v1/heartbeat: renews the lease in memory. Never writes to disk, except when
     /// the renewal moves the instance's health (recovery), which is a visible change.
     pub async fn heartbeat(&self, ns: &str, svc: &str, id: &str) -> Result<(), ApiError> {
+        self.renew_as(ns, svc, id, None).await
+    }
+
+    /// [`heartbeat`](Self::heartbeat) on behalf of `by`: its owner or an admin, or anyone
+    /// with the scope when it has no owner (403 else). The instance is looked up once, for
+    /// the owner check and the renewal.
+    pub async fn heartbeat_as(&self, ns: &str, svc: &str, id: &str, by: &Writer) -> Result<(), ApiError> {
+        self.renew_as(ns, svc, id, Some(by)).await
+    }
+
+    async fn renew_as(&self, ns: &str, svc: &str, id: &str, by: Option<&Writer>) -> Result<(), ApiError> {
         let (key, held) = match self.local_key(ns, svc, id) {
             Ok(k) => k,
             Err(e) => {
@@ -103,6 +114,10 @@ impl Registry {
                 return Err(e);
             }
         };
+        if let Some(by) = by.filter(|w| !w.admin) {
+            let owner = self.owners.lock().current(&key);
+            super::owners::judge(owner.as_deref(), by, &key)?;
+        }
         let now = self.now_ms();
         if held.record.persistent {
             self.counters.heartbeats.fetch_add(1, Ordering::Relaxed);

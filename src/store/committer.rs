@@ -47,9 +47,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{CommitLog, Retirement, RocksLog};
 
+mod durations;
 mod handle;
 mod recovery;
 
+pub use durations::{SyncDurations, SYNC_BUCKETS_US};
 pub use handle::{AppendLocal, CommitterHandle, InlineCommitter};
 use recovery::{InDoubt, Recovery};
 pub use recovery::{LogHealth, LogHealthReport};
@@ -270,6 +272,15 @@ pub struct CommitStats {
     /// Histogram of local group sizes: bucket `i` counts groups of `2^i ..= 2^(i+1) - 1`
     /// requests; the last bucket holds every larger group.
     pub local_group_requests: [u64; GROUP_SIZE_BUCKETS],
+    /// How long the committer's synced writes took, of every kind.
+    pub sync_durations: SyncDurations,
+}
+
+/// Where a mutating call of the log began: its synced-write count, and when.
+#[derive(Clone, Copy)]
+struct WriteStart {
+    syncs: u64,
+    at: std::time::Instant,
 }
 
 /// The committer thread's state. Fields drop in order: the log closes before the channel.
@@ -535,7 +546,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                 Request::StageChunk { channel_dc, chunk, reply } => {
                     // Only the last chunk changes state (it installs the snapshot): only it
                     // takes a watch index and is reported.
-                    let before = if chunk.last { self.begin_write() } else { self.log.sync_writes() };
+                    let before = if chunk.last { self.begin_write() } else { self.write_start() };
                     let mark_before = self.log.mark_of(&channel_dc);
                     let result = self.log.stage_snapshot_chunk(&channel_dc, &chunk);
                     let result = self.check_failure(result, |log| {
@@ -672,18 +683,24 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
     }
 
     /// Stages the next watch index for the coming write; returns the sync count before it.
-    fn begin_write(&mut self) -> u64 {
+    fn begin_write(&mut self) -> WriteStart {
         self.log.set_next_index(self.log.index() + 1);
-        self.log.sync_writes()
+        self.write_start()
     }
 
-    /// After a successful mutating call: publish the own seq and, if it wrote, tell
-    /// `on_commit` what it did. Runs before the callers are answered.
-    fn after_write(&mut self, sync_writes_before: u64, what: impl FnOnce() -> Committed) {
+    fn write_start(&self) -> WriteStart {
+        WriteStart { syncs: self.log.sync_writes(), at: std::time::Instant::now() }
+    }
+
+    /// After a successful mutating call: publish the own seq and, if it wrote, count how
+    /// long that took and tell `on_commit` what it did. Runs before the callers are
+    /// answered.
+    fn after_write(&mut self, start: WriteStart, what: impl FnOnce() -> Committed) {
         self.publish();
-        if self.log.sync_writes() == sync_writes_before {
+        if self.log.sync_writes() == start.syncs {
             return;
         }
+        self.stats.lock().sync_durations.record(start.at.elapsed());
         let notice =
             CommitNotice { index: self.log.index(), own_mark: self.log.own_mark(), committed: what() };
         (self.on_commit)(&notice);

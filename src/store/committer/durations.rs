@@ -1,0 +1,110 @@
+//! The committer's synced writes by duration (see [`SyncDurations`]).
+
+/// Upper bounds of [`SyncDurations`]' buckets, in microseconds: 64 us to about 1 s by
+/// powers of two. A last bucket holds every longer write.
+pub const SYNC_BUCKETS_US: [u64; 15] = {
+    let mut b = [0u64; 15];
+    let mut i = 0;
+    while i < b.len() {
+        b[i] = 64 << i;
+        i += 1;
+    }
+    b
+};
+
+/// A histogram of synced writes by duration: from the committer's call into the log to its
+/// return (encoding, memtable, WAL write and its fsync). The disk's own latency as the
+/// writers meet it, which an isolated probe of the disk may not show (`/metrics`:
+/// `tandem_disk_sync_duration_seconds`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncDurations {
+    /// Bucket `i` counts writes of at most [`SYNC_BUCKETS_US`]`[i]` (and more than the bound
+    /// before it); the last counts the longer ones.
+    pub buckets: [u64; SYNC_BUCKETS_US.len() + 1],
+    pub sum_us: u64,
+}
+
+impl SyncDurations {
+    pub(super) fn record(&mut self, took: std::time::Duration) {
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let i = SYNC_BUCKETS_US.partition_point(|b| *b < us);
+        self.buckets[i] += 1;
+        self.sum_us = self.sum_us.saturating_add(us);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+
+    /// The writes recorded since `before` (a copy taken earlier).
+    pub fn since(&self, before: &SyncDurations) -> SyncDurations {
+        let mut d = *self;
+        for (b, a) in d.buckets.iter_mut().zip(before.buckets) {
+            *b = b.saturating_sub(a);
+        }
+        d.sum_us = d.sum_us.saturating_sub(before.sum_us);
+        d
+    }
+
+    /// The `q` quantile in microseconds, interpolated within its bucket (the last bucket
+    /// reads as its lower bound); `None` without writes.
+    pub fn quantile_us(&self, q: f64) -> Option<f64> {
+        let n = self.count();
+        if n == 0 {
+            return None;
+        }
+        let rank = (q.clamp(0.0, 1.0) * n as f64).max(1.0);
+        let mut seen = 0.0;
+        for (i, c) in self.buckets.iter().enumerate() {
+            let c = *c as f64;
+            if c > 0.0 && seen + c >= rank {
+                let lo = if i == 0 { 0.0 } else { SYNC_BUCKETS_US[i - 1] as f64 };
+                let Some(hi) = SYNC_BUCKETS_US.get(i) else { return Some(lo) };
+                return Some(lo + (*hi as f64 - lo) * (rank - seen) / c);
+            }
+            seen += c;
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_write_lands_in_the_first_bucket_whose_bound_holds_it() {
+        let mut d = SyncDurations::default();
+        d.record(Duration::from_micros(64));
+        d.record(Duration::from_micros(65));
+        d.record(Duration::from_secs(5));
+        assert_eq!(d.buckets[0], 1);
+        assert_eq!(d.buckets[1], 1);
+        assert_eq!(d.buckets[SYNC_BUCKETS_US.len()], 1, "longer than every bound: the last bucket");
+        assert_eq!(d.count(), 3);
+        assert_eq!(d.sum_us, 64 + 65 + 5_000_000);
+    }
+
+    #[test]
+    fn quantiles_interpolate_within_a_bucket_and_count_only_what_came_since() {
+        let mut d = SyncDurations::default();
+        assert_eq!(d.quantile_us(0.99), None);
+        // 100 writes in (128, 256] us: the median half way through that bucket.
+        for _ in 0..100 {
+            d.record(Duration::from_micros(200));
+        }
+        assert_eq!(d.quantile_us(0.5), Some(192.0));
+        assert_eq!(d.quantile_us(1.0), Some(256.0));
+        let before = d;
+        for _ in 0..10 {
+            d.record(Duration::from_millis(3));
+        }
+        let since = d.since(&before);
+        assert_eq!(since.count(), 10);
+        // (2048, 4096] us.
+        assert!(since.quantile_us(0.99).is_some_and(|q| q > 2048.0 && q <= 4096.0));
+        assert_eq!(since.sum_us, 30_000);
+    }
+}
