@@ -34,20 +34,7 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     if !ctx.floors.noop.is_empty() {
         return Ok(());
     }
-    let dir = ctx.tempdir("tandem-bench-httpfloor")?;
-    // The bench nodes' HTTP settings (bench_config), so caps and timeouts match theirs.
-    let cfg = bench_config(dir.path(), "dc-a");
-    let limits = ListenerLimits::new(&cfg, open_files_limit())?;
-    let state = Arc::new(HttpState::default());
-    let (shut_tx, shut_rx) = tokio::sync::watch::channel(false);
-    let listener = ctx.srv.spawn(tokio::net::TcpListener::bind("127.0.0.1:0")).await??;
-    let addr = listener.local_addr()?;
-    // The heartbeat's answer, from a handler that does nothing else.
-    let app = Router::new().route(
-        "/noop",
-        get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], "{\"ok\":true}") }),
-    );
-    let server = ctx.srv.spawn(serve(listener, app, state, limits, None, shut_rx));
+    let noop = Noop::start(ctx).await?;
     ctx.report.table(
         "floor: a no-op handler on tandem's HTTP listener (same accept loop, hyper builder and limits as the node), closed loop",
         &[
@@ -61,7 +48,7 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             "errors",
         ],
     );
-    let url = Arc::new(format!("http://{addr}/noop"));
+    let url = noop.url.clone();
     let h2 = reqwest::Client::builder()
         .http2_prior_knowledge()
         .timeout(std::time::Duration::from_secs(30))
@@ -85,8 +72,7 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         row(ctx, "no-op (GET /noop, {\"ok\":true})", label, &run);
         ctx.floors.noop.push((proto, conc, run.per_sec(), per_cpu(&run)));
     }
-    let _ = shut_tx.send(true);
-    let _ = server.await;
+    let dir = noop.stop().await;
     // The node's own stack: every middleware (auth, audit, rate, guard) around a trivial
     // handler.
     let node = ctx.start_node(bench_config(dir.path(), "dc-a")).await?;
@@ -113,6 +99,154 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             .into(),
     );
     Ok(())
+}
+
+/// The no-op floor's server: tandem's listener with the bench nodes' `[http]` settings and a
+/// router of one route, on the server runtime.
+pub struct Noop {
+    pub url: Arc<String>,
+    shut: tokio::sync::watch::Sender<bool>,
+    server: tokio::task::JoinHandle<()>,
+    dir: tempfile::TempDir,
+}
+
+impl Noop {
+    pub async fn start(ctx: &Ctx) -> anyhow::Result<Noop> {
+        let dir = ctx.tempdir("tandem-bench-httpfloor")?;
+        // The bench nodes' HTTP settings (bench_config), so caps and timeouts match theirs.
+        let cfg = bench_config(dir.path(), "dc-a");
+        let limits = ListenerLimits::new(&cfg, open_files_limit())?;
+        let state = Arc::new(HttpState::default());
+        let (shut, shut_rx) = tokio::sync::watch::channel(false);
+        let listener = ctx.srv.spawn(tokio::net::TcpListener::bind("127.0.0.1:0")).await??;
+        let addr = listener.local_addr()?;
+        // The heartbeat's answer, from a handler that does nothing else.
+        let app = Router::new().route(
+            "/noop",
+            get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], "{\"ok\":true}") }),
+        );
+        let server = ctx.srv.spawn(serve(listener, app, state, limits, None, shut_rx));
+        Ok(Noop { url: Arc::new(format!("http://{addr}/noop")), shut, server, dir })
+    }
+
+    /// Stops the server; its temp dir is handed back for reuse.
+    pub async fn stop(self) -> tempfile::TempDir {
+        let _ = self.shut.send(true);
+        let _ = self.server.await;
+        self.dir
+    }
+}
+
+/// Slices of a paired measurement, `true` for the row: the floor (F) and the row (R)
+/// alternate as F R R F, four times, so a drift of the machine during the step weighs on both
+/// sides alike.
+pub const PAIRED_ORDER: [bool; 16] = {
+    let mut order = [false; 16];
+    let mut i = 0;
+    while i < 16 {
+        order[i] = i % 4 == 1 || i % 4 == 2;
+        i += 1;
+    }
+    order
+};
+
+/// A row and the no-op floor measured in one step, alternating (see [`PAIRED_ORDER`]).
+#[derive(Clone, Debug)]
+pub struct Paired {
+    /// The median over pairs of adjacent slices (F R, R F, ...) of the row's requests per
+    /// server CPU-second as a percentage of the floor's: one slice the machine disturbed
+    /// moves it less than it moves the pooled figure.
+    pub pct: f64,
+    /// The row's requests per server CPU-second over all its slices, as a percentage of the
+    /// floor's over all of its slices.
+    pub pooled: f64,
+    /// Per pair of adjacent slices (F R, R F, ...): the same percentage, lowest and highest.
+    pub pair_min: f64,
+    pub pair_max: f64,
+    pub row_per_cpu: f64,
+    pub floor_per_cpu: f64,
+}
+
+/// Measures `op` (the row, on the step's node) and the no-op floor at `conc` connections in
+/// alternating slices of half a step each, after a short unreported warm-up of the floor's
+/// connections; a table of the slices and a note of the percentage. The ratio the verdicts
+/// use: the floor separately measured moved by a third between runs minutes apart.
+pub async fn paired<F, Fut>(ctx: &mut Ctx, what: &str, conc: usize, op: F) -> anyhow::Result<Paired>
+where
+    F: Fn(u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = crate::load::OpResult> + Send + 'static,
+{
+    let noop = Noop::start(ctx).await?;
+    let slice = (ctx.step() / 2).max(std::time::Duration::from_millis(500));
+    let floor_op = {
+        let (http, url) = (ctx.http.clone(), noop.url.clone());
+        move |_| {
+            let (http, url) = (http.clone(), url.clone());
+            async move { check(http.get(url.as_str()).send().await).await }
+        }
+    };
+    // The floor's connections are opened before the first slice, as the row's already are.
+    ctx.on_load(closed_loop(conc, slice / 4, u64::MAX, cpu_now, floor_op.clone())).await?;
+    ctx.report.table(
+        &format!(
+            "paired: {what} and the no-op floor alternated in one step ({conc} connections, slices of {:.1} s, \
+             order F R R F, four times)",
+            slice.as_secs_f64()
+        ),
+        &["slice", "handler", "requests/s", "requests per server CPU-s", "CPU cores server / load", "errors"],
+    );
+    let mut slices = Vec::with_capacity(PAIRED_ORDER.len());
+    for (k, is_row) in PAIRED_ORDER.iter().enumerate() {
+        let run = if *is_row {
+            ctx.on_load(closed_loop(conc, slice, u64::MAX, cpu_now, op.clone())).await?
+        } else {
+            ctx.on_load(closed_loop(conc, slice, u64::MAX, cpu_now, floor_op.clone())).await?
+        };
+        ctx.report.row(vec![
+            (k + 1).to_string(),
+            if *is_row { what.to_string() } else { "no-op floor".into() },
+            rate(run.per_sec()),
+            rate(per_cpu(&run)),
+            format!("{:.2} / {:.2}", run.server_cores(), run.load_cores()),
+            run.errors.to_string(),
+        ]);
+        slices.push((*is_row, run.ok as f64, run.cpu.server.as_secs_f64()));
+    }
+    noop.stop().await;
+    let pooled = |row: bool| {
+        let (ok, cpu) =
+            slices.iter().filter(|s| s.0 == row).fold((0.0, 0.0), |(ok, cpu), s| (ok + s.1, cpu + s.2));
+        ok / cpu.max(1e-9)
+    };
+    let (row_per_cpu, floor_per_cpu) = (pooled(true), pooled(false));
+    let mut pairs: Vec<f64> = slices
+        .chunks(2)
+        .map(|p| {
+            let (r, f) = if p[0].0 { (&p[0], &p[1]) } else { (&p[1], &p[0]) };
+            100.0 * (r.1 / r.2.max(1e-9)) / (f.1 / f.2.max(1e-9)).max(1e-9)
+        })
+        .collect();
+    pairs.sort_by(f64::total_cmp);
+    let median = (pairs[(pairs.len() - 1) / 2] + pairs[pairs.len() / 2]) / 2.0;
+    let paired = Paired {
+        pct: median,
+        pooled: 100.0 * row_per_cpu / floor_per_cpu.max(1e-9),
+        pair_min: pairs[0],
+        pair_max: pairs[pairs.len() - 1],
+        row_per_cpu,
+        floor_per_cpu,
+    };
+    ctx.report.note(format!(
+        "paired, {what} at {conc}: per pair of adjacent slices, {:.0}% of the floor's requests per server CPU-s \
+         (median; lowest {:.0}%, highest {:.0}%); over all slices {} against the floor's {} = {:.0}%",
+        paired.pct,
+        paired.pair_min,
+        paired.pair_max,
+        rate(paired.row_per_cpu),
+        rate(paired.floor_per_cpu),
+        paired.pooled
+    ));
+    Ok(paired)
 }
 
 fn row(ctx: &mut Ctx, handler: &str, label: String, run: &Run) {
@@ -208,27 +342,42 @@ pub fn discover_notes(ctx: &mut Ctx) {
 pub fn target_rows(ctx: &mut Ctx) {
     let v = |ok: bool| if ok { "met" } else { "not met" };
     let f = ctx.floors.clone();
-    for (what, conc, s, c) in [
-        ("discover", 32, f.discover_per_s, f.discover_per_server_cpu_s),
-        ("heartbeat, one lease per request", 64, f.heartbeats_per_s, f.heartbeats_per_server_cpu_s),
+    for (what, conc, s, c, paired) in [
+        ("discover", 32, f.discover_per_s, f.discover_per_server_cpu_s, f.discover_paired),
+        (
+            "heartbeat, one lease per request",
+            64,
+            f.heartbeats_per_s,
+            f.heartbeats_per_server_cpu_s,
+            f.heartbeat_paired,
+        ),
     ] {
         let target =
             format!("issue 21: {what} >= 80% of the no-op HTTP floor (per server CPU-s, {conc} connections)");
-        match s.zip(c).and_then(|(s, c)| pct(ctx, conc, s, c)) {
-            Some((a, b)) => ctx.report.row(vec![
+        let gap = ": the gap is tandem's middleware and handler work, see the /v1/ready row";
+        match (s.zip(c).and_then(|(s, c)| pct(ctx, conc, s, c)), paired) {
+            // The verdict is the paired figure's (floor and row in alternating slices of
+            // one step); the separate steps' ratio is shown beside it.
+            (separate, Some(p)) => ctx.report.row(vec![
+                target,
+                format!(
+                    "paired: {:.0}% of the floor per server CPU-s (median of pairs {:.0}-{:.0}%; all slices {} vs {} = {:.0}%){}",
+                    p.pct,
+                    p.pair_min,
+                    p.pair_max,
+                    rate(p.row_per_cpu),
+                    rate(p.floor_per_cpu),
+                    p.pooled,
+                    separate.map(|(_, b)| format!("; separate steps: {b:.0}%")).unwrap_or_default()
+                ),
+                format!("{}{}", v(p.pct >= 80.0), if p.pct < 80.0 { gap } else { "" }),
+            ]),
+            (Some((a, b)), None) => ctx.report.row(vec![
                 target,
                 format!("{b:.0}% of the floor per server CPU-s ({a:.0}% of its requests/s)"),
-                format!(
-                    "{}{}",
-                    v(b >= 80.0),
-                    if b < 80.0 {
-                        ": the gap is tandem's middleware and handler work, see the /v1/ready row"
-                    } else {
-                        ""
-                    }
-                ),
+                format!("{}{}", v(b >= 80.0), if b < 80.0 { gap } else { "" }),
             ]),
-            None => ctx.report.row(vec![
+            (None, None) => ctx.report.row(vec![
                 target,
                 "-".into(),
                 format!("not measured: needs the HTTP floor and {what} in one run"),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::sys::{CpuSplit, PROFILE};
+use crate::sys::{CpuSplit, LOAD_THREAD, PROFILE};
 
 /// Latencies of one run, in nanoseconds.
 #[derive(Clone, Debug, Default)]
@@ -250,7 +250,10 @@ where
     // generator's own lateness to every latency; a thread sleep is precise to tens of us.
     let start_std = start.into_std();
     let dispatch_inflight = inflight.clone();
-    let dispatcher = std::thread::Builder::new().name("bench-open-loop".into()).spawn(move || {
+    // It runs on the load core (a thread inherits its creator's pinning) and hands back its
+    // own CPU time with its count of dropped requests: it has exited by the step's last CPU
+    // reading, which would otherwise count that time as the server's.
+    let dispatcher = std::thread::Builder::new().name(format!("{LOAD_THREAD}-open")).spawn(move || {
         let mut dropped = 0u64;
         for i in 0..total {
             let at = start_std + Duration::from_secs_f64(i as f64 / rate_per_s);
@@ -268,11 +271,13 @@ where
                 dropped += 1;
             }
         }
-        dropped
+        (dropped, crate::sys::this_thread_cpu())
     });
-    let dropped = match dispatcher {
-        Ok(handle) => tokio::task::spawn_blocking(move || handle.join().unwrap_or(0)).await.unwrap_or(0),
-        Err(_) => total,
+    let (dropped, dispatcher_cpu) = match dispatcher {
+        Ok(handle) => tokio::task::spawn_blocking(move || handle.join().unwrap_or((0, Duration::ZERO)))
+            .await
+            .unwrap_or((0, Duration::ZERO)),
+        Err(_) => (total, Duration::ZERO),
     };
     let sent_until = start.elapsed();
     let drain_deadline = Instant::now() + drain_max;
@@ -283,7 +288,9 @@ where
         w.abort();
     }
     let elapsed = start.elapsed().max(sent_until);
-    let cpu = cpu().since(cpu0);
+    let mut cpu = cpu().since(cpu0);
+    cpu.server = cpu.server.saturating_sub(dispatcher_cpu);
+    cpu.load += dispatcher_cpu;
     let lat = std::mem::take(&mut *lats.lock()).finish();
     let first_error = shared.first_error.lock().take();
     Run {

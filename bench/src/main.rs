@@ -123,9 +123,10 @@ pub struct Opts {
     /// Do not pin the server and the load generator to different cores.
     #[arg(long, global = true)]
     no_pin: bool,
-    /// Skip the floors `register`, `heartbeat` and `discover` run first (for a profile of
-    /// the step alone: `perf record -- tandem-bench register --no-floors`); their "% of the
-    /// floor" verdicts then read "not measured".
+    /// Skip the floors `register`, `heartbeat` and `discover` run first, and the floor slices
+    /// `heartbeat` and `discover` alternate with their own (for a profile of the step alone:
+    /// `perf record -- tandem-bench register --no-floors`); their "% of the floor" verdicts
+    /// then read "not measured".
     #[arg(long, global = true)]
     no_floors: bool,
     /// Concurrency steps of `register` (closed loop).
@@ -227,8 +228,13 @@ pub struct Figures {
     pub heartbeats_batched: Option<(f64, f64, f64, usize, u64)>,
     pub discover_per_server_cpu_s: Option<f64>,
     pub discover_per_s: Option<f64>,
+    /// Heartbeat and discover with the no-op floor alternated in their own step.
+    pub heartbeat_paired: Option<crate::httpfloor::Paired>,
+    pub discover_paired: Option<crate::httpfloor::Paired>,
     pub repl_lag_p99_ms_at_10k: Option<f64>,
     pub register_half_p99_ms: Option<f64>,
+    /// The committer's synced writes during that step: (p50, p99) ms.
+    pub register_half_sync_ms: Option<(f64, f64)>,
     pub heartbeat_disk_writes: Option<u64>,
     pub heartbeat_p99_ms: Option<f64>,
     /// A separate tandem node process: (RSS before, RSS after, instances loaded).

@@ -101,7 +101,7 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     let rates = ctx.opts.rates.clone();
     for (step, &r) in rates.iter().enumerate() {
         let reg = registry.clone();
-        let sampler = Sampler::start(&a, &b);
+        let sampler = Sampler::start(&a, &b, ctx.pin);
         let run = ctx
             .on_load(open_loop(r.max(1) as f64, ctx.step(), 256, 8192, cpu_now, move |_, i| {
                 let reg = reg.clone();
@@ -133,7 +133,7 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     // Saturation: as many writers as the committer groups well, closed loop.
     {
         let reg = registry.clone();
-        let sampler = Sampler::start(&a, &b);
+        let sampler = Sampler::start(&a, &b, ctx.pin);
         let run = ctx
             .on_load(closed_loop(256, ctx.step(), u64::MAX, cpu_now, move |i| {
                 let reg = reg.clone();
@@ -251,7 +251,7 @@ struct Samples {
 }
 
 impl Sampler {
-    fn start(a: &Node, b: &Node) -> Sampler {
+    fn start(a: &Node, b: &Node, pin: bool) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let (la, lb) = (a.shared.live.clone(), b.shared.live.clone());
         let own_at_start = la.read().own.seq;
@@ -259,6 +259,11 @@ impl Sampler {
         let thread = std::thread::Builder::new()
             .name(format!("{}-sampler", crate::sys::LOAD_THREAD))
             .spawn(move || {
+                // On the load core: started from the unpinned main thread, it would
+                // otherwise wake on the server's core every 250 us.
+                if pin {
+                    crate::sys::pin_current_thread(1);
+                }
                 let mut out = Samples::default();
                 let deadline = Instant::now() + Duration::from_secs(600);
                 let (mut last_a, mut last_b) = (u64::MAX, u64::MAX);

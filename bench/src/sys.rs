@@ -139,6 +139,13 @@ impl CpuSplit {
     }
 }
 
+/// On-CPU time of the calling thread so far. A load thread that exits before a step's last
+/// [`CpuSplit::now`] reads it at its end: `/proc/self/stat` then keeps its time, which the
+/// split would count as the server's.
+pub fn this_thread_cpu() -> Duration {
+    thread_cpu(Path::new("/proc/thread-self")).unwrap_or_default()
+}
+
 /// On-CPU time of one task: `schedstat` (ns) when the kernel has it, else `stat` ticks.
 fn thread_cpu(task: &Path) -> Option<Duration> {
     if let Ok(s) = std::fs::read_to_string(task.join("schedstat")) {
