@@ -237,8 +237,8 @@ where
         floor_per_cpu,
     };
     ctx.report.note(format!(
-        "paired, {what} at {conc}: per pair of adjacent slices, {:.0}% of the floor's requests per server CPU-s \
-         (median; lowest {:.0}%, highest {:.0}%); over all slices {} against the floor's {} = {:.0}%",
+        "paired, {what} at {conc}: per pair of adjacent slices, {:.1}% of the floor's requests per server CPU-s \
+         (median; lowest {:.0}%, highest {:.0}%); over all slices {} against the floor's {} = {:.1}%",
         paired.pct,
         paired.pair_min,
         paired.pair_max,
@@ -361,7 +361,7 @@ pub fn target_rows(ctx: &mut Ctx) {
             (separate, Some(p)) => ctx.report.row(vec![
                 target,
                 format!(
-                    "paired: {:.0}% of the floor per server CPU-s (median of pairs {:.0}-{:.0}%; all slices {} vs {} = {:.0}%){}",
+                    "paired: {:.1}% of the floor per server CPU-s (median of pairs {:.0}-{:.0}%; all slices {} vs {} = {:.1}%){}",
                     p.pct,
                     p.pair_min,
                     p.pair_max,
