@@ -280,14 +280,19 @@ async fn discover(
     } else {
         answer_bytes(&node, &ns, &svc, &filter)?
     };
-    let mut headers = HeaderMap::new();
-    headers.insert("x-tandem-index", HeaderValue::from(index));
+    // Into the response's own header map (no second map merged into it).
+    let mut resp = body.into_response();
+    let headers = resp.headers_mut();
+    headers.insert(X_TANDEM_INDEX, HeaderValue::from(index));
     headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     if let Some(g) = &node.group {
-        group_headers(&mut headers, g);
+        group_headers(headers, g);
     }
-    Ok((headers, body).into_response())
+    Ok(resp)
 }
+
+/// The answer's index, for a later blocking query.
+const X_TANDEM_INDEX: axum::http::HeaderName = axum::http::HeaderName::from_static("x-tandem-index");
 
 /// A follower whose `[failover]`/`[protection]` differ from its leader's (a reload on some
 /// members only) refuses discovery rather than answer other than the rest of its DC.
