@@ -34,7 +34,7 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     if !ctx.floors.noop.is_empty() {
         return Ok(());
     }
-    let noop = Noop::start(ctx).await?;
+    let noop = Noop::start(ctx, None).await?;
     ctx.report.table(
         "floor: a no-op handler on tandem's HTTP listener (same accept loop, hyper builder and limits as the node), closed loop",
         &[
@@ -111,7 +111,9 @@ pub struct Noop {
 }
 
 impl Noop {
-    pub async fn start(ctx: &Ctx) -> anyhow::Result<Noop> {
+    /// `answer_bytes`: the route answers that many static bytes instead of `{"ok":true}` (a
+    /// floor that sends what the row sends).
+    pub async fn start(ctx: &Ctx, answer_bytes: Option<usize>) -> anyhow::Result<Noop> {
         let dir = ctx.tempdir("tandem-bench-httpfloor")?;
         // The bench nodes' HTTP settings (bench_config), so caps and timeouts match theirs.
         let cfg = bench_config(dir.path(), "dc-a");
@@ -120,10 +122,18 @@ impl Noop {
         let (shut, shut_rx) = tokio::sync::watch::channel(false);
         let listener = ctx.srv.spawn(tokio::net::TcpListener::bind("127.0.0.1:0")).await??;
         let addr = listener.local_addr()?;
-        // The heartbeat's answer, from a handler that does nothing else.
+        // The heartbeat's answer (or as many bytes as the row's), from a handler that does
+        // nothing else.
+        let body = match answer_bytes {
+            Some(n) => bytes::Bytes::from(vec![b' '; n]),
+            None => bytes::Bytes::from_static(b"{\"ok\":true}"),
+        };
         let app = Router::new().route(
             "/noop",
-            get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], "{\"ok\":true}") }),
+            get(move || {
+                let body = body.clone();
+                async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], body) }
+            }),
         );
         let server = ctx.srv.spawn(serve(listener, app, state, limits, None, shut_rx));
         Ok(Noop { url: Arc::new(format!("http://{addr}/noop")), shut, server, dir })
@@ -171,12 +181,23 @@ pub struct Paired {
 /// alternating slices of half a step each, after a short unreported warm-up of the floor's
 /// connections; a table of the slices and a note of the percentage. The ratio the verdicts
 /// use: the floor separately measured moved by a third between runs minutes apart.
-pub async fn paired<F, Fut>(ctx: &mut Ctx, what: &str, conc: usize, op: F) -> anyhow::Result<Paired>
+/// With `answer_bytes`, the floor answers as many static bytes as the row does.
+pub async fn paired<F, Fut>(
+    ctx: &mut Ctx,
+    what: &str,
+    conc: usize,
+    answer_bytes: Option<usize>,
+    op: F,
+) -> anyhow::Result<Paired>
 where
     F: Fn(u64) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = crate::load::OpResult> + Send + 'static,
 {
-    let noop = Noop::start(ctx).await?;
+    let noop = Noop::start(ctx, answer_bytes).await?;
+    let floor = match answer_bytes {
+        Some(n) => format!("a floor answering {n} static bytes"),
+        None => "the no-op floor".to_owned(),
+    };
     let slice = (ctx.step() / 2).max(std::time::Duration::from_millis(500));
     let floor_op = {
         let (http, url) = (ctx.http.clone(), noop.url.clone());
@@ -189,7 +210,7 @@ where
     ctx.on_load(closed_loop(conc, slice / 4, u64::MAX, cpu_now, floor_op.clone())).await?;
     ctx.report.table(
         &format!(
-            "paired: {what} and the no-op floor alternated in one step ({conc} connections, slices of {:.1} s, \
+            "paired: {what} and {floor} alternated in one step ({conc} connections, slices of {:.1} s, \
              order F R R F, four times)",
             slice.as_secs_f64()
         ),
@@ -204,7 +225,7 @@ where
         };
         ctx.report.row(vec![
             (k + 1).to_string(),
-            if *is_row { what.to_string() } else { "no-op floor".into() },
+            if *is_row { what.to_string() } else { floor.clone() },
             rate(run.per_sec()),
             rate(per_cpu(&run)),
             format!("{:.2} / {:.2}", run.server_cores(), run.load_cores()),
@@ -237,8 +258,8 @@ where
         floor_per_cpu,
     };
     ctx.report.note(format!(
-        "paired, {what} at {conc}: per pair of adjacent slices, {:.1}% of the floor's requests per server CPU-s \
-         (median; lowest {:.0}%, highest {:.0}%); over all slices {} against the floor's {} = {:.1}%",
+        "paired, {what} at {conc} against {floor}: per pair of adjacent slices, {:.1}% of the floor's requests \
+         per server CPU-s (median; lowest {:.0}%, highest {:.0}%); over all slices {} against the floor's {} = {:.1}%",
         paired.pct,
         paired.pair_min,
         paired.pair_max,
@@ -370,7 +391,18 @@ pub fn target_rows(ctx: &mut Ctx) {
                     p.pooled,
                     separate.map(|(_, b)| format!("; separate steps: {b:.0}%")).unwrap_or_default()
                 ),
-                format!("{}{}", v(p.pct >= 80.0), if p.pct < 80.0 { gap } else { "" }),
+                format!(
+                    "{}{}{}",
+                    v(p.pct >= 80.0),
+                    if p.pct < 80.0 { gap } else { "" },
+                    match (what, &f.discover_paired_sized) {
+                        ("discover", Some((n, sized))) => format!(
+                            "; against a floor answering as many bytes ({n}): {:.1}% (pairs {:.0}-{:.0}%)",
+                            sized.pct, sized.pair_min, sized.pair_max
+                        ),
+                        _ => String::new(),
+                    }
+                ),
             ]),
             (Some((a, b)), None) => ctx.report.row(vec![
                 target,

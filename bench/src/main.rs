@@ -231,6 +231,8 @@ pub struct Figures {
     /// Heartbeat and discover with the no-op floor alternated in their own step.
     pub heartbeat_paired: Option<crate::httpfloor::Paired>,
     pub discover_paired: Option<crate::httpfloor::Paired>,
+    /// Discover against a floor answering as many bytes: (bytes, the paired figure).
+    pub discover_paired_sized: Option<(usize, crate::httpfloor::Paired)>,
     pub repl_lag_p99_ms_at_10k: Option<f64>,
     pub register_half_p99_ms: Option<f64>,
     /// The committer's synced writes during that step: (p50, p99) ms.

@@ -356,7 +356,7 @@ pub async fn heartbeat(ctx: &mut Ctx) -> anyhow::Result<()> {
         ctx.floors.heartbeat_disk_writes = Some(w1 - w0);
         ctx.floors.heartbeat_p99_ms = Some(run.lat.q_ms(0.99));
         if !ctx.opts.no_floors {
-            ctx.floors.heartbeat_paired = Some(httpfloor::paired(ctx, "heartbeat", conc, op).await?);
+            ctx.floors.heartbeat_paired = Some(httpfloor::paired(ctx, "heartbeat", conc, None, op).await?);
         }
     }
     // Batched: POST /v1/heartbeats with HEARTBEAT_BATCH leases per request (an agent or
@@ -467,11 +467,13 @@ pub async fn discover(ctx: &mut Ctx) -> anyhow::Result<()> {
     // `seed` takes a fn pointer; the instance count per service is fixed by the name.
     let seeded = seed_services(ctx, &node, services, per).await?;
     let base = Arc::new(format!("http://{}/v1/services/default", node.http_addr()));
-    let sample: serde_json::Value =
-        ctx.http.get(format!("{base}/svc-0")).send().await?.error_for_status()?.json().await?;
+    let raw = ctx.http.get(format!("{base}/svc-0")).send().await?.error_for_status()?.bytes().await?;
+    let sample: serde_json::Value = serde_json::from_slice(&raw)?;
     let got = sample["instances"].as_array().map_or(0, |a| a.len()) as u64;
     anyhow::ensure!(got == per, "discover answered {got} instances, expected {per}");
     let answer_bytes = serde_json::to_vec(&sample)?.len();
+    // The body as sent (the cached answer ends with a newline).
+    let body_bytes = raw.len();
     ctx.report.table(
         "discover: GET /v1/services/{ns}/{service}, closed loop",
         &[
@@ -507,7 +509,12 @@ pub async fn discover(ctx: &mut Ctx) -> anyhow::Result<()> {
         ctx.floors.discover_per_server_cpu_s = Some(per_cpu);
         ctx.floors.discover_per_s = Some(run.per_sec());
         if !ctx.opts.no_floors {
-            ctx.floors.discover_paired = Some(httpfloor::paired(ctx, "discover", conc, op).await?);
+            ctx.floors.discover_paired =
+                Some(httpfloor::paired(ctx, "discover", conc, None, op.clone()).await?);
+            // The same against a floor that sends as many bytes: how much of the gap is the
+            // answer's size (informative; the goal is against the no-op floor).
+            let sized = httpfloor::paired(ctx, "discover", conc, Some(body_bytes), op).await?;
+            ctx.floors.discover_paired_sized = Some((body_bytes, sized));
         }
     }
     {

@@ -1,4 +1,4 @@
-//! `GET /metrics`: the node's counters and gauges in the Prometheus text format.
+//! `GET /metrics`: the node's counters, gauges and histograms in the Prometheus text format.
 
 use std::sync::atomic::Ordering;
 
@@ -24,13 +24,13 @@ impl NodeShared {
             &[("dc", dc)],
             c.heartbeats_unknown.load(Ordering::Relaxed),
         );
+        let stats = self.committer.stats();
         m.counter(
             "tandem_disk_writes_total",
             "Synced RocksDB write batches (heartbeats never add to this)",
             &[("dc", dc)],
-            self.committer.stats().fsyncs,
+            stats.fsyncs,
         );
-        let stats = self.committer.stats();
         let bounds: Vec<f64> = crate::store::SYNC_BUCKETS_US.iter().map(|us| *us as f64 / 1e6).collect();
         m.histogram(
             "tandem_disk_sync_duration_seconds",

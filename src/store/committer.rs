@@ -272,7 +272,7 @@ pub struct CommitStats {
     /// Histogram of local group sizes: bucket `i` counts groups of `2^i ..= 2^(i+1) - 1`
     /// requests; the last bucket holds every larger group.
     pub local_group_requests: [u64; GROUP_SIZE_BUCKETS],
-    /// How long the committer's synced writes took, of every kind.
+    /// How long the committer's successful synced writes took, of every kind.
     pub sync_durations: SyncDurations,
 }
 
@@ -682,7 +682,8 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
         reply.finish(result);
     }
 
-    /// Stages the next watch index for the coming write; returns the sync count before it.
+    /// Stages the next watch index for the coming write; returns the sync count before it,
+    /// and when it began.
     fn begin_write(&mut self) -> WriteStart {
         self.log.set_next_index(self.log.index() + 1);
         self.write_start()

@@ -12,8 +12,8 @@ pub const SYNC_BUCKETS_US: [u64; 15] = {
     b
 };
 
-/// A histogram of synced writes by duration: from the committer's call into the log to its
-/// return (encoding, memtable, WAL write and its fsync). The disk's own latency as the
+/// A histogram of successful synced writes by duration: from the committer's call into the
+/// log to its return (encoding, memtable, WAL write and its fsync). The disk's own latency as the
 /// writers meet it, which an isolated probe of the disk may not show (`/metrics`:
 /// `tandem_disk_sync_duration_seconds`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
