@@ -564,7 +564,11 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                                 report: report.clone(),
                             });
                         }
-                        Ok(ChunkOutcome::Staged(_)) | Err(_) => self.publish(),
+                        Ok(ChunkOutcome::Staged(_)) => {
+                            // Nothing to report, but its synced write is timed like any other.
+                            self.publish_since(before);
+                        }
+                        Err(_) => self.publish(),
                     }
                     self.answer(reply, result);
                 }
@@ -592,18 +596,26 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                     self.answer(reply, result);
                 }
                 Request::PeerAck { peer, mark, reply } => {
+                    let start = self.write_start();
                     let result = self.log.record_peer_ack(&peer, mark);
                     let result = self.check_failure(result, |_| InDoubt::Nothing);
-                    self.publish();
+                    if result.is_ok() {
+                        self.publish_since(start);
+                    } else {
+                        self.publish();
+                    }
                     self.answer(reply, result);
                 }
                 Request::WithLog(f) => {
                     // A panicking function must not take the sequencer down; its caller
                     // sees its reply channel dropped.
+                    let start = self.write_start();
                     if catch_unwind(AssertUnwindSafe(|| f(&mut self.log))).is_err() {
                         tracing::error!("a with_log function panicked on the committer thread");
+                        self.publish();
+                    } else {
+                        self.publish_since(start);
                     }
-                    self.publish();
                     self.stats.lock().requests += 1;
                 }
                 Request::Shutdown { reply } => shutdown_replies.push(reply),
@@ -697,20 +709,39 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
     /// long that took and tell `on_commit` what it did. Runs before the callers are
     /// answered.
     fn after_write(&mut self, start: WriteStart, what: impl FnOnce() -> Committed) {
-        self.publish();
-        if self.log.sync_writes() == start.syncs {
+        if !self.publish_since(start) {
             return;
         }
-        self.stats.lock().sync_durations.record(start.at.elapsed());
         let notice =
             CommitNotice { index: self.log.index(), own_mark: self.log.own_mark(), committed: what() };
         (self.on_commit)(&notice);
     }
 
+    /// After a successful call of the log: [`publish`](Self::publish), with the synced
+    /// write's duration (to the log's return) when the call made one; returns whether it did.
+    fn publish_since(&self, start: WriteStart) -> bool {
+        let took = start.at.elapsed();
+        let wrote = self.log.sync_writes() != start.syncs;
+        self.publish_timed(wrote.then_some(took));
+        wrote
+    }
+
     /// Publishes the own seq and the fsync count to the handles.
     fn publish(&self) {
+        self.publish_timed(None);
+    }
+
+    /// [`publish`](Self::publish), and the synced write's duration in the same update of the
+    /// stats (a reader never sees the fsync counted without its duration).
+    fn publish_timed(&self, synced_write: Option<std::time::Duration>) {
         let seq = self.log.own_mark().seq;
-        self.stats.lock().fsyncs = self.log.sync_writes() - self.sync_writes_at_start;
+        {
+            let mut stats = self.stats.lock();
+            stats.fsyncs = self.log.sync_writes() - self.sync_writes_at_start;
+            if let Some(took) = synced_write {
+                stats.sync_durations.record(took);
+            }
+        }
         self.own_seq.send_if_modified(|held| {
             let changed = *held != seq;
             *held = seq;
