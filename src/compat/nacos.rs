@@ -295,11 +295,11 @@ pub async fn beat(
     if let Err(e) = auth::check(&node, &principal, &need) {
         return err(e);
     }
-    if let Err(e) = auth::owned(&node, node.registry.check_owner(&t.ns, &t.service, &id, &principal.writer()))
-    {
-        return err(e);
-    }
-    let code = match node.registry.heartbeat(&t.ns, &t.service, &id).await {
+    // The owner check and the renewal look the instance up once (as PUT /v1/heartbeat).
+    let code = match auth::owned(
+        &node,
+        node.registry.heartbeat_as(&t.ns, &t.service, &id, &principal.writer()).await,
+    ) {
         Ok(()) => 10200,
         Err(e) if e.status == StatusCode::NOT_FOUND => 20404,
         Err(e) => return err(e),
