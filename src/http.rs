@@ -47,7 +47,12 @@ pub const WAIT_DEFAULT: Duration = Duration::from_secs(30);
 /// And never longer than this.
 pub const WAIT_MAX: Duration = Duration::from_secs(300);
 
-pub fn router(node: Arc<NodeShared>) -> Router {
+/// The node's HTTP application: the checks of [`stack`] around the routes.
+pub fn app(node: Arc<NodeShared>) -> stack::App {
+    stack::App::new(node.clone(), routes(node))
+}
+
+fn routes(node: Arc<NodeShared>) -> Router {
     Router::new()
         .route("/v1/register", post(register))
         .route("/v1/heartbeat/{namespace}/{service}/{instance_id}", put(heartbeat))
@@ -71,8 +76,6 @@ pub fn router(node: Arc<NodeShared>) -> Router {
         .merge(crate::ui::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .layer(DefaultBodyLimit::max(REQUEST_BODY_BYTES_MAX))
-        // Every check, in one layer (see `stack`).
-        .layer(axum::middleware::from_fn_with_state(node.clone(), stack::checks))
         .with_state(node)
 }
 
@@ -280,6 +283,37 @@ async fn discover(
     } else {
         answer_bytes(&node, &ns, &svc, &filter)?
     };
+    Ok(discover_answer(&node, index, body))
+}
+
+/// `GET /v1/services/{namespace}/{service}` with no query and no `%` in its path (the read
+/// every consumer polls), answered before routing (`stack`): the steps the route takes for
+/// it, in its order, so the same answer. Anything else about the request (a query, an
+/// encoded segment, another method or shape) is `None`, for the route.
+pub(crate) fn plain_discover(node: &NodeShared, req: &axum::extract::Request) -> Option<Response> {
+    if req.method() != axum::http::Method::GET || req.uri().query().is_some() {
+        return None;
+    }
+    let (ns, svc) = req.uri().path().strip_prefix("/v1/services/")?.split_once('/')?;
+    if ns.is_empty() || svc.is_empty() || svc.contains('/') || ns.contains('%') || svc.contains('%') {
+        return None;
+    }
+    let filter = DcFilter::Policy;
+    let answer = (|| -> Result<Response, ApiError> {
+        crate::registry::validate_query(ns, svc, &filter)?;
+        if let Some(g) = &node.group {
+            policy_agrees(g).inspect_err(|_| {
+                node.forward_stats.reads_policy_mismatch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            })?;
+        }
+        let (index, body) = answer_bytes(node, ns, svc, &filter)?;
+        Ok(discover_answer(node, index, body))
+    })();
+    Some(answer.unwrap_or_else(IntoResponse::into_response))
+}
+
+/// A discovery answer: its JSON and its index, with a group's headers on a group's node.
+fn discover_answer(node: &NodeShared, index: u64, body: Bytes) -> Response {
     // Into the response's own header map (no second map merged into it).
     let mut resp = body.into_response();
     let headers = resp.headers_mut();
@@ -288,7 +322,7 @@ async fn discover(
     if let Some(g) = &node.group {
         group_headers(headers, g);
     }
-    Ok(resp)
+    resp
 }
 
 /// The answer's index, for a later blocking query.

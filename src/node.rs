@@ -557,7 +557,7 @@ impl Node {
             .await
             .with_context(|| format!("cannot bind the HTTP API on {}", cfg.http_addr))?;
         let http_addr = tcp.local_addr()?;
-        let app = crate::http::router(shared.clone());
+        let app = crate::http::app(shared.clone());
         if let Some(g) = &group {
             let (app, shared) = (app.clone(), shared.clone());
             g.serve_forwarded(Arc::new(move |write| {

@@ -645,3 +645,40 @@ fn manifest_dir() -> std::path::PathBuf {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
+
+/// A plain discovery (no query) is answered before routing (`http::plain_discover`); the
+/// same request with an empty `dc` goes through the route. Both must give the same answer:
+/// status, headers and body, for a service with instances, an unknown one and a bad name.
+#[tokio::test]
+async fn a_plain_discovery_answers_as_its_route_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let c = client(&node);
+    for port in [8080, 8081] {
+        c.register(&json!({"service": "orders", "address": "10.0.0.7", "port": port})).await.unwrap();
+    }
+    let http_client = reqwest::Client::new();
+    let long = "s".repeat(300);
+    for svc in ["orders", "nobody-registered-this", long.as_str()] {
+        let base = format!("{}/v1/services/default/{svc}", http(&node));
+        let mut answers = Vec::new();
+        for url in [base.clone(), format!("{base}?dc=")] {
+            let resp = http_client.get(url).send().await.unwrap();
+            let mut headers: Vec<(String, String)> = resp
+                .headers()
+                .iter()
+                .filter(|(n, _)| n.as_str() != "date")
+                .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+                .collect();
+            headers.sort();
+            answers.push((resp.status().as_u16(), headers, resp.text().await.unwrap()));
+        }
+        assert_eq!(answers[0], answers[1], "{svc}: plain and routed answers differ");
+        if svc == "orders" {
+            assert_eq!(answers[0].0, 200);
+            assert!(answers[0].1.iter().any(|(n, _)| n == "x-tandem-index"), "{:?}", answers[0].1);
+            assert_eq!(ids(&serde_json::from_str(&answers[0].2).unwrap()).len(), 2);
+        }
+    }
+    node.shutdown().await;
+}

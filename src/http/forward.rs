@@ -24,8 +24,8 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::Router;
 use serde_bytes::ByteBuf;
 
 use crate::cluster::{ForwardAnswer, Forwarded};
@@ -88,17 +88,17 @@ fn bump(c: &AtomicU64) {
 }
 
 /// The layer: serves a write here when this node leads, forwards it when another does.
-pub async fn writes(node: &NodeShared, req: Request, next: Next) -> Response {
+pub async fn writes(node: &NodeShared, req: Request, routes: &Router) -> Response {
     let Some(group) = node.group.clone() else {
-        return next.run(req).await;
+        return super::stack::route(routes, req).await;
     };
     if !is_write(req.method(), req.uri().path()) {
-        return next.run(req).await;
+        return super::stack::route(routes, req).await;
     }
     let stats = &node.forward_stats;
     let forwarded = req.extensions().get::<ForwardedWrite>().is_some();
     match group.route() {
-        WriteRoute::Here => next.run(req).await,
+        WriteRoute::Here => super::stack::route(routes, req).await,
         WriteRoute::Leader(_) if forwarded => {
             bump(&stats.no_leader);
             ApiError::new(
@@ -198,7 +198,7 @@ fn response_of(answer: ForwardAnswer) -> Response {
 
 /// Serves a write another member forwarded: through this node's whole API (`app`), as
 /// its own client's, then answers with the index this node had applied.
-pub async fn serve(mut app: axum::Router, node: Arc<NodeShared>, write: Forwarded) -> ForwardAnswer {
+pub async fn serve(mut app: super::stack::App, node: Arc<NodeShared>, write: Forwarded) -> ForwardAnswer {
     bump(&node.forward_stats.served);
     let mut builder = axum::http::Request::builder().method(write.method.as_str()).uri(write.uri.as_str());
     for (name, value) in &write.headers {

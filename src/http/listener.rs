@@ -18,7 +18,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use parking_lot::Mutex;
@@ -26,7 +25,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tower_service::Service as _;
 
 use super::limits::{ClientAddr, HttpState};
 use super::tls::{ClientCert, HttpsTls};
@@ -164,10 +162,38 @@ impl Drop for Slot {
     }
 }
 
+/// What the listener serves: a tower service of axum's requests and answers (the node's
+/// [`App`](super::stack::App), or an axum `Router`).
+pub trait App:
+    tower_service::Service<
+        axum::extract::Request,
+        Response = axum::response::Response,
+        Error = Infallible,
+        Future: Send,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> App for S where
+    S: tower_service::Service<
+            axum::extract::Request,
+            Response = axum::response::Response,
+            Error = Infallible,
+            Future: Send,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Serves `app` on `listener` until `shut` turns true (or its sender goes away).
-pub async fn serve(
+pub async fn serve<A: App>(
     listener: TcpListener,
-    app: Router,
+    app: A,
     state: Arc<HttpState>,
     limits: ListenerLimits,
     tls: Option<Arc<HttpsTls>>,
@@ -346,10 +372,10 @@ impl AsyncWrite for Counted {
 /// Runs the TLS handshake (bounded, counted), then serves the connection like a plain one
 /// with the client certificate's name (if any) in every request.
 #[allow(clippy::too_many_arguments)]
-async fn run_tls_connection(
+async fn run_tls_connection<A: App>(
     builder: Builder<TokioExecutor>,
     stream: TcpStream,
-    app: Router,
+    app: A,
     state: Arc<HttpState>,
     idle: Duration,
     mut shut: watch::Receiver<bool>,
@@ -376,10 +402,10 @@ async fn run_tls_connection(
     serve_io(builder, stream, read, app, state, idle, shut, slot, cert).await;
 }
 
-async fn run_connection(
+async fn run_connection<A: App>(
     builder: Builder<TokioExecutor>,
     stream: TcpStream,
-    app: Router,
+    app: A,
     state: Arc<HttpState>,
     idle: Duration,
     shut: watch::Receiver<bool>,
@@ -393,11 +419,11 @@ async fn run_connection(
 /// Serves one connection (plain, or TLS once handshaken) until it ends, idles out or the
 /// node stops.
 #[allow(clippy::too_many_arguments)]
-async fn serve_io<IO>(
+async fn serve_io<IO, A: App>(
     builder: Builder<TokioExecutor>,
     io: IO,
     read: Arc<AtomicU64>,
-    app: Router,
+    app: A,
     state: Arc<HttpState>,
     idle: Duration,
     mut shut: watch::Receiver<bool>,

@@ -1,38 +1,71 @@
-//! The one middleware every route runs, in this order: authentication and authorization
+//! The checks every request runs, in this order: authentication and authorization
 //! ([`auth`]), the audit line around the rest ([`audit`]), the request rates ([`rate`]),
 //! the Host and admin checks and the time budget ([`limits`]), then, on a DC group's
-//! follower, a write goes to the leader ([`forward`]).
+//! follower, a write goes to the leader ([`forward`]); then the routes.
 //!
-//! One layer rather than one per check: each axum `from_fn` layer boxes a future and a
-//! service and clones the stack below it for every request, a cost the read paths paid five
-//! times (docs/benchmarks.md, issue 21).
+//! They run before routing, around the router as a whole ([`App`]), not as an axum layer on
+//! every route: a layer boxes a future and a service and clones the stack below it for
+//! every request (docs/benchmarks.md, issue 21), and before routing a plain discovery (the
+//! read every consumer polls) is answered without the router at all
+//! ([`plain_discover`](super::plain_discover), the same answer as its route).
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::Response;
+use axum::Router;
+use futures::future::BoxFuture;
 
 use super::{audit, auth, forward, limits, rate};
 use crate::shared::NodeShared;
 
-/// The middleware.
-pub async fn checks(State(node): State<Arc<NodeShared>>, req: Request, next: Next) -> Response {
+/// The node's HTTP application: the checks of this module, then the routes. A tower
+/// service, as the listener and the leader's serving of forwarded writes take it.
+#[derive(Clone)]
+pub struct App {
+    node: Arc<NodeShared>,
+    routes: Router,
+}
+
+impl App {
+    pub fn new(node: Arc<NodeShared>, routes: Router) -> App {
+        App { node, routes }
+    }
+}
+
+impl tower_service::Service<Request> for App {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let app = self.clone();
+        Box::pin(async move { Ok(checks(&app.node, req, &app.routes).await) })
+    }
+}
+
+async fn checks(node: &NodeShared, req: Request, routes: &Router) -> Response {
     // Outermost: a request without a valid token is refused before it can use any shared
     // budget (the admin call rate among them).
-    let mut req = match auth::authorize(&node, req).await {
+    let mut req = match auth::authorize(node, req).await {
         Ok(req) => req,
         Err(refused) => return refused,
     };
     // Inside authentication (it knows the principal): state changes, admin calls and
     // refusals to the audit log.
-    let pending = audit::begin(&node, &mut req);
-    let resp = admitted(&node, req, next).await;
-    audit::finish(&node, pending, &resp);
+    let pending = audit::begin(node, &mut req);
+    let resp = admitted(node, req, routes).await;
+    audit::finish(node, pending, &resp);
     resp
 }
 
-async fn admitted(node: &NodeShared, req: Request, next: Next) -> Response {
+async fn admitted(node: &NodeShared, req: Request, routes: &Router) -> Response {
     if let Some(refused) = rate::refusal(node, &req) {
         return refused;
     }
@@ -40,10 +73,24 @@ async fn admitted(node: &NodeShared, req: Request, next: Next) -> Response {
         Ok(limit) => limit,
         Err(refused) => return *refused,
     };
+    // Answered at once (it never waits), so within any time budget; a read, so never
+    // forwarded.
+    if let Some(answer) = super::plain_discover(node, &req) {
+        return answer;
+    }
     // Innermost: on a DC group's follower, a write goes to the leader (every check around
     // it ran here first).
-    match tokio::time::timeout(limit, forward::writes(node, req, next)).await {
+    match tokio::time::timeout(limit, forward::writes(node, req, routes)).await {
         Ok(resp) => resp,
         Err(_) => limits::timed_out(node, limit),
+    }
+}
+
+/// The routes' answer to `req`.
+pub async fn route(routes: &Router, req: Request) -> Response {
+    let mut routes = routes.clone();
+    match tower_service::Service::call(&mut routes, req).await {
+        Ok(resp) => resp,
+        Err(never) => match never {},
     }
 }
