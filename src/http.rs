@@ -286,30 +286,59 @@ async fn discover(
     Ok(discover_answer(&node, index, body))
 }
 
-/// `GET /v1/services/{namespace}/{service}` with no query and no `%` in its path (the read
-/// every consumer polls), answered before routing (`stack`): the steps the route takes for
-/// it, in its order, so the same answer. Anything else about the request (a query, an
-/// encoded segment, another method or shape) is `None`, for the route.
-pub(crate) fn plain_discover(node: &NodeShared, req: &axum::extract::Request) -> Option<Response> {
-    if req.method() != axum::http::Method::GET || req.uri().query().is_some() {
+/// The two requests every client repeats, answered without the router (`stack::route`):
+/// a plain discovery (`GET /v1/services/{namespace}/{service}`) and a single renewal
+/// (`PUT /v1/heartbeat/{namespace}/{service}/{instance_id}`), each without a query string.
+/// Each takes the steps its route takes, in the same order, on the path's segments decoded
+/// as the router decodes them, so the answer is the route's (tests/api.rs compares them).
+/// Anything else about the request (a query, an empty segment, one that is not UTF-8 once
+/// decoded, another method or shape) is `None`, for the route.
+pub(crate) async fn plain(node: &NodeShared, req: &axum::http::request::Parts) -> Option<Response> {
+    if req.uri.query().is_some() {
         return None;
     }
-    let (ns, svc) = req.uri().path().strip_prefix("/v1/services/")?.split_once('/')?;
-    if ns.is_empty() || svc.is_empty() || svc.contains('/') || ns.contains('%') || svc.contains('%') {
+    let path = req.uri.path();
+    let method = &req.method;
+    let answer = if method == axum::http::Method::GET {
+        let [ns, svc] = segments(path.strip_prefix("/v1/services/")?)?;
+        plain_discover(node, &ns, &svc)
+    } else if method == axum::http::Method::PUT {
+        let [ns, svc, id] = segments(path.strip_prefix("/v1/heartbeat/")?)?;
+        let principal = req.extensions.get::<Principal>()?;
+        auth::owned(node, node.registry.heartbeat_as(&ns, &svc, &id, &principal.writer()).await)
+            .map(|()| HEARTBEAT_OK.into_response())
+    } else {
         return None;
-    }
-    let filter = DcFilter::Policy;
-    let answer = (|| -> Result<Response, ApiError> {
-        crate::registry::validate_query(ns, svc, &filter)?;
-        if let Some(g) = &node.group {
-            policy_agrees(g).inspect_err(|_| {
-                node.forward_stats.reads_policy_mismatch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            })?;
-        }
-        let (index, body) = answer_bytes(node, ns, svc, &filter)?;
-        Ok(discover_answer(node, index, body))
-    })();
+    };
     Some(answer.unwrap_or_else(IntoResponse::into_response))
+}
+
+/// Exactly `N` non-empty segments, each percent-decoded (borrowed when it has no `%`).
+fn segments<const N: usize>(rest: &str) -> Option<[std::borrow::Cow<'_, str>; N]> {
+    let mut parts = rest.split('/');
+    let out: [_; N] = std::array::from_fn(|_| parts.next().filter(|p| !p.is_empty()));
+    if parts.next().is_some() {
+        return None;
+    }
+    let mut decoded = out.into_iter().map(|p| percent_encoding::percent_decode_str(p?).decode_utf8().ok());
+    let all: [_; N] = std::array::from_fn(|_| decoded.next().flatten());
+    if all.iter().any(Option::is_none) {
+        return None;
+    }
+    Some(all.map(|p| p.unwrap_or_default()))
+}
+
+/// The discover route's steps for a request with no query.
+fn plain_discover(node: &NodeShared, ns: &str, svc: &str) -> Result<Response, ApiError> {
+    let filter = DcFilter::Policy;
+    crate::registry::validate_query(ns, svc, &filter)?;
+    if let Some(g) = &node.group {
+        policy_agrees(g).inspect_err(|_| {
+            node.forward_stats.reads_policy_mismatch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        })?;
+    }
+    let (index, body) = answer_bytes(node, ns, svc, &filter)?;
+    Ok(discover_answer(node, index, body))
 }
 
 /// A discovery answer: its JSON and its index, with a group's headers on a group's node.

@@ -646,39 +646,58 @@ fn manifest_dir() -> std::path::PathBuf {
         .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
-/// A plain discovery (no query) is answered before routing (`http::plain_discover`); the
-/// same request with an empty `dc` goes through the route. Both must give the same answer:
-/// status, headers and body, for a service with instances, an unknown one and a bad name.
+/// One request's status, headers (but `date`) and body.
+async fn answer_of(req: reqwest::RequestBuilder) -> (u16, Vec<(String, String)>, String) {
+    let resp = req.send().await.unwrap();
+    let mut headers: Vec<(String, String)> = resp
+        .headers()
+        .iter()
+        .filter(|(n, _)| n.as_str() != "date")
+        .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+        .collect();
+    headers.sort();
+    (resp.status().as_u16(), headers, resp.text().await.unwrap())
+}
+
+/// A plain discovery and a single renewal (no query) are answered without the router
+/// (`http::plain`); the same request with a query goes through the route. Both must give
+/// the same answer (status, headers, body): for a service with instances, an unknown one,
+/// a bad name, an id with encoded characters, an unknown id.
 #[tokio::test]
-async fn a_plain_discovery_answers_as_its_route_does() {
+async fn plain_discoveries_and_renewals_answer_as_their_routes_do() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
     let c = client(&node);
+    let mut ids = Vec::new();
     for port in [8080, 8081] {
-        c.register(&json!({"service": "orders", "address": "10.0.0.7", "port": port})).await.unwrap();
+        let r = c.register(&json!({"service": "orders", "address": "10.0.0.7", "port": port})).await.unwrap();
+        ids.push(r["instance_id"].as_str().unwrap().to_owned());
     }
-    let http_client = reqwest::Client::new();
+    assert!(ids[0].contains('#'), "generated ids have '#', sent as %23: {}", ids[0]);
+    let h = reqwest::Client::new();
     let long = "s".repeat(300);
     for svc in ["orders", "nobody-registered-this", long.as_str()] {
-        let base = format!("{}/v1/services/default/{svc}", http(&node));
-        let mut answers = Vec::new();
-        for url in [base.clone(), format!("{base}?dc=")] {
-            let resp = http_client.get(url).send().await.unwrap();
-            let mut headers: Vec<(String, String)> = resp
-                .headers()
-                .iter()
-                .filter(|(n, _)| n.as_str() != "date")
-                .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
-                .collect();
-            headers.sort();
-            answers.push((resp.status().as_u16(), headers, resp.text().await.unwrap()));
-        }
-        assert_eq!(answers[0], answers[1], "{svc}: plain and routed answers differ");
+        let url = format!("{}/v1/services/default/{svc}", http(&node));
+        let plain = answer_of(h.get(&url)).await;
+        assert_eq!(plain, answer_of(h.get(format!("{url}?dc="))).await, "{svc}: plain and routed differ");
         if svc == "orders" {
-            assert_eq!(answers[0].0, 200);
-            assert!(answers[0].1.iter().any(|(n, _)| n == "x-tandem-index"), "{:?}", answers[0].1);
-            assert_eq!(ids(&serde_json::from_str(&answers[0].2).unwrap()).len(), 2);
+            assert_eq!(plain.0, 200);
+            assert!(plain.1.iter().any(|(n, _)| n == "x-tandem-index"), "{:?}", plain.1);
+            assert_eq!(common::ids(&serde_json::from_str(&plain.2).unwrap()).len(), 2);
         }
+    }
+    for id in [enc(&ids[0]), enc(&ids[1]), "no-such-instance".to_owned(), "%FF".to_owned()] {
+        let url = format!("{}/v1/heartbeat/default/orders/{id}", http(&node));
+        let plain = answer_of(h.put(&url)).await;
+        assert_eq!(plain, answer_of(h.put(format!("{url}?x=1"))).await, "{id}: plain and routed differ");
+        let expect = if id.starts_with("orders") {
+            200
+        } else if id == "%FF" {
+            400
+        } else {
+            404
+        };
+        assert_eq!(plain.0, expect, "{id}: {plain:?}");
     }
     node.shutdown().await;
 }

@@ -90,15 +90,15 @@ fn bump(c: &AtomicU64) {
 /// The layer: serves a write here when this node leads, forwards it when another does.
 pub async fn writes(node: &NodeShared, req: Request, routes: &Router) -> Response {
     let Some(group) = node.group.clone() else {
-        return super::stack::route(routes, req).await;
+        return super::stack::route(node, routes, req).await;
     };
     if !is_write(req.method(), req.uri().path()) {
-        return super::stack::route(routes, req).await;
+        return super::stack::route(node, routes, req).await;
     }
     let stats = &node.forward_stats;
     let forwarded = req.extensions().get::<ForwardedWrite>().is_some();
     match group.route() {
-        WriteRoute::Here => super::stack::route(routes, req).await,
+        WriteRoute::Here => super::stack::route(node, routes, req).await,
         WriteRoute::Leader(_) if forwarded => {
             bump(&stats.no_leader);
             ApiError::new(

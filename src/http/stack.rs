@@ -5,9 +5,9 @@
 //!
 //! They run before routing, around the router as a whole ([`App`]), not as an axum layer on
 //! every route: a layer boxes a future and a service and clones the stack below it for
-//! every request (docs/benchmarks.md, issue 21), and before routing a plain discovery (the
-//! read every consumer polls) is answered without the router at all
-//! ([`plain_discover`](super::plain_discover), the same answer as its route).
+//! every request (docs/benchmarks.md, issue 21). The two requests every client repeats, a
+//! plain discovery and a single renewal, are then answered without the router at all
+//! ([`plain`](super::plain), the same answer as their routes).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -73,11 +73,6 @@ async fn admitted(node: &NodeShared, req: Request, routes: &Router) -> Response 
         Ok(limit) => limit,
         Err(refused) => return *refused,
     };
-    // Answered at once (it never waits), so within any time budget; a read, so never
-    // forwarded.
-    if let Some(answer) = super::plain_discover(node, &req) {
-        return answer;
-    }
     // Innermost: on a DC group's follower, a write goes to the leader (every check around
     // it ran here first).
     match tokio::time::timeout(limit, forward::writes(node, req, routes)).await {
@@ -86,8 +81,14 @@ async fn admitted(node: &NodeShared, req: Request, routes: &Router) -> Response 
     }
 }
 
-/// The routes' answer to `req`.
-pub async fn route(routes: &Router, req: Request) -> Response {
+/// The answer to `req`: a plain discovery or renewal without the router
+/// ([`plain`](super::plain)), any other request by its route.
+pub async fn route(node: &NodeShared, routes: &Router, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    if let Some(answer) = super::plain(node, &parts).await {
+        return answer;
+    }
+    let req = Request::from_parts(parts, body);
     let mut routes = routes.clone();
     match tower_service::Service::call(&mut routes, req).await {
         Ok(resp) => resp,
