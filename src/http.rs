@@ -316,16 +316,12 @@ pub(crate) async fn plain(node: &NodeShared, req: &axum::http::request::Parts) -
 /// Exactly `N` non-empty segments, each percent-decoded (borrowed when it has no `%`).
 fn segments<const N: usize>(rest: &str) -> Option<[std::borrow::Cow<'_, str>; N]> {
     let mut parts = rest.split('/');
-    let out: [_; N] = std::array::from_fn(|_| parts.next().filter(|p| !p.is_empty()));
-    if parts.next().is_some() {
-        return None;
+    let mut out: [std::borrow::Cow<'_, str>; N] = std::array::from_fn(|_| std::borrow::Cow::Borrowed(""));
+    for slot in &mut out {
+        let part = parts.next().filter(|p| !p.is_empty())?;
+        *slot = percent_encoding::percent_decode_str(part).decode_utf8().ok()?;
     }
-    let mut decoded = out.into_iter().map(|p| percent_encoding::percent_decode_str(p?).decode_utf8().ok());
-    let all: [_; N] = std::array::from_fn(|_| decoded.next().flatten());
-    if all.iter().any(Option::is_none) {
-        return None;
-    }
-    Some(all.map(|p| p.unwrap_or_default()))
+    parts.next().is_none().then_some(out)
 }
 
 /// The discover route's steps for a request with no query.

@@ -7,7 +7,7 @@
 //! every route: a layer boxes a future and a service and clones the stack below it for
 //! every request (docs/benchmarks.md, issue 21). The two requests every client repeats, a
 //! plain discovery and a single renewal, are then answered without the router at all
-//! ([`plain`](super::plain), the same answer as their routes).
+//! (`http::plain`, the same answer as their routes).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -82,7 +82,7 @@ async fn admitted(node: &NodeShared, req: Request, routes: &Router) -> Response 
 }
 
 /// The answer to `req`: a plain discovery or renewal without the router
-/// ([`plain`](super::plain)), any other request by its route.
+/// (`http::plain`), any other request by its route.
 pub async fn route(node: &NodeShared, routes: &Router, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     if let Some(answer) = super::plain(node, &parts).await {
