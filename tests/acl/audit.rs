@@ -67,9 +67,14 @@ async fn every_state_change_and_admin_call_is_audited_without_secrets() {
         ("unretire_dc", "dc-z", "ok", &admin, 200),
         ("deregister", "default/orders/o1", "ok", &orders, 200),
     ];
+    // Every line this test reads, the last refusals among them (the writer thread may still
+    // hold them when the second deregister is in the file).
     eventually(Duration::from_secs(5), "the audit lines are written", || {
         let got = lines(&cfg);
-        async move { got.iter().filter(|r| r.action == "deregister").count() == 2 }
+        async move {
+            got.iter().filter(|r| r.action == "deregister").count() == 2
+                && got.iter().filter(|r| r.outcome == "refused").count() >= 5
+        }
     })
     .await;
     // The command line appends its own line, so only the node's lines are in request order.
