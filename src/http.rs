@@ -119,7 +119,18 @@ async fn heartbeat(
     Extension(principal): Extension<Principal>,
     Path((ns, svc, id)): Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
-    auth::owned(&node, node.registry.heartbeat_as(&ns, &svc, &id, &principal.writer()).await)?;
+    renew(&node, &ns, &svc, &id, &principal).await
+}
+
+/// A single renewal's steps, for its route and for [`plain`].
+async fn renew(
+    node: &NodeShared,
+    ns: &str,
+    svc: &str,
+    id: &str,
+    principal: &Principal,
+) -> Result<Response, ApiError> {
+    auth::owned(node, node.registry.heartbeat_as(ns, svc, id, &principal.writer()).await)?;
     Ok(HEARTBEAT_OK.into_response())
 }
 
@@ -236,12 +247,7 @@ async fn discover(
     let explain = parse_bool("explain", q.explain.as_deref())?;
     let consistent = parse_bool("consistent", q.consistent.as_deref())?;
     // Validate before blocking, so a bad request fails at once.
-    crate::registry::validate_query(&ns, &svc, &filter)?;
-    if let Some(g) = &node.group {
-        policy_agrees(g).inspect_err(|_| {
-            node.forward_stats.reads_policy_mismatch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        })?;
-    }
+    readable(&node, &ns, &svc, &filter)?;
     // A node of a group answers from what it applied; `consistent` first makes sure that
     // is every write acknowledged before the read (a single node always answers so).
     if let (true, Some(g)) = (consistent, &node.group) {
@@ -304,9 +310,7 @@ pub(crate) async fn plain(node: &NodeShared, req: &axum::http::request::Parts) -
         plain_discover(node, &ns, &svc)
     } else if method == axum::http::Method::PUT {
         let [ns, svc, id] = segments(path.strip_prefix("/v1/heartbeat/")?)?;
-        let principal = req.extensions.get::<Principal>()?;
-        auth::owned(node, node.registry.heartbeat_as(&ns, &svc, &id, &principal.writer()).await)
-            .map(|()| HEARTBEAT_OK.into_response())
+        renew(node, &ns, &svc, &id, req.extensions.get::<Principal>()?).await
     } else {
         return None;
     };
@@ -327,14 +331,20 @@ fn segments<const N: usize>(rest: &str) -> Option<[std::borrow::Cow<'_, str>; N]
 /// The discover route's steps for a request with no query.
 fn plain_discover(node: &NodeShared, ns: &str, svc: &str) -> Result<Response, ApiError> {
     let filter = DcFilter::Policy;
-    crate::registry::validate_query(ns, svc, &filter)?;
+    readable(node, ns, svc, &filter)?;
+    let (index, body) = answer_bytes(node, ns, svc, &filter)?;
+    Ok(discover_answer(node, index, body))
+}
+
+/// A discovery's first steps: valid names, and on a group's member the leader's policy.
+fn readable(node: &NodeShared, ns: &str, svc: &str, filter: &DcFilter) -> Result<(), ApiError> {
+    crate::registry::validate_query(ns, svc, filter)?;
     if let Some(g) = &node.group {
         policy_agrees(g).inspect_err(|_| {
             node.forward_stats.reads_policy_mismatch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         })?;
     }
-    let (index, body) = answer_bytes(node, ns, svc, &filter)?;
-    Ok(discover_answer(node, index, body))
+    Ok(())
 }
 
 /// A discovery answer: its JSON and its index, with a group's headers on a group's node.
