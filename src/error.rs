@@ -24,6 +24,12 @@ impl ApiError {
     pub fn invalid_field(field: &str, problem: impl std::fmt::Display) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_argument", format!("{field}: {problem}"))
     }
+    /// The same error, its message prefixed with where in the request it was found (an
+    /// entry of a batch: `instances[3]`).
+    pub fn at(mut self, place: &str) -> Self {
+        self.message = format!("{place}: {}", self.message);
+        self
+    }
     /// Unknown instance (404 `not_found`): the client should re-register. Nothing changed.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", message)

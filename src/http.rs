@@ -18,8 +18,8 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use tandem_client::api::{
-    HeartbeatBatch, RegisterRequest, ReloadAnswer, RetireAnswer, RetireRequest, ServiceList, ServiceSummary,
-    StatusChange, UnretireAnswer, WriteAnswer,
+    HeartbeatBatch, RegisterBatch, RegisterBatchAnswer, RegisterRequest, ReloadAnswer, RetireAnswer,
+    RetireRequest, ServiceList, ServiceSummary, StatusChange, UnretireAnswer, WriteAnswer,
 };
 
 use axum::body::Bytes;
@@ -55,6 +55,7 @@ pub fn app(node: Arc<NodeShared>) -> stack::App {
 fn routes(node: Arc<NodeShared>) -> Router {
     Router::new()
         .route("/v1/register", post(register))
+        .route("/v1/registrations", post(register_batch))
         .route("/v1/heartbeat/{namespace}/{service}/{instance_id}", put(heartbeat))
         .route("/v1/heartbeats", post(heartbeat_batch))
         .route("/v1/instances/{namespace}/{service}/{instance_id}", delete(deregister))
@@ -107,6 +108,43 @@ async fn register(
     let resp = auth::owned(&node, node.registry.register_as(req, &principal.writer()).await)?;
     note.target(format!("{namespace}/{}/{}", service, resp.instance_id));
     Ok((StatusCode::OK, Json(resp)).into_response())
+}
+
+async fn register_batch(
+    State(node): State<Arc<NodeShared>>,
+    Extension(principal): Extension<Principal>,
+    Extension(note): Extension<audit::AuditNote>,
+    body: Result<Json<RegisterBatch>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let b = json_body(body)?;
+    let name = |r: &RegisterRequest, id: &str| format!("{}/{}/{id}", r.namespace(), r.service);
+    if let Some(first) = b.instances.first() {
+        let first = name(first, first.instance_id.as_deref().unwrap_or("(new)"));
+        note.target(format!("{first} and {} more", b.instances.len() - 1));
+    }
+    // Every entry in a service the caller may write (each run of one service checked once),
+    // and each named instance the caller's or unowned: one that is not refuses the batch.
+    let mut checked: Option<(&str, &str)> = None;
+    for r in &b.instances {
+        if checked == Some((r.namespace(), &r.service)) {
+            continue;
+        }
+        let namespace = r.namespace().to_owned();
+        auth::check(&node, &principal, &Need::Write { namespace, service: r.service.clone() })?;
+        checked = Some((r.namespace(), &r.service));
+    }
+    let writer = principal.writer();
+    for (i, r) in b.instances.iter().enumerate() {
+        if let Some(id) = &r.instance_id {
+            let owner = node.registry.check_owner(r.namespace(), &r.service, id, &writer);
+            auth::owned(&node, owner.map_err(|e| e.at(&format!("instances[{i}]"))))?;
+        }
+    }
+    let names: Vec<(String, String)> =
+        b.instances.iter().map(|r| (r.namespace().to_owned(), r.service.clone())).collect();
+    let answers = auth::owned(&node, node.registry.register_batch_as(b.instances, &writer).await)?;
+    note.targets(names.iter().zip(&answers).map(|((ns, svc), a)| format!("{ns}/{svc}/{}", a.instance_id)));
+    Ok(Json(RegisterBatchAnswer { instances: answers }).into_response())
 }
 
 /// A renewal's answer: [`HeartbeatAnswer`](tandem_client::api::HeartbeatAnswer)

@@ -179,6 +179,19 @@ async fn every_endpoint_answers_each_principal_as_its_scopes_say() {
         (Method::POST, "/v1/register", Some(reg("team-b", "b2")), [u, u, f, ok, f, ok]),
         (Method::PUT, "/v1/heartbeat/default/orders/o1", None, [u, u, f, f, ok, ok]),
         (Method::POST, "/v1/heartbeats", Some(batch), [u, u, f, f, ok, ok]),
+        (
+            Method::POST,
+            "/v1/registrations",
+            Some(json!({"instances": [reg("default", "o3")]})),
+            [u, u, f, f, ok, ok],
+        ),
+        // Every entry needs its scope: orders may not write team-b, nor team-b default.
+        (
+            Method::POST,
+            "/v1/registrations",
+            Some(json!({"instances": [reg("default", "o4"), reg("team-b", "b4")]})),
+            [u, u, f, f, f, ok],
+        ),
         (Method::PUT, "/v1/instances/default/orders/o1/status", Some(status), [u, u, f, f, ok, ok]),
         (Method::GET, "/v1/services/default/orders", None, [u, u, ok, f, ok, ok]),
         (Method::GET, "/v1/services/default/%6Frders", None, [u, u, ok, f, ok, ok]),

@@ -501,6 +501,70 @@ async fn batched_heartbeats_renew_many_leases_and_name_the_unknown_ones() {
 
 /// Reads one newline-terminated line from a streaming response, skipping keep-alive blank
 /// lines; `None` when the stream ended.
+#[tokio::test]
+async fn batched_registrations_are_one_write_and_refused_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let c = client(&node);
+    c.register(&reg_body("rb", "held", false)).await.unwrap();
+    let fsyncs = |s: &Value| s["disk_writes"].as_u64().unwrap();
+    let before = c.status().await.unwrap();
+    let body = json!({"instances": [
+        {"service": "rb", "address": "10.0.0.9", "port": 9000, "ttl_ms": 5000},
+        reg_body("rb", "held", false),
+        {"namespace": "other", "service": "rb2", "instance_id": "p1", "address": "10.0.0.1", "port": 1,
+         "persistent": true, "metadata": {"team": "pay"}},
+    ]});
+    let a = c.register_batch(&body).await.unwrap();
+    assert_eq!(a.instances.len(), 3, "{a:?}");
+    assert!(a.instances[0].instance_id.starts_with("rb#10.0.0.9:9000#"), "{a:?}");
+    assert_eq!(a.instances[0].lease_ttl_ms, 5000);
+    assert_eq!(a.instances[1].instance_id, "held");
+    assert_eq!(a.instances[2].lease_ttl_ms, 0, "persistent");
+    // One commit: the events' seqs follow each other, in the request's order.
+    let seqs: Vec<u64> = a.instances.iter().map(|r| r.version).collect();
+    assert_eq!(seqs, vec![seqs[0], seqs[0] + 1, seqs[0] + 2], "{a:?}");
+    let after = c.status().await.unwrap();
+    assert_eq!(fsyncs(&after) - fsyncs(&before), 1, "one synced write for the batch");
+    assert_eq!(ids(&c.discover("default", "rb", "").await.unwrap()).len(), 2);
+    assert_eq!(ids(&c.discover("other", "rb2", "").await.unwrap()), vec!["p1".to_owned()]);
+    c.heartbeat("default", "rb", &a.instances[0].instance_id).await.unwrap();
+
+    // Any entry that breaks a rule refuses the whole batch, its position named; nothing is
+    // written.
+    let refused = |body: Value, code: &'static str, needle: &'static str| {
+        let c = &c;
+        async move {
+            let e = c.register_batch(&body).await.unwrap_err();
+            assert_eq!(e.status(), Some(400), "{e}");
+            assert!(e.to_string().contains(code) && e.to_string().contains(needle), "{e}");
+        }
+    };
+    let before = c.status().await.unwrap();
+    let fresh = |id: &str| reg_body("rb", id, false);
+    let mut bad_port = fresh("n2");
+    bad_port["port"] = json!(70000);
+    refused(json!({"instances": [fresh("n1"), bad_port]}), "invalid_argument", "instances[1]: port").await;
+    let mut bad_name = fresh("n2");
+    bad_name["service"] = json!("Bad Name");
+    refused(json!({"instances": [fresh("n1"), bad_name]}), "invalid_argument", "instances[1]").await;
+    refused(
+        json!({"instances": [fresh("n1"), fresh("n2"), fresh("n1")]}),
+        "invalid_argument",
+        "instances[2]",
+    )
+    .await;
+    let many: Vec<Value> = (0..257).map(|i| fresh(&format!("m{i}"))).collect();
+    refused(json!({ "instances": many }), "invalid_argument", "at most 256").await;
+    refused(json!({"instances": [{"service": "rb", "id": "x"}]}), "invalid_body", "").await;
+    assert_eq!(fsyncs(&c.status().await.unwrap()), fsyncs(&before), "a refused batch writes nothing");
+    let d = c.discover("default", "rb", "").await.unwrap();
+    assert!(!ids(&d).iter().any(|i| i.starts_with('n') || i.starts_with('m')), "{d}");
+    // An empty batch is an empty answer.
+    assert!(c.register_batch(&json!({"instances": []})).await.unwrap().instances.is_empty());
+    node.shutdown().await;
+}
+
 async fn next_line(resp: &mut reqwest::Response, buf: &mut Vec<u8>) -> Option<Value> {
     loop {
         if let Some(pos) = buf.iter().position(|b| *b == b'\n') {

@@ -24,6 +24,10 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 /// Most entries one `POST /v1/heartbeats` may carry; the SDK sends larger sets in chunks.
 pub const HEARTBEAT_BATCH_MAX: usize = 512;
 
+/// Most entries one `POST /v1/registrations` may carry (the request body's 64 KiB bound
+/// comes first for entries with much metadata).
+pub const REGISTER_BATCH_MAX: usize = 256;
+
 // ---------------------------------------------------------------------------------------
 // Requests.
 
@@ -90,6 +94,16 @@ pub struct HeartbeatBatch {
     pub instances: Vec<HeartbeatItem>,
 }
 
+/// `POST /v1/registrations`: registers (or re-registers) many instances at once (at most
+/// [`REGISTER_BATCH_MAX`]), in one durable write. Each entry follows the rules of
+/// `POST /v1/register`; an entry that breaks one refuses the whole batch (nothing written),
+/// and its position is named in the error (`instances[3]`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterBatch {
+    pub instances: Vec<RegisterRequest>,
+}
+
 /// `PUT /v1/instances/{ns}/{svc}/{id}/status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -151,6 +165,13 @@ pub struct RegisterAnswer {
     pub epoch: u64,
     /// The lease granted (0: persistent, no lease).
     pub lease_ttl_ms: u64,
+}
+
+/// The answer of `POST /v1/registrations`: one [`RegisterAnswer`] per entry, in the
+/// request's order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub struct RegisterBatchAnswer {
+    pub instances: Vec<RegisterAnswer>,
 }
 
 /// The answer of `PUT /v1/heartbeat/{ns}/{svc}/{id}`.

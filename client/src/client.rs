@@ -213,6 +213,15 @@ impl Client {
         self.call(reqwest::Method::POST, "/v1/register", Some(req)).await
     }
 
+    /// POST /v1/registrations (at most [`crate::api::REGISTER_BATCH_MAX`] entries): a
+    /// [`crate::api::RegisterBatch`], or raw JSON. One answer per entry, in order.
+    pub async fn register_batch(
+        &self,
+        batch: &(impl Serialize + ?Sized),
+    ) -> Result<crate::api::RegisterBatchAnswer, ClientError> {
+        self.call(reqwest::Method::POST, "/v1/registrations", Some(batch)).await
+    }
+
     /// POST /v1/heartbeats (at most [`crate::api::HEARTBEAT_BATCH_MAX`] entries): a
     /// [`crate::api::HeartbeatBatch`], or raw JSON.
     pub async fn heartbeat_batch(

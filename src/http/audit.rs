@@ -20,24 +20,45 @@ use crate::shared::NodeShared;
 /// Longest target or detail kept (names are validated later; a refused body may be long).
 pub const NOTE_CHARS_MAX: usize = 300;
 
-/// What a handler adds to its request's audit line: the target, a detail.
+/// What a handler adds to its request's audit line: the target, a detail; or the targets
+/// of a batch, each of which gets a line of its own.
 #[derive(Clone, Debug, Default)]
-pub struct AuditNote(Arc<Mutex<(Option<String>, Option<String>)>>);
+pub struct AuditNote(Arc<Mutex<Noted>>);
+
+#[derive(Debug, Default)]
+struct Noted {
+    target: Option<String>,
+    detail: Option<String>,
+    /// A batch's targets (a line each); when set, `target` is not used.
+    targets: Vec<String>,
+}
+
+fn kept(s: String) -> String {
+    if s.len() <= NOTE_CHARS_MAX {
+        return s;
+    }
+    s.chars().take(NOTE_CHARS_MAX).collect()
+}
 
 impl AuditNote {
     /// The target (at most [`NOTE_CHARS_MAX`] characters are kept).
     pub fn target(&self, t: impl Into<String>) {
-        self.0.lock().0 = Some(t.into().chars().take(NOTE_CHARS_MAX).collect());
+        self.0.lock().target = Some(kept(t.into()));
     }
     pub fn detail(&self, d: impl Into<String>) {
-        self.0.lock().1 = Some(d.into().chars().take(NOTE_CHARS_MAX).collect());
+        self.0.lock().detail = Some(kept(d.into()));
+    }
+    /// The targets of a batch that was written: one line each, instead of one for the
+    /// request (a batch that failed keeps its single line, with [`target`](Self::target)).
+    pub fn targets(&self, ts: impl Iterator<Item = String>) {
+        self.0.lock().targets = ts.map(kept).collect();
     }
 }
 
 /// The audited action of a request and its target as the path says, if it is one.
 fn action(method: &Method, segs: &[&str]) -> Option<(&'static str, Option<String>)> {
     Some(match (method, segs) {
-        (&Method::POST, ["v1", "register"]) => ("register", None),
+        (&Method::POST, ["v1", "register" | "registrations"]) => ("register", None),
         (&Method::DELETE, ["v1", "instances", ns, svc, id]) => {
             ("deregister", Some(format!("{ns}/{svc}/{id}")))
         }
@@ -138,7 +159,7 @@ pub fn finish(node: &NodeShared, pending: Option<Pending>, resp: &Response) {
         return;
     }
     let mut rec = line(&p.method, p.uri.path(), p.principal.as_deref().unwrap_or("-"), p.client, resp);
-    let (target, detail) = std::mem::take(&mut *p.note.0.lock());
+    let Noted { target, detail, targets } = std::mem::take(&mut *p.note.0.lock());
     if let Some((action, path_target)) = p.audited {
         rec.action = action.into();
         if let Some(t) = target.or(path_target) {
@@ -148,7 +169,11 @@ pub fn finish(node: &NodeShared, pending: Option<Pending>, resp: &Response) {
     rec.detail = detail;
     if is_refused {
         node.audit.refusal(rec);
-    } else {
+    } else if targets.is_empty() {
         node.audit.record(rec);
+    } else {
+        for t in targets {
+            node.audit.record(Record { target: t, ..rec.clone() });
+        }
     }
 }

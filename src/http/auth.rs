@@ -2,8 +2,8 @@
 //! authenticated first (401 `unauthenticated` without a valid token or a client
 //! certificate bound under `[[acl.certs]]`, when ACLs are on); a route whose scope its
 //! method and path decide is authorized here (403 `forbidden`, naming the missing scope);
-//! the principal then goes into the request's extensions, where the two handlers that
-//! decide on their body (register, batched heartbeats) check it. Unknown paths need
+//! the principal then goes into the request's extensions, where the handlers that decide
+//! on their body (register, batched registrations and heartbeats) check it. Unknown paths need
 //! `admin`: deny by default.
 //!
 //! Path segments are percent-decoded exactly as the router decodes them for the handlers,
@@ -151,7 +151,7 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Result<Need, Ap
     let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
     let write = |ns: &str, svc: &str| Need::Write { namespace: ns.to_owned(), service: svc.to_owned() };
     Ok(match (method, segs.as_slice()) {
-        (&Method::POST, ["v1", "register"]) | (&Method::POST, ["v1", "heartbeats"]) => Need::Authenticated,
+        (&Method::POST, ["v1", "register" | "registrations" | "heartbeats"]) => Need::Authenticated,
         (&Method::PUT, ["v1", "heartbeat", ns, svc, _]) => write(ns, svc),
         (&Method::DELETE, ["v1", "instances", ns, svc, _]) => write(ns, svc),
         (&Method::PUT, ["v1", "instances", ns, svc, _, "status"]) => write(ns, svc),

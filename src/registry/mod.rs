@@ -91,7 +91,7 @@ pub type StaleFn = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 pub use tandem_client::api::{
     DiscoverAnswer, ExplainLine, Failover, HeartbeatBatchAnswer, HeartbeatItem, Instance as InstanceView,
-    RegisterAnswer, RegisterRequest, StatusName, Threshold, HEARTBEAT_BATCH_MAX,
+    RegisterAnswer, RegisterRequest, StatusName, Threshold, HEARTBEAT_BATCH_MAX, REGISTER_BATCH_MAX,
 };
 
 /// How discovery selects instances.

@@ -11,7 +11,7 @@
 //! when it appears; and a service's index never goes backwards across a drop (the bucket
 //! takes the dropping write's index).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::BuildHasher as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -151,6 +151,14 @@ pub struct NsUsage {
     pub services: u64,
     pub instances: u64,
     pub metadata_bytes: u64,
+}
+
+/// What refuses a local registration: a node's cap (`services_max`, `namespaces_max`), or
+/// its namespace's quota (the key and its value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    Cap(&'static str),
+    Quota(&'static str, u64),
 }
 
 /// The bytes of a record's metadata, as a namespace's quota counts them.
@@ -409,24 +417,64 @@ impl ViewCell {
         self.view.read().namespaces.len()
     }
 
-    /// Whether the view holds the service, and else whether there is room for it within
-    /// `services_max` and `namespaces_max`: `Err("services_max")` or `Err("namespaces_max")`.
-    pub(super) fn room_for(
+    /// Whether the caps (`services_max`, `namespaces_max`) and the namespaces' quotas have
+    /// room for own registrations `entries` (namespace, service, id, metadata bytes), counted
+    /// together: each replaces what its instance holds now, if anything. Else the position
+    /// of the first that does not fit, and what refuses it.
+    pub(super) fn room<'a>(
         &self,
-        ns: &str,
-        svc: &str,
-        services_max: u64,
-        namespaces_max: u64,
-    ) -> Result<(), &'static str> {
+        entries: impl Iterator<Item = (&'a str, &'a str, &'a str, u64)>,
+        limits: &crate::config::LimitsSection,
+    ) -> Result<(), (usize, Refusal)> {
         let v = self.view.read();
-        if v.services.contains_key(&SvcRef(ns, svc)) {
-            return Ok(());
-        }
-        if !v.namespaces.contains_key(ns) && v.namespaces.len() as u64 >= namespaces_max {
-            return Err("namespaces_max");
-        }
-        if v.services.len() as u64 >= services_max {
-            return Err("services_max");
+        // What the entries before add: services and namespaces new to the view, and the
+        // usage they add per namespace.
+        let mut new_services: HashSet<(&str, &str)> = HashSet::new();
+        let mut new_namespaces: HashSet<&str> = HashSet::new();
+        // (services, instances, metadata bytes) per namespace; the bytes may go down.
+        let mut added: HashMap<&str, (u64, u64, i128)> = HashMap::new();
+        for (i, (ns, svc, id, bytes)) in entries.enumerate() {
+            let service_known =
+                v.services.contains_key(&SvcRef(ns, svc)) || new_services.contains(&(ns, svc));
+            let namespace_known = v.namespaces.contains_key(ns) || new_namespaces.contains(ns);
+            if !service_known {
+                if !namespace_known
+                    && (v.namespaces.len() + new_namespaces.len()) as u64 >= limits.namespaces_max
+                {
+                    return Err((i, Refusal::Cap("namespaces_max")));
+                }
+                if (v.services.len() + new_services.len()) as u64 >= limits.services_max {
+                    return Err((i, Refusal::Cap("services_max")));
+                }
+            }
+            let q = limits.quota(ns);
+            let held = v.namespaces.get(ns).copied().unwrap_or_default();
+            let more = added.entry(ns).or_default();
+            let old = self
+                .find_in(&v, ns, svc, id)
+                .filter(|h| *h.record.key.owner_dc == *self.local_dc)
+                .map(|h| metadata_bytes(&h.record.metadata));
+            if !service_known && held.services + more.0 >= q.services_max {
+                return Err((i, Refusal::Quota("services_max", q.services_max)));
+            }
+            if old.is_none() && held.instances + more.1 >= q.instances_max {
+                return Err((i, Refusal::Quota("instances_max", q.instances_max)));
+            }
+            more.2 += i128::from(bytes) - i128::from(old.unwrap_or(0));
+            if i128::from(held.metadata_bytes) + more.2 > i128::from(q.metadata_bytes_max) {
+                return Err((i, Refusal::Quota("metadata_bytes_max", q.metadata_bytes_max)));
+            }
+            // Counted for the entries after this one.
+            if !service_known {
+                new_services.insert((ns, svc));
+                more.0 += 1;
+                if !namespace_known {
+                    new_namespaces.insert(ns);
+                }
+            }
+            if old.is_none() {
+                more.1 += 1;
+            }
         }
         Ok(())
     }
@@ -437,35 +485,6 @@ impl ViewCell {
         let mut out: Vec<_> = v.namespaces.iter().map(|(k, u)| (k.clone(), *u)).collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
-    }
-
-    /// Whether namespace `ns`'s quota has room for own instance `svc/id` with
-    /// `new_bytes` of metadata (replacing what it holds now, if anything); else which
-    /// quota key refuses it and its value.
-    pub(super) fn quota_room(
-        &self,
-        ns: &str,
-        svc: &str,
-        id: &str,
-        new_bytes: u64,
-        q: crate::config::Quota,
-    ) -> Result<(), (&'static str, u64)> {
-        let v = self.view.read();
-        let u = v.namespaces.get(ns).copied().unwrap_or_default();
-        let old = self
-            .find_in(&v, ns, svc, id)
-            .filter(|h| *h.record.key.owner_dc == *self.local_dc)
-            .map(|h| metadata_bytes(&h.record.metadata));
-        if !v.services.contains_key(&SvcRef(ns, svc)) && u.services >= q.services_max {
-            return Err(("services_max", q.services_max));
-        }
-        if old.is_none() && u.instances >= q.instances_max {
-            return Err(("instances_max", q.instances_max));
-        }
-        if (u.metadata_bytes + new_bytes).saturating_sub(old.unwrap_or(0)) > q.metadata_bytes_max {
-            return Err(("metadata_bytes_max", q.metadata_bytes_max));
-        }
-        Ok(())
     }
 
     pub fn instance_count(&self) -> usize {

@@ -15,10 +15,18 @@ use uuid::Uuid;
 use tandem_replicator::log::LogError;
 
 use super::owners::{OwnerChange, Writer};
-use super::view::Held;
-use super::{RegisterAnswer, RegisterRequest, Registry};
+use super::view::{Held, Refusal};
+use super::{RegisterAnswer, RegisterRequest, Registry, REGISTER_BATCH_MAX};
 use crate::error::ApiError;
 use crate::store::{Built, CommitError, Settled};
+
+/// A registration checked on its own and built, before the checks of its whole request.
+pub(super) struct Prepared {
+    record: InstanceRecord,
+    /// As the request named it, or as generated.
+    instance_id: String,
+    ttl_ms: u64,
+}
 
 /// A change to one local instance, turned into an event against the latest minted state.
 #[derive(Clone, Debug)]
@@ -356,6 +364,59 @@ impl Registry {
         by: &Writer,
         health: Health,
     ) -> Result<RegisterAnswer, ApiError> {
+        let one = self.prepare(req, health)?;
+        self.room(std::slice::from_ref(&one)).map_err(|(_, e)| e)?;
+        let mut answers = self.write_registrations(vec![one], by).await.map_err(|(_, e)| e)?;
+        answers.pop().ok_or_else(|| ApiError::unavailable("the registration was not written"))
+    }
+
+    /// POST /v1/registrations on behalf of `by`: many registrations in one durable write,
+    /// one answer per entry in order. Each entry follows the rules of
+    /// [`register_as`](Self::register_as), and the caps and quotas count the entries
+    /// together; an entry that breaks a rule refuses the whole batch before anything is
+    /// written, its position named (`instances[i]: ...`). Two entries naming one instance
+    /// refuse it too. One exception: an entry another principal registered after the
+    /// batch's ownership check (checked again on the committer) is refused (403) while the
+    /// other entries are written; sending the batch again is safe.
+    pub async fn register_batch_as(
+        &self,
+        reqs: Vec<RegisterRequest>,
+        by: &Writer,
+    ) -> Result<Vec<RegisterAnswer>, ApiError> {
+        if reqs.len() > REGISTER_BATCH_MAX {
+            return Err(ApiError::invalid_field(
+                "instances",
+                format!("at most {REGISTER_BATCH_MAX} per request, got {}", reqs.len()),
+            ));
+        }
+        let at = |i: usize, e: ApiError| e.at(&format!("instances[{i}]"));
+        let mut batch = Vec::with_capacity(reqs.len());
+        let mut seen: HashMap<(&str, &str, &str), usize> = HashMap::with_capacity(reqs.len());
+        for (i, req) in reqs.into_iter().enumerate() {
+            batch.push(self.prepare(req, Health::Healthy).map_err(|e| at(i, e))?);
+        }
+        for (i, p) in batch.iter().enumerate() {
+            let k = &p.record.key;
+            if let Some(first) = seen.insert((&k.namespace, &k.service, &k.instance_id), i) {
+                return Err(at(
+                    i,
+                    ApiError::invalid_field(
+                        "instance_id",
+                        format!("names the same instance as instances[{first}] (one entry per instance)"),
+                    ),
+                ));
+            }
+        }
+        drop(seen);
+        self.room(&batch).map_err(|(i, e)| at(i, e))?;
+        self.write_registrations(batch, by).await.map_err(|(i, e)| match i {
+            Some(i) => at(i, e),
+            None => e,
+        })
+    }
+
+    /// A registration's checks that need no other entry of its request, and its record.
+    fn prepare(&self, req: RegisterRequest, health: Health) -> Result<Prepared, ApiError> {
         let namespace = req.namespace.unwrap_or_else(|| "default".into());
         tandem_schemas::validate_name("namespace", &namespace).map_err(ApiError::invalid)?;
         tandem_schemas::validate_name("service", &req.service).map_err(ApiError::invalid)?;
@@ -393,49 +454,6 @@ impl Registry {
                 format!("{}#{}:{}#{}", req.service, host, port, Uuid::new_v4())
             }
         };
-        // A new service (or namespace) must fit the caps; replicated ones never are refused.
-        let limits = self.config().limits.clone();
-        if let Err(key) =
-            self.view.room_for(&namespace, &req.service, limits.services_max, limits.namespaces_max)
-        {
-            let (counter, code, cap) = if key == "services_max" {
-                (&self.counters.refused_services_max, "too_many_services", limits.services_max)
-            } else {
-                (&self.counters.refused_namespaces_max, "too_many_namespaces", limits.namespaces_max)
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            return Err(ApiError::new(
-                axum::http::StatusCode::INSUFFICIENT_STORAGE,
-                code,
-                format!(
-                    "this node holds {cap} {} ([limits] {key}); register within an existing one or \
-                     raise the cap",
-                    if key == "services_max" { "services" } else { "namespaces" }
-                ),
-            ));
-        }
-        // The namespace's quota (own instances, services, metadata bytes). Checked against
-        // the view: registrations in flight may pass it together (at most the committer's
-        // queue of them).
-        let bytes = req.metadata.as_ref().map_or(0, super::view::metadata_bytes);
-        if let Err((key, cap)) =
-            self.view.quota_room(&namespace, &req.service, &instance_id, bytes, limits.quota(&namespace))
-        {
-            let counter = match key {
-                "instances_max" => &self.counters.refused_quota_instances,
-                "services_max" => &self.counters.refused_quota_services,
-                _ => &self.counters.refused_quota_metadata,
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            return Err(ApiError::new(
-                axum::http::StatusCode::INSUFFICIENT_STORAGE,
-                "quota_exceeded",
-                format!(
-                    "namespace {namespace} is at its quota: {key} = {cap} ([limits] namespace_{key}, or \
-                     [limits.namespace.{namespace}] {key}); deregister instances or raise it"
-                ),
-            ));
-        }
         // The service's shared names when it exists, so the lease shares them too.
         let (ns_name, svc_name) = self
             .view
@@ -456,7 +474,7 @@ impl Registry {
             }
         }
         let record = InstanceRecord {
-            key: key.clone(),
+            key,
             address: req.address.into(),
             port,
             zone: req.zone.unwrap_or_default().into(),
@@ -471,23 +489,104 @@ impl Registry {
             damped: false,
         };
         tandem_schemas::validate_record(&record).map_err(ApiError::invalid)?;
-        // The lease starts when the registration is minted (before the ack, so a heartbeat
-        // racing the ack is kept), in the order of the events.
-        let events =
-            self.commit_as(vec![(key.clone(), Patch::Register(Box::new(record)))], Some(by.clone())).await?;
-        let ev = match events.into_iter().next() {
-            Some(Outcome::Written(ev)) => ev,
-            Some(Outcome::Forbidden(e)) => return Err(e),
-            _ => return Err(ApiError::unavailable("the registration was not written")),
+        Ok(Prepared { record, instance_id, ttl_ms })
+    }
+
+    /// Whether the node's caps and the namespaces' quotas have room for `batch`, its
+    /// entries counted together: a new service (or namespace) must fit the caps
+    /// (replicated ones never are refused), and own instances, services and metadata bytes
+    /// their namespace's quota. Checked against the view: registrations in flight may pass
+    /// together (at most the committer's queue of them). Else the position of the first
+    /// entry that does not fit, and its refusal (counted).
+    fn room(&self, batch: &[Prepared]) -> Result<(), (usize, ApiError)> {
+        let limits = self.config().limits.clone();
+        let entries = batch.iter().map(|p| {
+            let k = &p.record.key;
+            (&*k.namespace, &*k.service, &*k.instance_id, super::view::metadata_bytes(&p.record.metadata))
+        });
+        let (i, refusal) = match self.view.room(entries, &limits) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
         };
-        self.counters.registrations.fetch_add(1, Ordering::Relaxed);
-        Ok(RegisterAnswer {
-            instance_id,
-            owner_dc: self.dc.to_string(),
-            version: ev.seq,
-            epoch: ev.origin_epoch,
-            lease_ttl_ms: ttl_ms,
-        })
+        let namespace = &batch[i].record.key.namespace;
+        let e = match refusal {
+            Refusal::Cap(key) => {
+                let (counter, code, cap) = if key == "services_max" {
+                    (&self.counters.refused_services_max, "too_many_services", limits.services_max)
+                } else {
+                    (&self.counters.refused_namespaces_max, "too_many_namespaces", limits.namespaces_max)
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                ApiError::new(
+                    axum::http::StatusCode::INSUFFICIENT_STORAGE,
+                    code,
+                    format!(
+                        "this node holds {cap} {} ([limits] {key}); register within an existing one or \
+                         raise the cap",
+                        if key == "services_max" { "services" } else { "namespaces" }
+                    ),
+                )
+            }
+            Refusal::Quota(key, cap) => {
+                let counter = match key {
+                    "instances_max" => &self.counters.refused_quota_instances,
+                    "services_max" => &self.counters.refused_quota_services,
+                    _ => &self.counters.refused_quota_metadata,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                ApiError::new(
+                    axum::http::StatusCode::INSUFFICIENT_STORAGE,
+                    "quota_exceeded",
+                    format!(
+                        "namespace {namespace} is at its quota: {key} = {cap} ([limits] namespace_{key}, or \
+                         [limits.namespace.{namespace}] {key}); deregister instances or raise it"
+                    ),
+                )
+            }
+        };
+        Err((i, e))
+    }
+
+    /// Writes checked registrations as one commit; the answers in order. The lease starts
+    /// when a registration is minted (before the ack, so a heartbeat racing the ack is
+    /// kept), in the order of the events. An error names the entry it is about, if one.
+    async fn write_registrations(
+        &self,
+        batch: Vec<Prepared>,
+        by: &Writer,
+    ) -> Result<Vec<RegisterAnswer>, (Option<usize>, ApiError)> {
+        let mut answers: Vec<RegisterAnswer> = Vec::with_capacity(batch.len());
+        let mut patches = Vec::with_capacity(batch.len());
+        for p in batch {
+            answers.push(RegisterAnswer {
+                instance_id: p.instance_id,
+                owner_dc: self.dc.to_string(),
+                version: 0,
+                epoch: 0,
+                lease_ttl_ms: p.ttl_ms,
+            });
+            patches.push((p.record.key.clone(), Patch::Register(Box::new(p.record))));
+        }
+        let outcomes = self.commit_as(patches, Some(by.clone())).await.map_err(|e| (None, e))?;
+        let mut refused = None;
+        for (i, (answer, outcome)) in answers.iter_mut().zip(outcomes).enumerate() {
+            match outcome {
+                Outcome::Written(ev) => {
+                    self.counters.registrations.fetch_add(1, Ordering::Relaxed);
+                    answer.version = ev.seq;
+                    answer.epoch = ev.origin_epoch;
+                }
+                Outcome::Forbidden(e) => refused = refused.or(Some((Some(i), e))),
+                _ => {
+                    refused =
+                        refused.or(Some((Some(i), ApiError::unavailable("the registration was not written"))))
+                }
+            }
+        }
+        match refused {
+            Some(e) => Err(e),
+            None => Ok(answers),
+        }
     }
 
     pub(super) fn local_key(&self, ns: &str, svc: &str, id: &str) -> Result<(InstanceKey, Held), ApiError> {

@@ -1,4 +1,5 @@
-//! The audit log: one JSON line per state change and admin call (register, status,
+//! The audit log: one JSON line per state change and admin call (register, a line per
+//! entry of a batch of registrations, status,
 //! deregister, reload, retire and unretire a DC, a token created with the command line),
 //! with the principal's token id, the client address, the target and the outcome;
 //! refusals (401, 403) sampled to `[audit] refusals_per_minute`; heartbeats not audited;
@@ -29,6 +30,16 @@ async fn every_state_change_and_admin_call_is_audited_without_secrets() {
     let o1 = "/v1/instances/default/orders/o1";
     assert_eq!(t.call("orders", Method::POST, "/v1/register", Some(reg("default", "o1"))).await.0, ok);
     assert_eq!(t.call("orders", Method::PUT, "/v1/heartbeat/default/orders/o1", None).await.0, ok);
+    // A batch: a line per registration; refused whole, one line for the request.
+    let batch = json!({"instances": [reg("default", "o5"), reg("default", "o6")]});
+    assert_eq!(t.call("orders", Method::POST, "/v1/registrations", Some(batch)).await.0, ok);
+    let mut bad = reg("default", "o8");
+    bad["port"] = json!(0);
+    let batch = json!({"instances": [reg("default", "o7"), bad]});
+    assert_eq!(
+        t.call("orders", Method::POST, "/v1/registrations", Some(batch)).await.0,
+        StatusCode::BAD_REQUEST
+    );
     let draining = Some(json!({"status": "draining"}));
     assert_eq!(t.call("orders", Method::PUT, &format!("{o1}/status"), draining).await.0, ok);
     assert_eq!(t.call("rival", Method::DELETE, o1, None).await.0, StatusCode::FORBIDDEN);
@@ -58,6 +69,9 @@ async fn every_state_change_and_admin_call_is_audited_without_secrets() {
     let (orders, rival, admin) = (t.id_of("orders"), t.id_of("rival"), t.id_of("admin"));
     let want: Vec<(&str, &str, &str, &str, u16)> = vec![
         ("register", "default/orders/o1", "ok", &orders, 200),
+        ("register", "default/orders/o5", "ok", &orders, 200),
+        ("register", "default/orders/o6", "ok", &orders, 200),
+        ("register", "default/orders/o7 and 1 more", "failed", &orders, 400),
         ("status", "default/orders/o1", "ok", &orders, 200),
         ("deregister", "default/orders/o1", "refused", &rival, 403),
         ("request", "GET /v1/services/default/orders", "refused", "-", 401),

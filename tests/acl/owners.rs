@@ -26,8 +26,9 @@ async fn refused_everything(t: &Acl, who: &str, id: &str, owner_hint: &str) {
     assert!(before.is_some(), "{id} is registered");
     let path = format!("/v1/instances/default/orders/{id}");
     let batch = json!({"instances": [{"service": "orders", "instance_id": id}]});
-    let calls: [(Method, String, Option<Value>); 5] = [
+    let calls: [(Method, String, Option<Value>); 6] = [
         (Method::POST, "/v1/register".into(), Some(moved(id))),
+        (Method::POST, "/v1/registrations".into(), Some(json!({"instances": [moved("free"), moved(id)]}))),
         (Method::PUT, format!("{path}/status"), Some(json!({"status": "out_of_service"}))),
         (Method::DELETE, path.clone(), None),
         (Method::PUT, format!("/v1/heartbeat/default/orders/{id}"), None),
@@ -41,6 +42,7 @@ async fn refused_everything(t: &Acl, who: &str, id: &str, owner_hint: &str) {
         assert!(msg.contains("owned by principal") && msg.contains(owner_hint), "{msg}");
         assert_eq!(address_of(t, id).await, before, "a refused {method} {p} changed nothing");
     }
+    assert_eq!(address_of(t, "free").await, None, "a refused batch wrote none of its entries");
     let (_, a) = t.call("admin", Method::GET, "/v1/services/default/orders", None).await;
     let inst = a["instances"].as_array().unwrap().iter().find(|i| i["instance_id"] == id).unwrap().clone();
     assert_eq!(inst["status"], "up", "{inst}");
