@@ -81,6 +81,24 @@ async fn namespace_quotas_refuse_and_recover() {
     assert_eq!(metric(&t, ns).await, 2.0);
     let bytes = "tandem_namespace_metadata_bytes{dc=\"dc-a\",namespace=\"team-b\"}";
     assert_eq!(metric(&t, bytes).await, 30.0, "b1 with 20 bytes, b3 with 10 (keys and values)");
+
+    // A batch's entries count together: one free place, two new instances (each would fit
+    // alone). Nothing of it is written.
+    assert_eq!(t.call("admin", Method::DELETE, "/v1/instances/team-b/orders/b3", None).await.0, ok);
+    let batch = |a: Value, b: Value| Some(json!({ "instances": [a, b] }));
+    let two_new = batch(team_b("orders", "b5", 10), team_b("orders", "b6", 10));
+    let (status, answer) = t.call("team-b", Method::POST, "/v1/registrations", two_new).await;
+    refused((status, answer.clone()), "instances_max = 2");
+    assert!(answer["error"]["message"].as_str().unwrap().starts_with("instances[1]: "), "{answer}");
+    assert_eq!(metric(&t, ns).await, 1.0, "nothing of the refused batch was written");
+    // Metadata bytes too: b1's 20 replaced by 60, and 60 more, pass 100 together.
+    let too_big = batch(team_b("orders", "b1", 60), team_b("orders", "b5", 60));
+    refused(t.call("team-b", Method::POST, "/v1/registrations", too_big).await, "metadata_bytes_max = 100");
+    // A re-registration is not a new instance, and its smaller metadata makes room.
+    let fits = batch(team_b("orders", "b1", 5), team_b("orders", "b5", 95));
+    assert_eq!(t.call("team-b", Method::POST, "/v1/registrations", fits).await.0, ok);
+    assert_eq!(metric(&t, ns).await, 2.0);
+    assert_eq!(metric(&t, bytes).await, 100.0);
     t.stop().await;
 }
 
