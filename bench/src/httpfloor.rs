@@ -335,12 +335,24 @@ fn fsync_line(ctx: &Ctx) -> Option<String> {
     let (r, puts) = register_vs_fsync(ctx)?;
     Some(format!(
         "register at 256: {} /s = {:.0}% of the synced-batch floor ({} RocksDB batches/s of 64 puts x 64 = {} /s, \
-         fsync table above)",
+         fsync table above){}",
         rate(r),
         100.0 * r / puts.max(1e-9),
         rate(puts / 64.0),
-        rate(puts)
+        rate(puts),
+        batched(ctx, puts)
     ))
+}
+
+/// The batched registrations with 256 in flight against the synced-batch floor `puts`.
+fn batched(ctx: &Ctx, puts: f64) -> String {
+    ctx.floors.register_batched_256.map_or_else(String::new, |(b, per)| {
+        format!(
+            "; batched, 256 in flight ({per} per POST /v1/registrations): {} /s = {:.0}%",
+            rate(b),
+            100.0 * b / puts.max(1e-9)
+        )
+    })
 }
 
 pub fn heartbeat_notes(ctx: &mut Ctx) {
@@ -434,7 +446,7 @@ pub fn target_rows(ctx: &mut Ctx) {
                     100.0 * r / f.max(1e-9)
                 ),
                 None => format!("{} vs {} /s = {p:.0}%", rate(r), rate(puts)),
-            };
+            } + &batched(ctx, puts);
             let why = match http {
                 _ if p >= 80.0 => String::new(),
                 Some(f) if f < 0.8 * puts => format!(

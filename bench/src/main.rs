@@ -221,6 +221,8 @@ pub struct Figures {
     pub register_best_per_s: Option<f64>,
     /// (concurrency, registrations/s, server CPU-s per 1k).
     pub register_by_conc: Vec<(usize, f64, f64)>,
+    /// Batched registrations, 256 in flight: (registrations/s, entries per request).
+    pub register_batched_256: Option<(f64, usize)>,
     pub heartbeats_per_server_cpu_s: Option<f64>,
     pub heartbeats_per_s: Option<f64>,
     /// Batched heartbeats (POST /v1/heartbeats): (per server CPU-s, per s, p99 ms of a

@@ -176,7 +176,7 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
     let node = ctx.start_node(bench_config(dir.path(), "dc-a")).await?;
     let url = Arc::new(format!("http://{}/v1/register", node.http_addr()));
     ctx.report.table(
-        "register: durable registrations, POST /v1/register, closed loop",
+        "register: durable registrations, POST /v1/register (and batched: POST /v1/registrations), closed loop",
         &[
             "concurrency",
             "registrations/s",
@@ -289,6 +289,45 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
         let label = "256, in-process Registry::register (no HTTP)".to_string();
         let per_fsync = register_row(ctx, label, &run, &s0, &node.shared.committer.stats());
         ctx.floors.register_per_fsync_direct = Some(per_fsync);
+    }
+    // Batched: POST /v1/registrations with REGISTER_BATCH entries per request, as many
+    // requests in flight as make 256 registrations (the 256 row's), then twice as many.
+    for conc in [256 / REGISTER_BATCH, 512 / REGISTER_BATCH] {
+        let s0 = node.shared.committer.stats();
+        let (http, url) =
+            (ctx.http.clone(), Arc::new(format!("http://{}/v1/registrations", node.http_addr())));
+        let run = ctx
+            .on_load(closed_loop(conc, ctx.step(), u64::MAX, cpu_now, move |i| {
+                let (http, url) = (http.clone(), url.clone());
+                async move {
+                    let first = i * REGISTER_BATCH as u64;
+                    let entries: Vec<_> = (first..first + REGISTER_BATCH as u64)
+                        .map(|j| register_body(&format!("b{conc}"), j))
+                        .collect();
+                    check(http.post(url.as_str()).json(&json!({ "instances": entries })).send().await).await
+                }
+            }))
+            .await?;
+        let s1 = node.shared.committer.stats();
+        let (fsyncs, requests, events, hist) = stats_delta(&s0, &s1);
+        let per_s = run.per_sec() * REGISTER_BATCH as f64;
+        ctx.report.row(vec![
+            format!(
+                "{} in flight: {conc} x {REGISTER_BATCH} per POST /v1/registrations (latency per request)",
+                conc * REGISTER_BATCH
+            ),
+            rate(per_s),
+            run.lat.summary(),
+            format!("{:.1} ({events} / {fsyncs}; {requests} requests)", events as f64 / fsyncs.max(1) as f64),
+            largest_group(&hist),
+            sync_summary(&s0, &s1),
+            format!("{:.3}", run.server_cpu_s_per_kop() / REGISTER_BATCH as f64),
+            cores(&run),
+            errors(&run),
+        ]);
+        if conc * REGISTER_BATCH == 256 {
+            ctx.floors.register_batched_256 = Some((per_s, REGISTER_BATCH));
+        }
     }
     ctx.report.note(
         "registrations per fsync = committer local_requests / local_fsyncs over the step (group commit: \
@@ -557,6 +596,9 @@ pub async fn discover(ctx: &mut Ctx) -> anyhow::Result<()> {
 async fn seed_services(ctx: &Ctx, node: &Node, services: u64, per: u64) -> anyhow::Result<Run> {
     seed(ctx, node, services * per, true, svc_name(per)).await
 }
+
+/// Registrations per request in the batched register rows.
+const REGISTER_BATCH: usize = 64;
 
 /// Leases renewed per request in the batched heartbeat row.
 const HEARTBEAT_BATCH: usize = 200;

@@ -120,6 +120,12 @@ impl NodeShared {
             c.heartbeat_batches.load(Ordering::Relaxed),
         );
         m.counter(
+            "tandem_registration_batches_total",
+            "POST /v1/registrations requests (their written entries count in tandem_registrations_total)",
+            &[("dc", dc)],
+            c.register_batches.load(Ordering::Relaxed),
+        );
+        m.counter(
             "tandem_watch_wakeups_total",
             "Watch answers sent after a change (blocking queries and streams)",
             &[("dc", dc)],

@@ -70,6 +70,9 @@ pub struct Counters {
     pub watch_wakeups: AtomicU64,
     /// POST /v1/heartbeats requests (their entries count in `heartbeats`).
     pub heartbeat_batches: AtomicU64,
+    /// POST /v1/registrations requests within the entry bound (their written entries count
+    /// in `registrations`).
+    pub register_batches: AtomicU64,
     /// Local registrations of a new service refused by `[limits] services_max`.
     pub refused_services_max: AtomicU64,
     /// Local registrations in a new namespace refused by `[limits] namespaces_max`.

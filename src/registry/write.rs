@@ -389,6 +389,7 @@ impl Registry {
                 format!("at most {REGISTER_BATCH_MAX} per request, got {}", reqs.len()),
             ));
         }
+        self.counters.register_batches.fetch_add(1, Ordering::Relaxed);
         let at = |i: usize, e: ApiError| e.at(&format!("instances[{i}]"));
         let mut batch = Vec::with_capacity(reqs.len());
         let mut seen: HashMap<(&str, &str, &str), usize> = HashMap::with_capacity(reqs.len());
