@@ -34,6 +34,14 @@ impl RawConn {
         }
     }
 
+    /// Forgets the last answer and gives back what the read buffer grew beyond `capacity`
+    /// (a client that registered many instances keeps a small buffer for its renewals).
+    pub fn shrink(&mut self, capacity: usize) {
+        self.buf.clear();
+        self.body_at = 0;
+        self.buf.shrink_to(capacity);
+    }
+
     /// The body of the last answer read.
     pub fn answer(&self) -> &[u8] {
         self.buf.get(self.body_at..).unwrap_or_default()

@@ -1,7 +1,7 @@
 //! `scale` (issue 21): the sizes the seeds name. One node (a separate process,
 //! `serve-scale-probe`, pinned to CPU 0) holding `--scale-leases` ephemeral leases renewed
 //! the way `--scale-clients` client processes would: each client registers its instances
-//! over its own connection, then sends one `POST /v1/heartbeats` with all of them per
+//! together (`POST /v1/registrations`) over its own connection, then sends one `POST /v1/heartbeats` with all of them per
 //! heartbeat interval, its phase spread evenly over the interval. The clients are tasks of
 //! one load generator on CPU 1, each on its own raw HTTP/1.1 connection bound to a source
 //! address in 127.0.0.2.. (`--scale-per-address` connections per address), so the node's
@@ -182,29 +182,37 @@ async fn client(
     let item = |j: u64| json!({"service": svc, "instance_id": format!("c{c}-i{j}")});
     {
         let Ok(_permit) = seeding.acquire().await else { return Vec::new() };
-        // While it registers, a client renews what it has registered so far whenever its
-        // slot comes (a slow registration must not let the first instances expire).
+        // A client registers its instances together (`POST /v1/registrations`, in chunks of
+        // at most REGISTER_BATCH_MAX), and between chunks renews what it has registered so
+        // far whenever its slot comes (a slow registration must not let the first expire).
         let mut next_beat = Instant::now() + interval;
-        for j in 0..per {
-            let body = json!({"service": svc, "instance_id": format!("c{c}-i{j}"), "address": "10.20.30.40",
-                              "port": 8080, "zone": "zone-a", "version": "1.4.2"})
-            .to_string();
-            if let Err(e) = conn.post_json("/v1/register", body.as_bytes()).await {
+        let chunk = tandem::registry::REGISTER_BATCH_MAX as u64;
+        for first in (0..per).step_by(chunk as usize) {
+            let last = (first + chunk).min(per) - 1;
+            let entries: Vec<_> = (first..=last)
+                .map(|j| {
+                    json!({"service": svc, "instance_id": format!("c{c}-i{j}"), "address": "10.20.30.40",
+                           "port": 8080, "zone": "zone-a", "version": "1.4.2"})
+                })
+                .collect();
+            let body = json!({ "instances": entries }).to_string();
+            if let Err(e) = conn.post_json("/v1/registrations", body.as_bytes()).await {
                 errors.add(format!("register: {e}"));
                 return Vec::new();
             }
             if *stop.borrow() {
                 return Vec::new();
             }
-            if Instant::now() >= next_beat {
+            if Instant::now() >= next_beat && last + 1 < per {
                 next_beat = Instant::now() + interval;
-                let partial = json!({ "instances": (0..=j).map(item).collect::<Vec<_>>() }).to_string();
+                let partial = json!({ "instances": (0..=last).map(item).collect::<Vec<_>>() }).to_string();
                 if let Err(e) = conn.post_json("/v1/heartbeats", partial.as_bytes()).await {
                     errors.add(format!("heartbeat while registering: {e}"));
                 }
             }
         }
     }
+    conn.shrink(512);
     seeded.fetch_add(1, Ordering::Relaxed);
     let body = json!({ "instances": (0..per).map(item).collect::<Vec<_>>() }).to_string().into_bytes();
     let mut out = Vec::new();
