@@ -18,8 +18,8 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use tandem_client::api::{
-    HeartbeatBatch, RegisterBatch, RegisterBatchAnswer, RegisterRequest, ReloadAnswer, RetireAnswer,
-    RetireRequest, ServiceList, ServiceSummary, StatusChange, UnretireAnswer, WriteAnswer,
+    HeartbeatBatch, RegisterBatch, RegisterBatchAnswer, RegisterRequest, ServiceList, ServiceSummary,
+    StatusChange, WriteAnswer,
 };
 
 use axum::body::Bytes;
@@ -29,6 +29,7 @@ use crate::error::ApiError;
 use crate::registry::DcFilter;
 use crate::shared::{AnswerRef, NodeShared};
 
+pub mod admin;
 pub mod audit;
 pub mod auth;
 pub mod backup;
@@ -39,6 +40,8 @@ pub mod members;
 pub mod rate;
 pub mod stack;
 pub mod tls;
+
+pub use admin::TRANSFER_LEADER_PATH;
 
 /// Largest accepted request body.
 pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;
@@ -64,10 +67,10 @@ fn routes(node: Arc<NodeShared>) -> Router {
         .route("/v1/services", get(list_services))
         .route("/v1/status", get(status))
         .route("/v1/ready", get(ready))
-        .route("/v1/admin/reload", post(reload))
-        .route("/v1/admin/retire-dc", post(retire_dc))
-        .route("/v1/admin/unretire-dc", post(unretire_dc))
-        .route(TRANSFER_LEADER_PATH, post(transfer_leader))
+        .route("/v1/admin/reload", post(admin::reload))
+        .route("/v1/admin/retire-dc", post(admin::retire_dc))
+        .route("/v1/admin/unretire-dc", post(admin::unretire_dc))
+        .route(TRANSFER_LEADER_PATH, post(admin::transfer_leader))
         .route(members::MEMBERS_PATH, post(members::add))
         .route(&format!("{}/{{id}}", members::MEMBERS_PATH), delete(members::remove))
         .route(&format!("{}/{{id}}/replace", members::MEMBERS_PATH), post(members::replace))
@@ -656,123 +659,6 @@ async fn ready(State(node): State<Arc<NodeShared>>) -> Response {
 async fn metrics(State(node): State<Arc<NodeShared>>) -> Response {
     let body = node.render_metrics();
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
-}
-
-/// POST /v1/admin/reload. A refusal names the key and rule at fault but never echoes the
-/// file's text or paths to the caller: those go to the log.
-async fn reload(
-    State(node): State<Arc<NodeShared>>,
-    Extension(note): Extension<audit::AuditNote>,
-) -> Result<Response, ApiError> {
-    use crate::config::ConfigError;
-    use crate::shared::ReloadError;
-    let tokens_before = node.acl.current().tokens();
-    let result = node.reload();
-    note.detail(match &result {
-        Ok(()) => format!("tokens {tokens_before} -> {}", node.acl.current().tokens()),
-        Err(e) => format!("refused: {}", e.to_string().chars().take(200).collect::<String>()),
-    });
-    result.map_err(|e| {
-        tracing::warn!(error = %e, "configuration reload refused; the old configuration stays");
-        let message = match &e {
-            ReloadError::Config(ConfigError::Read { .. }) => {
-                "cannot read the config file; the node's log says why".to_owned()
-            }
-            ReloadError::Config(ConfigError::Parse { .. }) => {
-                "the config file does not parse; the node's log names the line".to_owned()
-            }
-            ReloadError::Acl(_) => "the ACL tokens file did not load; the node's log says why".to_owned(),
-            ReloadError::Certificates(_) => {
-                "the replication certificates did not load; the node's log says why".to_owned()
-            }
-            ReloadError::HttpsCertificates(_) => {
-                "the [http.tls] certificates did not load; the node's log says why".to_owned()
-            }
-            other => other.to_string(),
-        };
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_config", message)
-    })?;
-    Ok(Json(ReloadAnswer { reloaded: true }).into_response())
-}
-
-/// POST /v1/admin/retire-dc: forget a lost DC's copies and refuse its frames (see
-/// docs/replication.md, "Retiring a DC").
-async fn retire_dc(
-    State(node): State<Arc<NodeShared>>,
-    Extension(note): Extension<audit::AuditNote>,
-    body: Result<Json<RetireRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    let req = json_body(body)?;
-    note.target(req.dc.chars().take(64).collect::<String>());
-    tandem_schemas::validate_dc("dc", &req.dc).map_err(ApiError::invalid)?;
-    if *req.dc == *node.registry.dc {
-        return Err(ApiError::invalid_field("dc", "a node cannot retire its own DC"));
-    }
-    let r = node
-        .committer
-        .retire(req.dc.clone(), tandem_replicator::gateway::wall_ms())
-        .await
-        .map_err(|e| ApiError::unavailable(e.to_string()))?;
-    Ok(Json(RetireAnswer {
-        dc: req.dc,
-        newly_retired: r.newly,
-        retired_at_ms: r.at_ms,
-        copies_removed: r.changes.len() as u64,
-        tombstones_removed: r.tombstones_removed as u64,
-    })
-    .into_response())
-}
-
-/// POST /v1/admin/unretire-dc: the DC may replicate again, from scratch.
-async fn unretire_dc(
-    State(node): State<Arc<NodeShared>>,
-    Extension(note): Extension<audit::AuditNote>,
-    body: Result<Json<RetireRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    let req = json_body(body)?;
-    note.target(req.dc.chars().take(64).collect::<String>());
-    tandem_schemas::validate_dc("dc", &req.dc).map_err(ApiError::invalid)?;
-    let unretired =
-        node.committer.unretire(req.dc).await.map_err(|e| ApiError::unavailable(e.to_string()))?;
-    Ok(Json(UnretireAnswer { unretired }).into_response())
-}
-
-/// Where a group's lead is handed over (forwarded from a follower like any write, but
-/// waited for across the leader change it makes: `forward.rs`).
-pub const TRANSFER_LEADER_PATH: &str = "/v1/admin/cluster/transfer-leader";
-
-/// The body of `POST /v1/admin/cluster/transfer-leader`.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TransferRequest {
-    to: u64,
-}
-
-/// POST /v1/admin/cluster/transfer-leader: the group's leader hands its lead to member
-/// `to` (docs/cluster.md, "What an operator does"). Sent to a follower, it is forwarded to
-/// the leader like any write.
-async fn transfer_leader(
-    State(node): State<Arc<NodeShared>>,
-    Extension(note): Extension<audit::AuditNote>,
-    body: Result<Json<TransferRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    use crate::node::group::TransferError;
-    let req = json_body(body)?;
-    note.target(format!("node {}", req.to));
-    let Some(group) = node.group.as_ref() else {
-        return Err(ApiError::invalid_field("to", "this node is not a member of a DC group ([cluster])"));
-    };
-    match group.transfer_lead(req.to).await {
-        Ok(done) => Ok(Json(done).into_response()),
-        Err(e @ TransferError::UnknownMember(_)) => Err(ApiError::invalid_field("to", e)),
-        Err(e @ TransferError::NotServing) => {
-            Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, crate::error::NOT_LEADER, e.to_string()))
-        }
-        Err(e @ (TransferError::Busy | TransferError::Failed { .. })) => {
-            Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, crate::error::TRANSFER_FAILED, e.to_string()))
-        }
-        Err(e @ TransferError::NotInThisRelease) => Err(ApiError::not_found(e.to_string())),
-    }
 }
 
 #[cfg(test)]

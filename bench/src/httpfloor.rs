@@ -451,8 +451,14 @@ pub fn target_rows(ctx: &mut Ctx) {
                 _ if p >= 80.0 => String::new(),
                 Some(f) if f < 0.8 * puts => format!(
                     ": floor: the HTTP stack alone serves {:.0}% of the disk's capacity on one core; \
-                     register's own server CPU per request is the rest (HTTP, committer and RocksDB share CPU 0)",
-                    100.0 * f / puts.max(1e-9)
+                     register's own server CPU per request is the rest (HTTP, committer and RocksDB share CPU 0){}",
+                    100.0 * f / puts.max(1e-9),
+                    if ctx.floors.register_batched_256.is_some() {
+                        "; batched, 64 registrations share a request, and the write path's own CPU per \
+                         registration (the in-process row) bounds it"
+                    } else {
+                        ""
+                    }
                 ),
                 _ => ": the server core (HTTP, committer and RocksDB share CPU 0), not the disk".into(),
             };

@@ -178,6 +178,9 @@ pub struct Opts {
     /// `scale`: client connections per source address (127.0.0.2 onwards).
     #[arg(long, global = true, default_value_t = 100)]
     scale_per_address: u64,
+    /// `scale`: most instances a client registers per `POST /v1/registrations` (1 to 256).
+    #[arg(long, global = true, default_value_t = 256)]
+    scale_register_batch: usize,
     /// `scale`: registrations per second made while the leases are renewed (latency).
     #[arg(long, global = true, default_value_t = 50.0)]
     scale_register_rate: f64,

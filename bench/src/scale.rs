@@ -174,6 +174,7 @@ async fn client(
     seeding: Arc<tokio::sync::Semaphore>,
     seeded: Arc<AtomicU64>,
     errors: Arc<Errors>,
+    chunk: u64,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Vec<(u64, u32)> {
     let mut conn = RawConn::bound(&addr, source_of(c, per_address), 512);
@@ -182,11 +183,10 @@ async fn client(
     let item = |j: u64| json!({"service": svc, "instance_id": format!("c{c}-i{j}")});
     {
         let Ok(_permit) = seeding.acquire().await else { return Vec::new() };
-        // A client registers its instances together (`POST /v1/registrations`, in chunks of
-        // at most REGISTER_BATCH_MAX), and between chunks renews what it has registered so
-        // far whenever its slot comes (a slow registration must not let the first expire).
+        // A client registers its instances together (`POST /v1/registrations`, `chunk` at a
+        // time), and between chunks renews what it has registered so far whenever its slot
+        // comes (a slow registration must not let the first expire).
         let mut next_beat = Instant::now() + interval;
-        let chunk = tandem::registry::REGISTER_BATCH_MAX as u64;
         for first in (0..per).step_by(chunk as usize) {
             let last = (first + chunk).min(per) - 1;
             let entries: Vec<_> = (first..=last)
@@ -277,6 +277,7 @@ async fn leases(ctx: &mut Ctx) -> anyhow::Result<()> {
     let addr = Arc::new(addr);
     let base = Instant::now();
     let seeding = Arc::new(tokio::sync::Semaphore::new(SEEDING_CLIENTS));
+    let chunk = o.scale_register_batch.clamp(1, tandem::registry::REGISTER_BATCH_MAX) as u64;
     let seeded = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(Errors::default());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -293,6 +294,7 @@ async fn leases(ctx: &mut Ctx) -> anyhow::Result<()> {
             seeding.clone(),
             seeded.clone(),
             errors.clone(),
+            chunk,
             stop_rx.clone(),
         )));
     }
@@ -431,8 +433,8 @@ async fn leases(ctx: &mut Ctx) -> anyhow::Result<()> {
         ),
     ]);
     ctx.report.note(format!(
-        "seeding: each client registered its {per} instances over its own connection ({SEEDING_CLIENTS} clients at a \
-         time; a client renews what it has registered so far when its slot comes), then renewed them all every {} \
+        "seeding: each client registered its {per} instances over its own connection, {chunk} per POST \
+         /v1/registrations ({SEEDING_CLIENTS} clients at a time; a client renews what it has registered so far when its slot comes), then renewed them all every {} \
          ms on its own phase; {} of the clients registered after {seed_s:.0} s; measured over \
          {secs:.1} s starting one interval later; {} lease checks in the window ({} ms apart), the max is since the \
          node started (seeding included); {} expirations, {} health events, {} disk writes in the window (the \
