@@ -125,17 +125,9 @@ async fn register_batch(
         let first = name(first, first.instance_id.as_deref().unwrap_or("(new)"));
         note.target(format!("{first} and {} more", b.instances.len() - 1));
     }
-    // Every entry in a service the caller may write (each run of one service checked once),
-    // and each named instance the caller's or unowned: one that is not refuses the batch.
-    let mut checked: Option<(&str, &str)> = None;
-    for r in &b.instances {
-        if checked == Some((r.namespace(), &r.service)) {
-            continue;
-        }
-        let namespace = r.namespace().to_owned();
-        auth::check(&node, &principal, &Need::Write { namespace, service: r.service.clone() })?;
-        checked = Some((r.namespace(), &r.service));
-    }
+    // Every entry in a service the caller may write, and each named instance the caller's
+    // or unowned: one that is not refuses the batch.
+    may_write_all(&node, &principal, b.instances.iter().map(|r| (r.namespace(), r.service.as_str())))?;
     let writer = principal.writer();
     for (i, r) in b.instances.iter().enumerate() {
         if let Some(id) = &r.instance_id {
@@ -148,6 +140,25 @@ async fn register_batch(
     let answers = auth::owned(&node, node.registry.register_batch_as(b.instances, &writer).await)?;
     note.targets(names.iter().zip(&answers).map(|((ns, svc), a)| format!("{ns}/{svc}/{}", a.instance_id)));
     Ok(Json(RegisterBatchAnswer { instances: answers }).into_response())
+}
+
+/// Whether `principal` may write every (namespace, service) of a batch's entries; the
+/// first it may not refuses the batch (403). A client's batch names few services, mostly in
+/// runs: each run is checked once.
+fn may_write_all<'a>(
+    node: &NodeShared,
+    principal: &Principal,
+    entries: impl Iterator<Item = (&'a str, &'a str)>,
+) -> Result<(), ApiError> {
+    let mut checked: Option<(&str, &str)> = None;
+    for (namespace, service) in entries {
+        if checked != Some((namespace, service)) {
+            let need = Need::Write { namespace: namespace.to_owned(), service: service.to_owned() };
+            auth::check(node, principal, &need)?;
+            checked = Some((namespace, service));
+        }
+    }
+    Ok(())
 }
 
 /// A renewal's answer: [`HeartbeatAnswer`](tandem_client::api::HeartbeatAnswer)
@@ -181,17 +192,8 @@ async fn heartbeat_batch(
     body: Result<Json<HeartbeatBatch>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let b = json_body(body)?;
-    // Every entry must be the caller's to renew; one that is not refuses the batch. (A
-    // client's batch names few services, mostly in runs: each run is checked once.)
-    let mut checked: Option<(&str, &str)> = None;
-    for item in &b.instances {
-        if checked == Some((item.namespace(), &item.service)) {
-            continue;
-        }
-        let namespace = item.namespace().to_owned();
-        auth::check(&node, &principal, &Need::Write { namespace, service: item.service.clone() })?;
-        checked = Some((item.namespace(), &item.service));
-    }
+    // Every entry must be the caller's to renew; one that is not refuses the batch.
+    may_write_all(&node, &principal, b.instances.iter().map(|i| (i.namespace(), i.service.as_str())))?;
     // And every entry the caller's (or unowned): another principal's instance refuses it too.
     let writer = principal.writer();
     for item in &b.instances {
