@@ -120,10 +120,10 @@ async fn register_batch(
     body: Result<Json<RegisterBatch>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let b = json_body(body)?;
-    let name = |r: &RegisterRequest, id: &str| format!("{}/{}/{id}", r.namespace(), r.service);
-    if let Some(first) = b.instances.first() {
-        let first = name(first, first.instance_id.as_deref().unwrap_or("(new)"));
-        note.target(format!("{first} and {} more", b.instances.len() - 1));
+    let audited = node.audit.enabled();
+    if let (true, Some(r)) = (audited, b.instances.first()) {
+        let id = r.instance_id.as_deref().unwrap_or("(new)");
+        note.target(format!("{}/{}/{id} and {} more", r.namespace(), r.service, b.instances.len() - 1));
     }
     // Every entry in a service the caller may write, and each named instance the caller's
     // or unowned: one that is not refuses the batch.
@@ -135,10 +135,13 @@ async fn register_batch(
             auth::owned(&node, owner.map_err(|e| e.at(&format!("instances[{i}]"))))?;
         }
     }
-    let names: Vec<(String, String)> =
-        b.instances.iter().map(|r| (r.namespace().to_owned(), r.service.clone())).collect();
+    // The audit lines name each entry's service; the answers name the ids.
+    let services: Vec<String> = match audited {
+        true => b.instances.iter().map(|r| format!("{}/{}", r.namespace(), r.service)).collect(),
+        false => Vec::new(),
+    };
     let answers = auth::owned(&node, node.registry.register_batch_as(b.instances, &writer).await)?;
-    note.targets(names.iter().zip(&answers).map(|((ns, svc), a)| format!("{ns}/{svc}/{}", a.instance_id)));
+    note.targets(services.iter().zip(&answers).map(|(svc, a)| format!("{svc}/{}", a.instance_id)));
     Ok(Json(RegisterBatchAnswer { instances: answers }).into_response())
 }
 

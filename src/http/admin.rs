@@ -52,6 +52,18 @@ pub(super) async fn reload(
     Ok(Json(ReloadAnswer { reloaded: true }).into_response())
 }
 
+/// The body of a retire or unretire call: parsed, its DC noted for the audit line, then
+/// validated.
+fn dc_request(
+    body: Result<Json<RetireRequest>, JsonRejection>,
+    note: &audit::AuditNote,
+) -> Result<RetireRequest, ApiError> {
+    let req = json_body(body)?;
+    note.target(req.dc.chars().take(64).collect::<String>());
+    tandem_schemas::validate_dc("dc", &req.dc).map_err(ApiError::invalid)?;
+    Ok(req)
+}
+
 /// POST /v1/admin/retire-dc: forget a lost DC's copies and refuse its frames (see
 /// docs/replication.md, "Retiring a DC").
 pub(super) async fn retire_dc(
@@ -59,9 +71,7 @@ pub(super) async fn retire_dc(
     Extension(note): Extension<audit::AuditNote>,
     body: Result<Json<RetireRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let req = json_body(body)?;
-    note.target(req.dc.chars().take(64).collect::<String>());
-    tandem_schemas::validate_dc("dc", &req.dc).map_err(ApiError::invalid)?;
+    let req = dc_request(body, &note)?;
     if *req.dc == *node.registry.dc {
         return Err(ApiError::invalid_field("dc", "a node cannot retire its own DC"));
     }
@@ -86,9 +96,7 @@ pub(super) async fn unretire_dc(
     Extension(note): Extension<audit::AuditNote>,
     body: Result<Json<RetireRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let req = json_body(body)?;
-    note.target(req.dc.chars().take(64).collect::<String>());
-    tandem_schemas::validate_dc("dc", &req.dc).map_err(ApiError::invalid)?;
+    let req = dc_request(body, &note)?;
     let unretired =
         node.committer.unretire(req.dc).await.map_err(|e| ApiError::unavailable(e.to_string()))?;
     Ok(Json(UnretireAnswer { unretired }).into_response())
