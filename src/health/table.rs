@@ -1,6 +1,8 @@
 //! [`LeaseTable`]: a registry's leases with a due-time queue, so a lease check touches only
 //! the leases whose deadline came.
 
+use std::hash::BuildHasher as _;
+
 use super::due::DueQueue;
 use super::*;
 
@@ -18,18 +20,20 @@ use super::*;
 /// a heartbeat postponed costs one extra look, never a missed transition: the queue holds,
 /// for every lease, an entry at or before its next deadline.
 ///
-/// The leases live in a slab (a vector of slots, reused through a free list) and a hash
-/// map holds only each key's slot number: a queue entry names its slot, so the check
-/// reaches a lease without hashing its key, and a million leases cost one slot each plus a
-/// small index entry, not a hash map bucket of a whole slot at twice the count (a hash
-/// table doubles past seven eighths full: 2^21 buckets for 1,000,000 leases).
+/// The leases live in a slab (a vector of slots, reused through a free list), each slot
+/// holding its key, and a hash table holds only slot numbers, hashed by their slot's key: a
+/// queue entry names its slot, so the check reaches a lease without hashing its key, and a
+/// million leases cost one slot each plus four bytes of index per bucket, not a hash map
+/// bucket of a whole slot at twice the count (a hash table doubles past seven eighths full:
+/// 2^21 buckets for 1,000,000 leases) nor a second, shared copy of every key.
 ///
 /// The table also keeps the [`SelfPreservation`] accounting of its leases, grouped by
 /// [`LeaseGroup::group`] (the namespace): it sees every renewal, every lease added and
 /// removed, and every lease that parks or expires, which is what the expectation follows.
 pub struct LeaseTable<K: Eq + std::hash::Hash + Clone + LeaseGroup> {
-    /// Each key's slot in `slots`.
-    index: std::collections::HashMap<std::sync::Arc<K>, u32, foldhash::fast::RandomState>,
+    /// Each key's slot in `slots`, hashed by `hasher` from the slot's key.
+    index: hashbrown::HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
     slots: Vec<Option<Slot<K>>>,
     /// Empty slots, reused first.
     free: Vec<u32>,
@@ -51,7 +55,7 @@ pub trait LeaseGroup {
 }
 
 struct Slot<K> {
-    key: std::sync::Arc<K>,
+    key: K,
     lease: Lease,
     /// Generation of the queue entry that stands for this lease.
     generation: u64,
@@ -83,6 +87,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     pub fn new(preservation: SelfPreservation) -> Self {
         LeaseTable {
             index: Default::default(),
+            hasher: Default::default(),
             slots: Vec::new(),
             free: Vec::new(),
             due: Default::default(),
@@ -115,13 +120,20 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     }
 
     pub fn get(&self, key: &K) -> Option<&Lease> {
-        let i = *self.index.get(key)?;
+        let i = self.slot_of(key)?;
         self.slots[i as usize].as_ref().map(|s| &s.lease)
     }
 
     /// Every key that has a lease, in no particular order.
     pub fn keys(&self) -> impl Iterator<Item = &K> {
-        self.index.keys().map(|k| &**k)
+        self.slots.iter().flatten().map(|s| &s.key)
+    }
+
+    /// The slot holding `key`'s lease.
+    fn slot_of(&self, key: &K) -> Option<u32> {
+        let slots = &self.slots;
+        let held = |i: &u32| slots[*i as usize].as_ref().is_some_and(|s| s.key == *key);
+        self.index.find(self.hasher.hash_one(key), held).copied()
     }
 
     /// Adds or replaces the lease of `key`. A new lease is not counted by
@@ -130,7 +142,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
         self.now_ms = self.now_ms.max(lease.last_renew_ms());
         self.remove(&key);
         self.preservation.lease_added(key.group(), self.now_ms);
-        let key = std::sync::Arc::new(key);
+        let hash = self.hasher.hash_one(&key);
         let i = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -141,17 +153,20 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
             }
         };
         let (generation, due_ms) = self.schedule(i, &lease);
-        let slot =
-            Slot { key: key.clone(), lease, generation, due_ms, renewed: false, out: false, overdue: false };
+        let slot = Slot { key, lease, generation, due_ms, renewed: false, out: false, overdue: false };
         self.slots[i as usize] = Some(slot);
-        self.index.insert(key, i);
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        let rehash = |j: &u32| slots[*j as usize].as_ref().map_or(0, |s| hasher.hash_one(&s.key));
+        self.index.insert_unique(hash, i, rehash);
         // Only now: compacting before the lease is in its slot would drop its own entry as
         // stale, and the lease would never be checked again.
         self.compact();
     }
 
     pub fn remove(&mut self, key: &K) -> Option<Lease> {
-        let i = self.index.remove(key)?;
+        let slots = &self.slots;
+        let held = |i: &u32| slots[*i as usize].as_ref().is_some_and(|s| s.key == *key);
+        let (i, _) = self.index.find_entry(self.hasher.hash_one(key), held).ok()?.remove();
         let slot = self.slots[i as usize].take()?;
         self.free.push(i);
         if slot.counted() {
@@ -172,7 +187,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     /// ([`Lease::registration`]) found by the same lookup.
     pub fn renew(&mut self, key: &K, now_ms: u64) -> Option<(Option<Transition>, u64)> {
         self.now_ms = self.now_ms.max(now_ms);
-        let i = *self.index.get(key)?;
+        let i = self.slot_of(key)?;
         let slot = self.slots[i as usize].as_mut()?;
         let registration = slot.lease.registration();
         let silence_ms = now_ms.saturating_sub(slot.lease.last_renew_ms());
@@ -244,7 +259,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
                     self.preservation.uncounted(key.group(), now_ms, s, slot.overdue);
                     (slot.out, slot.overdue) = (true, false);
                 }
-                out.push(((**key).clone(), t));
+                out.push((key.clone(), t));
             }
             // Every entry pushed here lies after `now_ms`: the next check takes it.
             self.generation += 1;

@@ -34,6 +34,9 @@ use crate::config::Config;
 /// RocksDB's WAL, manifest and info log, the replication socket, the runtime, stdio,
 /// the listener, files opened on reload.
 pub const DESCRIPTORS_RESERVED: u64 = 128;
+/// Most bytes the future of a plain connection's task may take (a test holds it to this).
+#[cfg(test)]
+const PLAIN_TASK_BYTES_MAX: usize = 4096;
 /// A connection asked to close (idle, or the node stopping) gets this long to finish.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// The smallest connection cap the descriptor budget may leave; below it the node
@@ -216,19 +219,43 @@ pub async fn serve<A: App>(
         };
         match conns.admit(peer.ip()) {
             Ok(slot) => {
-                let (builder, app, state, shut) = (builder.clone(), app.clone(), state.clone(), shut.clone());
-                let idle = conns.limits.idle_timeout;
-                let tls = tls.clone();
-                tokio::spawn(async move {
-                    match tls {
-                        None => run_connection(builder, stream, app, state, idle, shut, slot).await,
-                        Some(tls) => {
-                            run_tls_connection(builder, stream, app, state, idle, shut, slot, &tls).await
-                        }
-                    }
-                });
+                let served = (builder.clone(), stream, app.clone(), state.clone(), shut.clone(), slot);
+                spawn_connection(tls.clone(), served, conns.limits.idle_timeout);
             }
             Err(why) => refuse(&state, &conns.limits, stream, peer, why),
+        }
+    }
+}
+
+/// Spawns the task that serves one admitted connection, and says how many bytes its
+/// future takes. Plain and TLS connections get tasks of their own types: one future for
+/// both would make every plain connection's task as large as a TLS one's, which holds its
+/// TLS session inline.
+fn spawn_connection<A: App>(
+    tls: Option<Arc<HttpsTls>>,
+    (builder, stream, app, state, shut, slot): (
+        Builder<TokioExecutor>,
+        TcpStream,
+        A,
+        Arc<HttpState>,
+        watch::Receiver<bool>,
+        Slot,
+    ),
+    idle: Duration,
+) -> usize {
+    match tls {
+        None => {
+            let task = run_connection(builder, stream, app, state, idle, shut, slot);
+            let bytes = std::mem::size_of_val(&task);
+            tokio::spawn(task);
+            bytes
+        }
+        Some(tls) => {
+            let task =
+                async move { run_tls_connection(builder, stream, app, state, idle, shut, slot, &tls).await };
+            let bytes = std::mem::size_of_val(&task);
+            tokio::spawn(task);
+            bytes
         }
     }
 }
@@ -501,6 +528,27 @@ fn classify_close(state: &HttpState, activity: &Activity, e: &(dyn std::error::E
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a plain connection's task holds while it idles: hyper's connection and this
+    /// listener's state, not a TLS session's (a node with 10,000 client connections holds
+    /// 10,000 of these; docs/benchmarks.md, scale): 3,080 bytes, where one future serving
+    /// both kinds of connection took 8,608.
+    #[tokio::test]
+    async fn a_plain_connection_task_is_small() {
+        let c = Config::single("dc-a", "/tmp/x".into(), "127.0.0.1:0".parse().unwrap());
+        let limits = ListenerLimits::new(&c, None).unwrap();
+        let state = Arc::new(HttpState::default());
+        let conns =
+            Arc::new(Conns { state: state.clone(), by_address: Mutex::default(), limits: limits.clone() });
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (stream, peer) = listener.accept().await.unwrap();
+        let slot = conns.admit(peer.ip()).unwrap_or_else(|_| panic!("admitted"));
+        let (_tx, shut) = watch::channel(false);
+        let served = (limits.builder(), stream, axum::Router::new(), state, shut, slot);
+        let bytes = spawn_connection(None, served, limits.idle_timeout);
+        assert!(bytes <= PLAIN_TASK_BYTES_MAX, "a plain connection's future takes {bytes} bytes");
+    }
 
     #[test]
     fn the_descriptor_budget_lowers_the_connection_cap() {

@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tandem_schemas::{Health, InstanceKey, InstanceRecord, Name, Status};
+use tandem_schemas::{Health, InstanceRecord, Name, Status};
 use tokio::sync::watch;
 
+use super::instances::Instances;
 use super::view::{Held, ServiceId, SvcRef};
 use super::{DcFilter, DiscoverAnswer, ExplainLine, Failover, InstanceView, Registry, Threshold};
 use crate::error::ApiError;
@@ -81,7 +82,7 @@ impl Registry {
         }
     }
 
-    fn local_counts(&self, instances: &BTreeMap<InstanceKey, Held>) -> LocalCounts {
+    fn local_counts(&self, instances: &Instances) -> LocalCounts {
         let mut c = LocalCounts { healthy: 0, total: 0 };
         for h in instances.values().filter(|h| *h.record.key.owner_dc == *self.dc) {
             c.total += 1;
@@ -193,7 +194,7 @@ impl Registry {
         let protect = self.config().protect_threshold(ns, svc);
         let v = self.view.view.read();
         let index = v.services.get(&sid).map_or_else(|| self.view.absent_index(ns, svc), |s| s.index);
-        let empty = BTreeMap::new();
+        let empty = Instances::default();
         let instances = v.services.get(&sid).map_or(&empty, |s| &s.instances);
 
         let mut out = Vec::new();

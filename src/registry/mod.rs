@@ -37,6 +37,7 @@ use crate::store::AppendLocal;
 
 mod compat;
 mod discovery;
+mod instances;
 mod leases;
 mod owners;
 mod view;

@@ -11,7 +11,7 @@
 //! when it appears; and a service's index never goes backwards across a drop (the bucket
 //! takes the dropping write's index).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -21,6 +21,7 @@ use tandem_replicator::log::StateChange;
 use tandem_schemas::{InstanceKey, InstanceRecord, Name};
 use tokio::sync::watch;
 
+use super::instances::Instances;
 use super::Counters;
 
 /// Bits of the watch index that count in-memory-only changes (failover switches) between
@@ -59,7 +60,7 @@ pub(super) struct Service {
     /// This service's names; every record held here shares them.
     pub(super) names: ServiceId,
     pub(super) index: u64,
-    pub(super) instances: BTreeMap<InstanceKey, Held>,
+    pub(super) instances: Instances,
     pub(super) notify: watch::Sender<u64>,
     /// The most recently removed instances, newest last (bounded), for `explain`.
     pub(super) removed: std::collections::VecDeque<InstanceKey>,
@@ -90,7 +91,7 @@ impl Service {
         Service {
             names,
             index,
-            instances: BTreeMap::new(),
+            instances: Instances::default(),
             notify: watch::channel(index).0,
             removed: Default::default(),
             owners: Vec::new(),
@@ -110,13 +111,13 @@ impl Service {
             Some(owner) => key.owner_dc = owner.clone(),
             None => self.owners.push(key.owner_dc.clone()),
         }
-        if let Some((held_key, _)) = self.instances.get_key_value(key) {
-            key.instance_id = held_key.instance_id.clone();
+        if let Some(held) = self.instances.get(key) {
+            key.instance_id = held.record.key.instance_id.clone();
         }
         record.zone = intern(&mut self.zones, &record.zone);
         record.app_version = intern(&mut self.versions, &record.app_version);
         self.removed.retain(|k| k != &record.key);
-        self.instances.insert(record.key.clone(), Held { seq, record: Arc::new(record) });
+        self.instances.insert(Held { seq, record: Arc::new(record) });
     }
 }
 
@@ -351,7 +352,9 @@ impl ViewCell {
         let v = self.view.read();
         v.services
             .values()
-            .flat_map(|svc| svc.instances.iter().map(|(k, h)| (k.clone(), (h.seq, (*h.record).clone()))))
+            .flat_map(|svc| {
+                svc.instances.values().map(|h| (h.record.key.clone(), (h.seq, (*h.record).clone())))
+            })
             .collect()
     }
 
