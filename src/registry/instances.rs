@@ -92,31 +92,14 @@ mod tests {
     use std::sync::Arc;
 
     use proptest::prelude::*;
-    use tandem_schemas::{Health, InstanceRecord, Status};
+    use tandem_schemas::InstanceRecord;
 
     use super::*;
 
     fn record(owner: &str, id: &str, port: u16) -> InstanceRecord {
-        InstanceRecord {
-            key: InstanceKey {
-                owner_dc: owner.into(),
-                namespace: "ns".into(),
-                service: "svc".into(),
-                instance_id: id.into(),
-            },
-            address: "10.0.0.1".into(),
-            port,
-            zone: "".into(),
-            weight: 1,
-            app_version: "".into(),
-            tags: vec![],
-            metadata: Default::default(),
-            persistent: false,
-            lease_ttl_ms: 30_000,
-            status: Status::Up,
-            health: Health::Healthy,
-            damped: false,
-        }
+        let mut r = tandem_replicator::log::conformance::record(owner, id);
+        r.port = port;
+        r
     }
 
     proptest! {
