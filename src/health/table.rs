@@ -69,6 +69,11 @@ struct Slot<K> {
     overdue: bool,
 }
 
+/// Whether an index entry names the slot that holds `key`.
+fn holds<'a, K: Eq>(slots: &'a [Option<Slot<K>>], key: &'a K) -> impl Fn(&u32) -> bool + 'a {
+    move |i| slots[*i as usize].as_ref().is_some_and(|s| s.key == *key)
+}
+
 impl<K> Slot<K> {
     /// In the self-preservation expectation.
     fn counted(&self) -> bool {
@@ -131,9 +136,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
 
     /// The slot holding `key`'s lease.
     fn slot_of(&self, key: &K) -> Option<u32> {
-        let slots = &self.slots;
-        let held = |i: &u32| slots[*i as usize].as_ref().is_some_and(|s| s.key == *key);
-        self.index.find(self.hasher.hash_one(key), held).copied()
+        self.index.find(self.hasher.hash_one(key), holds(&self.slots, key)).copied()
     }
 
     /// Adds or replaces the lease of `key`. A new lease is not counted by
@@ -164,9 +167,8 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     }
 
     pub fn remove(&mut self, key: &K) -> Option<Lease> {
-        let slots = &self.slots;
-        let held = |i: &u32| slots[*i as usize].as_ref().is_some_and(|s| s.key == *key);
-        let (i, _) = self.index.find_entry(self.hasher.hash_one(key), held).ok()?.remove();
+        let found = self.index.find_entry(self.hasher.hash_one(key), holds(&self.slots, key));
+        let (i, _) = found.ok()?.remove();
         let slot = self.slots[i as usize].take()?;
         self.free.push(i);
         if slot.counted() {

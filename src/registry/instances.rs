@@ -68,12 +68,12 @@ impl Instances {
     }
 
     /// The held records in key order.
-    pub fn values(&self) -> impl DoubleEndedIterator<Item = &Held> + ExactSizeIterator + Clone {
+    pub fn values(&self) -> impl Iterator<Item = &Held> {
         self.0.iter().map(|e| &e.0)
     }
 
     /// The keys in order.
-    pub fn keys(&self) -> impl DoubleEndedIterator<Item = &InstanceKey> + ExactSizeIterator + Clone {
+    pub fn keys(&self) -> impl Iterator<Item = &InstanceKey> {
         self.0.iter().map(ByKey::key)
     }
 
