@@ -18,7 +18,7 @@
 
 /// The cargo profile this binary was built with: `release` is the one to deploy
 /// (`cargo install --locked --path .`); `dev` is what `./run.sh` and the tests build (every
-/// crate optimized, RocksDB's C++ at -O1: docs/benchmarks.md, "Why the figures come from a
+/// crate optimized, RocksDB's C++ at -O3: docs/benchmarks.md, "Why the figures come from a
 /// dev-profile build").
 pub const BUILD_PROFILE: &str = if IS_RELEASE { "release" } else { "dev" };
 

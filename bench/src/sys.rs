@@ -9,16 +9,17 @@ use std::time::Duration;
 
 /// The cargo profile this binary was built with (`debug` for the dev profile, `release`).
 /// tandem's benches run in the dev profile (docs/benchmarks.md, "Why the figures come from a
-/// dev-profile build"): every crate at opt-level 2 (RocksDB's C++ and its build graph excepted: librocksdb-sys at
-/// opt-level 1), no debug assertions or overflow checks (root Cargo.toml).
+/// dev-profile build"): every crate at opt-level 2, RocksDB's C++ and lz4's C at -O3 (their
+/// build scripts' graph at opt-level 0), no debug assertions or overflow checks (root
+/// Cargo.toml).
 pub const PROFILE: &str = if is_release() { "release" } else { "debug" };
 
 /// What the build running this binary is, for the headers and notes of a report.
 pub const BUILD: &str = if is_release() {
     "cargo release profile: opt-level 3 for every crate, RocksDB included; no debug assertions"
 } else {
-    "cargo dev profile: opt-level 2 for every crate except RocksDB's build graph (librocksdb-sys \
-     opt-level 1); no debug assertions or overflow checks; root Cargo.toml"
+    "cargo dev profile: opt-level 2 for every crate, RocksDB's C++ and lz4's C at -O3 \
+     (librocksdb-sys and lz4-sys opt-level 3); no debug assertions or overflow checks; root Cargo.toml"
 };
 
 const fn is_release() -> bool {
