@@ -409,7 +409,9 @@ pub(super) fn builder(
             let (event_id, commit_time_ms) = (w.event_id, w.time_ms);
             let (key, patch, owner) = w.into_patch();
             let judged = patch.judged();
-            if let Minted::Op(op) = patch.apply(&key, &mut overlay, seq + 1, &base, judged) {
+            if let Minted::Op(op) =
+                patch.apply(&key, &mut overlay, seq + 1, |k| base(k).map(Arc::new), judged)
+            {
                 seq += 1;
                 if let Some(o) = owner {
                     built.owners.push((seq, o.into()));

@@ -406,7 +406,7 @@ impl Inner {
         };
         let before = pending.overlay.get(&key).cloned();
         let judged = patch.judged();
-        let op = match patch.apply(&key, &mut pending.overlay, base.seq + 1, |_| held, judged) {
+        let op = match patch.apply(&key, &mut pending.overlay, base.seq + 1, |_| held.map(Arc::new), judged) {
             Minted::Op(op) => op,
             Minted::Unchanged => return Ok(WriteOutcome::Unchanged),
             Minted::Gone => return Ok(WriteOutcome::Gone),

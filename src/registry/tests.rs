@@ -1,6 +1,8 @@
 //! Unit tests of the registry: patches minted against the overlay, the overlay settling,
 //! decisions judged on another registration, and the watch index.
 
+use std::sync::Arc;
+
 use tandem_schemas::{DeregisterReason, Health, InstanceKey, InstanceRecord, Op, Status};
 
 use super::write::{settle, Minted, Overlay, Patch};
@@ -42,7 +44,7 @@ fn concurrent_patches_of_one_instance_keep_each_others_fields() {
         Minted::Op(_)
     ));
     // A deregistration in flight hides what the (older) view still holds.
-    let stale = |_: &InstanceKey| Some(rec());
+    let stale = |_: &InstanceKey| Some(Arc::new(rec()));
     assert!(matches!(Patch::Status(Status::Up).apply(&key, &mut minted, 5, stale, Some(1)), Minted::Gone));
     assert!(matches!(
         Patch::Deregister(DeregisterReason::Explicit, None).apply(&key, &mut minted, 5, stale, Some(1)),
@@ -72,7 +74,7 @@ fn the_overlay_holds_only_writes_in_flight() {
     let mut in_view = rec();
     in_view.status = Status::Draining;
     in_view.weight = 7;
-    let from_view = |_: &InstanceKey| Some(in_view.clone());
+    let from_view = |_: &InstanceKey| Some(Arc::new(in_view.clone()));
     let Minted::Op(Op::Update(r)) = Patch::Health { health: Health::Suspect, damped: false, version: 1 }
         .apply(&key, &mut minted, 3, from_view, Some(1))
     else {
@@ -87,7 +89,7 @@ fn decisions_about_another_registration_change_nothing() {
     // touch registration 2 of the same id, acknowledged in between.
     let key = rec().key;
     let mut minted = Overlay::default();
-    let live = |_: &InstanceKey| Some(rec());
+    let live = |_: &InstanceKey| Some(Arc::new(rec()));
     let expire = Patch::Deregister(DeregisterReason::LeaseExpired, Some(1));
     assert!(matches!(expire.clone().apply(&key, &mut minted, 5, live, Some(2)), Minted::Gone));
     let health = Patch::Health { health: Health::Unhealthy, damped: false, version: 1 };

@@ -112,23 +112,25 @@ impl Patch {
     }
 
     /// The event this patch mints given the latest state of its key, which is the
-    /// overlay's in-flight state if there is one, else `base` (the view). On `Op`, the
-    /// overlay records the new state under `seq`. `lease`: the registration the key's
-    /// lease belongs to now; a patch judged on another registration is `Gone` (it was about
-    /// an instance that has been replaced or removed since).
+    /// overlay's in-flight state if there is one, else `base` (the view's shared record:
+    /// copied only by the patches that change a field of it, never by a registration or a
+    /// deregistration). On `Op`, the overlay records the new state under `seq`. `lease`:
+    /// the registration the key's lease belongs to now; a patch judged on another
+    /// registration is `Gone` (it was about an instance that has been replaced or removed
+    /// since).
     pub(crate) fn apply(
         self,
         key: &InstanceKey,
         overlay: &mut Overlay,
         seq: u64,
-        base: impl FnOnce(&InstanceKey) -> Option<InstanceRecord>,
+        base: impl FnOnce(&InstanceKey) -> Option<Arc<InstanceRecord>>,
         lease: Option<u64>,
     ) -> Minted {
         if self.judged().is_some_and(|v| lease != Some(v)) {
             return Minted::Gone;
         }
         let current = match overlay.get(key) {
-            Some(p) => p.record.clone(),
+            Some(p) => p.record.clone().map(Arc::new),
             None => base(key),
         };
         let (minted, after) = match self {
@@ -172,12 +174,13 @@ impl Patch {
     }
 
     fn modify(
-        current: Option<InstanceRecord>,
+        current: Option<Arc<InstanceRecord>>,
         f: impl FnOnce(&mut InstanceRecord) -> bool,
     ) -> (Minted, Option<InstanceRecord>) {
         match current {
             None => (Minted::Gone, None),
-            Some(mut r) => {
+            Some(r) => {
+                let mut r = Arc::unwrap_or_clone(r);
                 if f(&mut r) {
                     (Minted::Op(Op::Update(r.clone())), Some(r))
                 } else {
@@ -268,7 +271,7 @@ impl Registry {
                         let registration = matches!(patch, Patch::Register(_));
                         let judged = patch.judged();
                         let lease = leases.version_of(&key);
-                        let base = |k: &InstanceKey| view.get(k).map(|h| Arc::unwrap_or_clone(h.record));
+                        let base = |k: &InstanceKey| view.get(k).map(|h| h.record);
                         let op = match patch.apply(&key, &mut minted, seq + 1, base, lease) {
                             Minted::Op(op) => op,
                             Minted::Unchanged => {

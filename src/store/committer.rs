@@ -48,10 +48,12 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::{CommitLog, Retirement, RocksLog};
 
 mod durations;
+mod hand_out;
 mod handle;
 mod recovery;
 
 pub use durations::{SyncDurations, SYNC_BUCKETS_US};
+use hand_out::hand_out;
 pub use handle::{AppendLocal, CommitterHandle, InlineCommitter};
 use recovery::{InDoubt, Recovery};
 pub use recovery::{LogHealth, LogHealthReport};
@@ -671,8 +673,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                     stats.local_events += events.len() as u64;
                     stats.local_group_requests[group_bucket(members.len())] += 1;
                 }
-                for (range, reply) in members {
-                    let mine = events.get(range).map(<[ChangeEvent]>::to_vec).unwrap_or_default();
+                for (reply, mine) in hand_out(events, members) {
                     self.answer_local(reply, Ok(mine));
                 }
             }
