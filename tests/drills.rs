@@ -40,7 +40,15 @@ fn drill_with(kind: DrillKind, env: Environment, nodes: usize) -> DrillReport {
     let bin = std::env::var_os("TANDEM_TEST_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tandem")));
-    rt.block_on(run_drill(&opts, &bin)).unwrap_or_else(|e| panic!("drill {kind} could not run: {e:#}"))
+    let report =
+        rt.block_on(run_drill(&opts, &bin)).unwrap_or_else(|e| panic!("drill {kind} could not run: {e:#}"));
+    if !report.passed() {
+        // The report names the node logs, the report and the timeline in this dir: a
+        // failed drill keeps them for whoever reads the failure.
+        let kept = dir.keep();
+        eprintln!("drill {kind} failed: its dir is kept at {}", kept.display());
+    }
+    report
 }
 
 fn assert_holds(kind: DrillKind) -> DrillReport {
