@@ -113,8 +113,8 @@ impl Patch {
 
     /// The event this patch mints given the latest state of its key, which is the
     /// overlay's in-flight state if there is one, else `base` (the view's shared record:
-    /// copied only by the patches that change a field of it, never by a registration or a
-    /// deregistration). On `Op`, the overlay records the new state under `seq`. `lease`:
+    /// copied only by the patches that may change a field of it, never by a registration
+    /// or a deregistration). On `Op`, the overlay records the new state under `seq`. `lease`:
     /// the registration the key's lease belongs to now; a patch judged on another
     /// registration is `Gone` (it was about an instance that has been replaced or removed
     /// since).
