@@ -579,17 +579,22 @@ const ANSWER_CACHE_ENTRIES_MAX: usize = 16_384;
 /// The encoded answer for (service, filter) at the service's current index, newline-
 /// terminated.
 ///
-/// An answer (without `explain`) is a function of the service's index: every change that
-/// shows in it — an event, a failover switch, a remote origin turning stale or fresh —
-/// moves the index. So when thousands of watchers wake for one change, the answer is
-/// computed and encoded once and the same bytes go to all of them.
+/// An answer (without `explain`) is a function of the service's index and of its remote
+/// owners' stale flags: every event and failover switch moves the index, but a remote origin
+/// turning stale or fresh moves it only at the lease checker's next pass. So an answer is
+/// kept with both and served again while both hold; a read that finds the flags changed
+/// moves the index itself ([`crate::registry::Registry::staleness_moved`]). When thousands
+/// of watchers wake for one change, the answer is computed and encoded once and the same
+/// bytes go to all of them.
 fn answer_bytes(node: &NodeShared, ns: &str, svc: &str, filter: &DcFilter) -> Result<(u64, Bytes), ApiError> {
-    let current = node.registry.service_index(ns, svc);
-    if let Some((idx, bytes)) = node.answers.lock().get(&AnswerRef(ns, svc, filter_key(filter))) {
-        if *idx == current {
+    let (current, flags) = node.registry.answer_state(ns, svc);
+    let kept = node.answers.lock().get(&AnswerRef(ns, svc, filter_key(filter))).cloned();
+    if let Some((idx, kept_flags, bytes)) = kept.filter(|k| k.0 == current) {
+        if Some(kept_flags) == flags {
             node.registry.counters.discover_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return Ok((*idx, bytes.clone()));
+            return Ok((idx, bytes));
         }
+        node.registry.staleness_moved(ns, svc, idx);
     }
     let answer = node.registry.discover(ns, svc, filter, false)?;
     // Ends with a newline: a streaming watch sends these bytes as one line as they are.
@@ -597,15 +602,16 @@ fn answer_bytes(node: &NodeShared, ns: &str, svc: &str, filter: &DcFilter) -> Re
     encoded.push(b'\n');
     let bytes = Bytes::from(encoded);
     // An absent service's answer is cheap and not kept: reads of made-up names store nothing.
-    if !node.registry.knows(ns, svc) {
+    // Nor is one whose flags are not packed (more than `STALE_FLAGS_MAX` remote owners).
+    let Some(flags) = flags.filter(|_| node.registry.knows(ns, svc)) else {
         return Ok((answer.index, bytes));
-    }
+    };
     let mut cache = node.answers.lock();
     if cache.len() >= ANSWER_CACHE_ENTRIES_MAX {
         cache.clear();
     }
     let key = (ns.to_owned(), svc.to_owned(), filter_key(filter).to_owned());
-    cache.insert(key, (answer.index, bytes.clone()));
+    cache.insert(key, (answer.index, flags, bytes.clone()));
     Ok((answer.index, bytes))
 }
 

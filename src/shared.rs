@@ -27,8 +27,10 @@ pub struct LiveMarks {
     pub retired: BTreeMap<String, u64>,
 }
 
-/// Encoded discovery answers: (namespace, service, filter) -> (index, JSON bytes).
-pub type AnswerCache = hashbrown::HashMap<(String, String, String), (u64, axum::body::Bytes)>;
+/// Encoded discovery answers: (namespace, service, filter) -> (index, the stale flags of the
+/// service's remote owners it was computed with, JSON bytes).
+pub type AnswerCache =
+    hashbrown::HashMap<(String, String, String), (u64, crate::registry::StaleFlags, axum::body::Bytes)>;
 
 /// Looks an [`AnswerCache`] entry up by borrowed names, without building its key. Hashes
 /// exactly as the tuple does (field by field, each as a `str`).

@@ -390,6 +390,48 @@ async fn a_watcher_is_woken_when_a_remote_origin_turns_stale() {
     p.stop().await;
 }
 
+/// A discovery answer is kept encoded per service index, and a remote origin turning stale
+/// (or fresh again) moves no index until the lease checker's next pass: a read in between
+/// must still say how the copies are now. The pass is set ten seconds apart here, so only
+/// the read itself can notice the flip (the drills met it as a `?dc=all` read saying
+/// "stale" about 150 ms after a batch from the peer was applied).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_answer_never_outlives_a_staleness_flip() {
+    let p = pair_with(|c| c.health.check_interval_ms = 10_000).await;
+    let (a, b) = (p.client_a(), p.client_b());
+    b.register(&reg_body("flip", "b1", true)).await.unwrap();
+    eventually(Duration::from_secs(10), "replicated", || async { all_ids(&a, "flip").await.len() == 1 })
+        .await;
+    let stale_of = |d: &Value| d["instances"][0]["stale"].as_bool();
+    let mut idx = 0;
+    for q in ["dc=dc-b", "dc=all"] {
+        let d = a.discover("default", "flip", q).await.unwrap();
+        assert_eq!(stale_of(&d), Some(false), "{q}: {d}");
+        idx = d["index"].as_u64().unwrap();
+    }
+    p.partition();
+    eventually(Duration::from_secs(5), "reads say dc-b's copies are stale", || async {
+        let (d, all) = (
+            a.discover("default", "flip", "dc=dc-b").await.unwrap(),
+            a.discover("default", "flip", "dc=all").await.unwrap(),
+        );
+        stale_of(&d) == Some(true) && stale_of(&all) == Some(true)
+    })
+    .await;
+    let d = a.discover("default", "flip", "dc=dc-b").await.unwrap();
+    assert!(d["index"].as_u64().unwrap() > idx, "the flip moved the index, so watchers see it: {d}");
+    p.heal();
+    eventually(Duration::from_secs(5), "reads say dc-b's copies are fresh again", || async {
+        let (d, all) = (
+            a.discover("default", "flip", "dc=dc-b").await.unwrap(),
+            a.discover("default", "flip", "dc=all").await.unwrap(),
+        );
+        stale_of(&d) == Some(false) && stale_of(&all) == Some(false)
+    })
+    .await;
+    p.stop().await;
+}
+
 /// Issue 13 §2 through the real gateway: a snapshot of many chunks (the frame limit is
 /// lowered to 16 KiB, so 240 instances with 3 KB of metadata need dozens of chunks) rebuilds
 /// a wiped peer, and status shows the chunks.

@@ -131,6 +131,12 @@ impl NodeShared {
             &[("dc", dc)],
             c.watch_wakeups.load(Ordering::Relaxed),
         );
+        m.counter(
+            "tandem_stale_flips_at_read_total",
+            "Discovery reads that found a remote origin turned stale or fresh since the answer was kept, and moved the service's index",
+            &[("dc", dc)],
+            c.stale_flips_at_read.load(Ordering::Relaxed),
+        );
         m.gauge(
             "tandem_watch_streams",
             "Streaming watches open now",

@@ -15,6 +15,15 @@ use super::{DcFilter, DiscoverAnswer, ExplainLine, Failover, InstanceView, Regis
 use crate::error::ApiError;
 use crate::failover::{self, Decision, LocalCounts, Policy};
 
+/// Most remote owners of one service whose stale flags [`Registry::answer_state`] packs; a
+/// service whose instances come from more DCs has no answer kept encoded.
+pub const STALE_FLAGS_MAX: usize = 64;
+
+/// The stale flags of a service's remote owners at one moment, one bit per owner in the
+/// order the view keeps them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StaleFlags(u64);
+
 /// The API's name of a status (as discovery and explain spell it).
 fn status_name(s: Status) -> &'static str {
     tandem_client::api::Status::from(s).as_str()
@@ -119,6 +128,38 @@ impl Registry {
             self.view.bump(sid);
         }
         (policy, counts, decision)
+    }
+
+    /// The service's current index, and the stale flags of its remote owners now
+    /// ([`StaleFlags`]): what an answer kept encoded must still match to be served again.
+    /// A remote origin turning stale (or fresh) moves no index until the lease checker's
+    /// next pass ([`Registry::refresh_without_leases`]), so the index alone does not say
+    /// that a kept answer's `stale` flags are still true.
+    pub fn answer_state(&self, ns: &str, svc: &str) -> (u64, Option<StaleFlags>) {
+        let (index, remote) = {
+            let v = self.view.view.read();
+            match v.services.get(&SvcRef(ns, svc)) {
+                None => (self.view.absent_index(ns, svc), Vec::new()),
+                Some(s) => {
+                    (s.index, s.owners.iter().filter(|o| **o != self.dc).cloned().collect::<Vec<Name>>())
+                }
+            }
+        };
+        if remote.len() > STALE_FLAGS_MAX {
+            return (index, None);
+        }
+        let stale_fn = self.stale.read().clone();
+        let flags = remote.iter().enumerate().fold(0u64, |f, (i, o)| f | (u64::from(stale_fn(o)) << i));
+        (index, Some(StaleFlags(flags)))
+    }
+
+    /// A reader found an answer kept at index `seen` whose stale flags are no longer true:
+    /// the flip moves the service's index (once, however many readers found it), so that its
+    /// watchers learn it now rather than at the lease checker's next pass.
+    pub fn staleness_moved(&self, ns: &str, svc: &str, seen: u64) {
+        if self.view.bump_if_at(&SvcRef(ns, svc), seen) {
+            self.counters.stale_flips_at_read.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The service's current index (for blocking queries).

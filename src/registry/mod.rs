@@ -47,7 +47,7 @@ mod write;
 mod tests;
 
 pub use compat::Edited;
-pub use discovery::validate_query;
+pub use discovery::{validate_query, StaleFlags, STALE_FLAGS_MAX};
 pub use owners::{Writer, ANONYMOUS};
 pub use view::{metadata_bytes, Held, NsUsage, ViewCell, ViewIndex};
 
@@ -69,6 +69,9 @@ pub struct Counters {
     pub events_remote: AtomicU64,
     pub discover_requests: AtomicU64,
     pub watch_wakeups: AtomicU64,
+    /// Reads that found a remote origin's staleness flipped since the service's answer was
+    /// kept, and moved its index ([`Registry::staleness_moved`]).
+    pub stale_flips_at_read: AtomicU64,
     /// POST /v1/heartbeats requests (their entries count in `heartbeats`).
     pub heartbeat_batches: AtomicU64,
     /// POST /v1/registrations requests within the entry bound (their written entries count

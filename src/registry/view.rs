@@ -372,6 +372,20 @@ impl ViewCell {
         self.global.send_replace(idx);
     }
 
+    /// Bumps `svc`'s index as [`ViewCell::bump`] does, only while it is still `seen` (so
+    /// that many readers finding the same thing move it once). Whether it did.
+    pub(super) fn bump_if_at(&self, svc: &SvcRef<'_>, seen: u64) -> bool {
+        let mut v = self.view.write();
+        let idx = ViewIndex(v.index).bumped().0;
+        let Some(s) = v.services.get_mut(svc).filter(|s| s.index == seen) else { return false };
+        s.index = idx;
+        s.notify.send_replace(idx);
+        v.index = idx;
+        drop(v);
+        self.global.send_replace(idx);
+        true
+    }
+
     /// Bumps every service's index at once without a durable write (a reload changed how
     /// answers are computed) and wakes every watcher: cached answers are keyed by index, so
     /// none of them is served again.
