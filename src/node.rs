@@ -139,10 +139,13 @@ fn note_marks(l: &mut LiveMarks, n: &CommitNotice) {
         Committed::Unretired { origin } => {
             l.retired.remove(origin);
         }
-        Committed::Local { .. }
-        | Committed::PurgedRemoteTombstones { .. }
-        | Committed::Replaced { .. }
-        | Committed::Rescoped { .. } => {}
+        // A member that installed a Raft snapshot holds the leader's marks from now on.
+        Committed::Replaced { marks, .. } => {
+            l.floor = marks.floor;
+            l.remote.clone_from(&marks.remote);
+            l.retired.clone_from(&marks.retired);
+        }
+        Committed::Local { .. } | Committed::PurgedRemoteTombstones { .. } | Committed::Rescoped { .. } => {}
     }
 }
 
@@ -666,4 +669,31 @@ pub async fn purge_once<L: CommitLog + Send + 'static>(
         committer.purge_own(upto).await.map_err(log_err)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A member that installed a Raft snapshot follows the installed state's marks: the
+    /// remote marks, the purge floor and the retired DCs it held before are gone.
+    #[test]
+    fn a_replaced_state_replaces_the_live_marks() {
+        let mark = |epoch, seq| Mark { epoch, seq };
+        let mut l = LiveMarks {
+            own: mark(1, 3),
+            floor: 1,
+            remote: [("dc-old".to_owned(), mark(1, 9))].into(),
+            retired: [("dc-x".to_owned(), 5)].into(),
+        };
+        let marks = crate::store::StateMarks {
+            floor: 4,
+            remote: [("dc-b".to_owned(), mark(2, 7))].into(),
+            retired: [("dc-c".to_owned(), 8)].into(),
+        };
+        let committed = Committed::Replaced { changes: Vec::new(), marks: marks.clone() };
+        note_marks(&mut l, &CommitNotice { index: 10, own_mark: mark(1, 12), committed });
+        assert_eq!((l.own, l.floor), (mark(1, 12), 4));
+        assert_eq!((&l.remote, &l.retired), (&marks.remote, &marks.retired));
+    }
 }

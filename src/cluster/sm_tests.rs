@@ -395,6 +395,51 @@ fn a_snapshot_installs_identical_state_and_bad_ones_change_nothing() {
     }
 }
 
+/// A snapshot install tells the hook what the installed state holds besides its instances
+/// (each remote origin's mark, the purge floor, the retired DCs): a member that caught up by
+/// snapshot shows them in its status and its gateway refuses the retired DCs, without a
+/// read of its log.
+#[test]
+fn an_installed_snapshot_tells_the_hook_its_marks() {
+    let dirs: Vec<TempDir> = (0..2).map(|_| TempDir::new().unwrap()).collect();
+    let a = open(dirs[0].path());
+    let remote = GroupWrite::Remote { channel_dc: PEER.into(), events: vec![peer_event(1, 0, false)] };
+    let group = |index, w: &GroupWrite| entry(index, EntryPayload::Normal(Round::of_group_write(w).unwrap()));
+    apply(
+        &a,
+        vec![
+            membership(1),
+            normal(2, &[write_of(1, 0, 0, 0)]),
+            group(3, &remote),
+            group(4, &GroupWrite::Retire { dc: "dc3".into(), at_ms: 7 }),
+        ],
+    )
+    .unwrap();
+    let snap = block(a.clone().build_snapshot()).unwrap();
+    let want = a.with_log(dump);
+    assert!(want.marks.contains_key(PEER) && want.retired.contains_key("dc3"), "{want:?}");
+
+    let b = open(dirs[1].path());
+    let heard: Arc<Mutex<Vec<crate::store::StateMarks>>> = Arc::default();
+    let ear = heard.clone();
+    b.on_apply(Box::new(move |n: &CommitNotice| {
+        if let crate::store::Committed::Replaced { marks, .. } = &n.committed {
+            ear.lock().push(marks.clone());
+        }
+    }));
+    let data = snap.snapshot.into_inner();
+    block(b.clone().install_snapshot(&snap.meta, Box::new(std::io::Cursor::new(data)))).unwrap();
+    let marks = heard.lock().clone();
+    assert_eq!(
+        marks,
+        vec![crate::store::StateMarks {
+            floor: want.floor,
+            remote: want.marks.clone(),
+            retired: want.retired.clone()
+        }]
+    );
+}
+
 /// A builder of one round of writes as the registry's (`src/registry/write.rs`, without
 /// leases and ACLs): each write's patch minted against `base` (the view) and the round's
 /// own overlay.

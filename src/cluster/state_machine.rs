@@ -56,7 +56,7 @@ use tandem_schemas::{ChangeEvent, InstanceKey, InstanceRecord, Mark};
 use super::write::{GroupWrite, LocalWrite, Write};
 use super::{Applied, GroupOutcome, NodeId, RaftEntry, TypeConfig, WriteOutcome};
 use crate::registry::{Minted, Overlay};
-use crate::store::{CommitNotice, Committed, OnCommit, OpenError, RocksLog};
+use crate::store::{CommitNotice, Committed, OnCommit, OpenError, RocksLog, StateMarks};
 
 /// Largest snapshot built or installed (its export of the state): about a million
 /// instances of ~300 bytes with their tombstones and log. Building past it fails (the
@@ -487,8 +487,13 @@ impl Inner {
             let own_mark = self.log.own_mark();
             let index = self.applied.map_or(0, |l| l.index);
             let changes = difference(before, after);
+            let marks = StateMarks {
+                floor: self.log.purge_floor(),
+                remote: self.log.marks(),
+                retired: self.log.retired(),
+            };
             if let Some(hook) = self.on_apply.as_mut() {
-                hook(&CommitNotice { index, own_mark, committed: Committed::Replaced { changes } });
+                hook(&CommitNotice { index, own_mark, committed: Committed::Replaced { changes, marks } });
             }
         }
         Ok(())

@@ -206,6 +206,19 @@ impl Default for CommitterLimits {
     }
 }
 
+/// What a replaced state holds besides its instances (see [`Committed::Replaced`]): what
+/// the node's readers of marks follow without the log (status, metrics, the gateway's
+/// retired DCs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StateMarks {
+    /// The own log's purge floor.
+    pub floor: u64,
+    /// Each remote origin's applied mark.
+    pub remote: std::collections::BTreeMap<String, Mark>,
+    /// The DCs retired here, with when (wall-clock ms).
+    pub retired: std::collections::BTreeMap<String, u64>,
+}
+
 /// What one durable write did, reported to `on_commit` in commit order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommitNotice {
@@ -234,8 +247,9 @@ pub enum Committed {
     /// A retirement was lifted.
     Unretired { origin: String },
     /// The whole state was replaced (a Raft snapshot installed on a member of a DC's
-    /// group): `changes` turn the state before into the state after.
-    Replaced { changes: Vec<StateChange> },
+    /// group): `changes` turn the state before into the state after, and `marks` are what
+    /// the state after holds besides its instances.
+    Replaced { changes: Vec<StateChange>, marks: StateMarks },
     /// A peer's replication scope was recorded (on a member of a DC's group): `changes`
     /// remove its live copies outside the new scope.
     Rescoped { origin: String, changes: Vec<StateChange> },
@@ -248,7 +262,7 @@ impl CommitNotice {
             Committed::Local { changes, .. } => changes,
             Committed::Remote { report, .. } | Committed::Snapshot { report, .. } => &report.changes,
             Committed::Retired { changes, .. }
-            | Committed::Replaced { changes }
+            | Committed::Replaced { changes, .. }
             | Committed::Rescoped { changes, .. } => changes,
             Committed::PurgedOwn { .. }
             | Committed::PurgedRemoteTombstones { .. }
