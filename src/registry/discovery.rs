@@ -136,21 +136,19 @@ impl Registry {
     /// next pass ([`Registry::refresh_without_leases`]), so the index alone does not say
     /// that a kept answer's `stale` flags are still true.
     pub fn answer_state(&self, ns: &str, svc: &str) -> (u64, Option<StaleFlags>) {
-        let (index, remote) = {
-            let v = self.view.view.read();
-            match v.services.get(&SvcRef(ns, svc)) {
-                None => (self.view.absent_index(ns, svc), Vec::new()),
-                Some(s) => {
-                    (s.index, s.owners.iter().filter(|o| **o != self.dc).cloned().collect::<Vec<Name>>())
-                }
-            }
-        };
-        if remote.len() > STALE_FLAGS_MAX {
-            return (index, None);
-        }
         let stale_fn = self.stale.read().clone();
-        let flags = remote.iter().enumerate().fold(0u64, |f, (i, o)| f | (u64::from(stale_fn(o)) << i));
-        (index, Some(StaleFlags(flags)))
+        let v = self.view.view.read();
+        let Some(s) = v.services.get(&SvcRef(ns, svc)) else {
+            return (self.view.absent_index(ns, svc), Some(StaleFlags(0)));
+        };
+        let mut flags = 0u64;
+        for (i, owner) in s.owners.iter().filter(|o| **o != self.dc).enumerate() {
+            if i == STALE_FLAGS_MAX {
+                return (s.index, None);
+            }
+            flags |= u64::from(stale_fn(owner)) << i;
+        }
+        (s.index, Some(StaleFlags(flags)))
     }
 
     /// A reader found an answer kept at index `seen` whose stale flags are no longer true:
