@@ -603,7 +603,7 @@ fn answer_bytes(node: &NodeShared, ns: &str, svc: &str, filter: &DcFilter) -> Re
     let bytes = Bytes::from(encoded);
     // An absent service's answer is cheap and not kept: reads of made-up names store nothing.
     // Nor is one whose flags are not packed (more than `STALE_FLAGS_MAX` remote owners).
-    let Some(flags) = flags.filter(|_| node.registry.knows(ns, svc)) else {
+    let Some(flags) = flags else {
         return Ok((answer.index, bytes));
     };
     let mut cache = node.answers.lock();

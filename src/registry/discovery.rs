@@ -134,12 +134,13 @@ impl Registry {
     /// ([`StaleFlags`]): what an answer kept encoded must still match to be served again.
     /// A remote origin turning stale (or fresh) moves no index until the lease checker's
     /// next pass ([`Registry::refresh_without_leases`]), so the index alone does not say
-    /// that a kept answer's `stale` flags are still true.
+    /// that a kept answer's `stale` flags are still true. No flags: no answer is kept (the
+    /// view does not hold the service, or it has more than [`STALE_FLAGS_MAX`] remote owners).
     pub fn answer_state(&self, ns: &str, svc: &str) -> (u64, Option<StaleFlags>) {
         let stale_fn = self.stale.read().clone();
         let v = self.view.view.read();
         let Some(s) = v.services.get(&SvcRef(ns, svc)) else {
-            return (self.view.absent_index(ns, svc), Some(StaleFlags(0)));
+            return (self.view.absent_index(ns, svc), None);
         };
         let mut flags = 0u64;
         for (i, owner) in s.owners.iter().filter(|o| **o != self.dc).enumerate() {
@@ -164,11 +165,6 @@ impl Registry {
     pub fn service_index(&self, ns: &str, svc: &str) -> u64 {
         let v = self.view.view.read();
         v.services.get(&SvcRef(ns, svc)).map_or_else(|| self.view.absent_index(ns, svc), |s| s.index)
-    }
-
-    /// Whether the view holds the service now.
-    pub fn knows(&self, ns: &str, svc: &str) -> bool {
-        self.view.view.read().services.contains_key(&SvcRef(ns, svc))
     }
 
     /// A receiver of the service's index, when the view holds the service (a streaming
