@@ -389,7 +389,8 @@ impl HttpSection {
 pub struct StoreSection {
     /// Longest time a group commit waits for more concurrent writes before its fsync
     /// (0 = never wait). Only rounds that already hold two or more writes wait, and only
-    /// until they are as large as the previous round ended up.
+    /// until they are as large as the previous round ended up, or until three gaps pass
+    /// with no new write.
     pub group_commit_linger_us: u64,
     /// Sleep between two looks for new writes while waiting.
     pub group_commit_gap_us: u64,

@@ -228,6 +228,9 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
                 .map(|_| tokio::sync::Mutex::new(crate::raw::RawConn::new(&node.http_addr().to_string())))
                 .collect(),
         );
+        for c in conns.iter() {
+            c.lock().await.connect().await.map_err(|e| anyhow::anyhow!("open-loop connection: {e}"))?;
+        }
         let run = ctx
             .on_load(open_loop(r, ctx.step(), OPEN_LOOP_CONNECTIONS, 4096, cpu_now, move |worker, i| {
                 let conns = conns.clone();

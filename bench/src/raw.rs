@@ -57,7 +57,9 @@ impl RawConn {
         result
     }
 
-    async fn exchange(&mut self, path: &str, body: &[u8]) -> Result<(), String> {
+    /// Opens the connection now if it is not open (a step that measures latency opens its
+    /// connections before its schedule starts, so that no request waits for a handshake).
+    pub async fn connect(&mut self) -> Result<(), String> {
         if self.conn.is_none() {
             let c = match self.source {
                 None => TcpStream::connect(&self.addr).await.map_err(|e| e.to_string())?,
@@ -71,6 +73,11 @@ impl RawConn {
             let _ = c.set_nodelay(true);
             self.conn = Some(c);
         }
+        Ok(())
+    }
+
+    async fn exchange(&mut self, path: &str, body: &[u8]) -> Result<(), String> {
+        self.connect().await?;
         let conn = self.conn.as_mut().ok_or("no connection")?;
         let mut req = Vec::with_capacity(160 + body.len());
         req.extend_from_slice(

@@ -50,6 +50,7 @@ use super::{CommitLog, Retirement, RocksLog};
 mod durations;
 mod hand_out;
 mod handle;
+mod linger;
 mod recovery;
 
 pub use durations::{SyncDurations, SYNC_BUCKETS_US};
@@ -161,6 +162,9 @@ pub enum CommitError {
 pub const LINGER_MAX_US_DEFAULT: u64 = 2_000;
 /// Default sleep between two looks for new requests while lingering, in microseconds.
 pub const LINGER_GAP_US_DEFAULT: u64 = 50;
+/// A linger ends once this many gaps (`linger_gap`) pass with no new request: the writers
+/// that were coming are in.
+pub const LINGER_QUIET_GAPS: u32 = 3;
 /// Default largest round a linger waits for.
 pub const LINGER_TARGET_DEFAULT: usize = 64;
 /// Default first wait before a recovery attempt after a failed write, in milliseconds.
@@ -182,6 +186,7 @@ pub struct CommitterLimits {
     /// writes, so that one fsync carries more requests. Zero turns lingering off.
     pub linger_max: std::time::Duration,
     /// How long each sleep of a linger lasts before the thread looks for new requests.
+    /// A linger also ends once [`LINGER_QUIET_GAPS`] of these pass with none.
     pub linger_gap: std::time::Duration,
     /// A linger never waits for a round larger than this.
     pub linger_target: usize,
@@ -430,29 +435,6 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                 Ok(req) => round.push(req),
                 Err(_) => break,
             }
-        }
-    }
-
-    /// Group-commit linger. Only when writers are evidently concurrent (the round already
-    /// holds two or more requests): the thread waits, in short sleeps, until the round is
-    /// as large as the previous round ended up (the number of writers that were active
-    /// then), capped by the target, or the linger budget is spent. A lone writer never
-    /// waits; a few writers wait only until all of them are in, so no empty time is
-    /// added; many writers fill the round up to the target. The thread sleeps (it does
-    /// not spin), which leaves the core to the request handlers producing the next writes.
-    fn linger(&mut self, round: &mut Vec<Request<L>>) {
-        let l = self.limits;
-        let want = self.last_round.min(l.linger_target).min(l.group_requests_max.get());
-        if l.linger_max.is_zero() || round.len() < 2 {
-            return;
-        }
-        let deadline = std::time::Instant::now() + l.linger_max;
-        while round.len() < want && std::time::Instant::now() < deadline {
-            if round.iter().any(|r| !matches!(r, Request::LocalAppend { .. })) {
-                return;
-            }
-            std::thread::sleep(l.linger_gap);
-            self.take_waiting(round);
         }
     }
 
