@@ -45,7 +45,7 @@ pub use committer::{
     AppendLocal, BuildEvents, Built, CommitError, CommitNotice, CommitStats, Committed, Committer,
     CommitterHandle, CommitterLimits, InlineCommitter, LogHealth, LogHealthReport, OnCommit, Reply, Request,
     Settle, Settled, StateMarks, SyncDurations, WithLogFn, GROUP_SIZE_BUCKETS, LINGER_GAP_US_DEFAULT,
-    LINGER_MAX_US_DEFAULT, LINGER_TARGET_DEFAULT, RECOVERY_BACKOFF_INITIAL_MS_DEFAULT,
+    LINGER_MAX_US_DEFAULT, LINGER_QUIET_GAPS, LINGER_TARGET_DEFAULT, RECOVERY_BACKOFF_INITIAL_MS_DEFAULT,
     RECOVERY_BACKOFF_MAX_MS_DEFAULT, SYNC_BUCKETS_US,
 };
 pub use mem::{MemFault, MemStore};
