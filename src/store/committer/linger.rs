@@ -101,7 +101,9 @@ mod tests {
                 std::thread::sleep(Duration::from_micros(20));
             }
         });
+        let started = Instant::now();
         while handle.queued_requests() == 0 {
+            assert!(started.elapsed() < Duration::from_secs(10), "the feeder never sent");
             std::thread::yield_now();
         }
         let mut round = vec![append(), append()];
