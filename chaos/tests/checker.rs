@@ -393,6 +393,32 @@ fn a_history_loss_excuses_the_owners_own_lost_instances_but_not_their_return() {
     assert!(r.result(Invariant::NoLostAck).unwrap().passed);
 }
 
+/// A read invoked while a DC is being killed and wiped (the loss is declared as the step
+/// starts, before the kill lands) and answered is an answer of the process before the
+/// loss: no process that started from nothing served it until the DC was ready again.
+/// (`long-partition` seed 1 in CI: reads invoked in the millisecond of the declaration
+/// were judged as reads of the new history and reported nine resurrections.)
+#[test]
+fn a_read_answered_while_a_dc_is_lost_is_a_read_of_its_old_history() {
+    let mut h = H::new();
+    let op = h.c.invoke(B, &inst("z"), OpKind::Register { persistent: true, ttl_ms: 0 }, 100);
+    h.c.complete(op, 105, Outcome::Acked { version: Some(1), epoch: Some(EPOCH_B) });
+    h.show(B, "z", B, 1);
+    h.observe(B, 200);
+    h.c.process(B, 300, ProcessEvent::Killed);
+    h.c.process(B, 300, ProcessEvent::HistoryLost);
+    // Invoked in the millisecond the loss was declared, and one after: the kill had not
+    // landed yet.
+    h.observe(B, 300);
+    h.observe(B, 301);
+    h.c.process(B, 400, ProcessEvent::Spawned);
+    h.c.process(B, 500, ProcessEvent::Ready);
+    h.hide(B, "z");
+    h.observe(B, 600);
+    let r = h.finish(1_000, 0, 0);
+    assert!(failed(&r).is_empty(), "{:#?}", r.violations().collect::<Vec<_>>());
+}
+
 /// A DC whose first history never settled its epoch (it ran on the provisional epoch 1
 /// and never reached its peer: a partition from early on), then lost its disk and started
 /// over on the provisional epoch 1 again. Its second history's instances settle with it

@@ -184,6 +184,17 @@ impl DcState {
     pub(super) fn history_lost_between(&self, from: Ms, to: Ms) -> Option<Ms> {
         self.history_lost.iter().copied().find(|t| *t > from && *t <= to)
     }
+
+    /// A loss of the DC's history after `from` that a read invoked at `read` followed: the
+    /// DC was ready again after the loss before the read was invoked (in an earlier
+    /// millisecond). A loss is declared as its step starts, before the kill lands, and an
+    /// answered read invoked before the DC was ready again was answered by the process
+    /// that still held the old history.
+    pub(super) fn history_lost_before_read(&self, from: Ms, read: Ms) -> Option<Ms> {
+        self.history_lost.iter().copied().find(|&h| {
+            h > from && self.events.iter().any(|&(at, ev)| ev == ProcessEvent::Ready && at >= h && at < read)
+        })
+    }
 }
 
 /// Earliest time within [from, to] at which a lease renewed at `from` may have expired,

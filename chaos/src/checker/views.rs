@@ -242,7 +242,7 @@ impl Checker {
                     ));
                 }
             }
-            if let Some(h) = self.dcs.get(dc).and_then(|s| s.history_lost_between(reg_invoked, t)) {
+            if let Some(h) = self.dcs.get(dc).and_then(|s| s.history_lost_before_read(reg_invoked, t)) {
                 problems.push((
                     Invariant::NoResurrection,
                     format!("registered before its owner lost its history at {h}ms, yet back at the owner"),
