@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
-use tandem_schemas::{InstanceKey, InstanceRecord, Op};
+use tandem_schemas::{InstanceKey, InstanceNames, InstanceRecord, Op};
 
 use crate::clock::Clock;
 use crate::health::{
@@ -180,6 +180,21 @@ impl LeaseBook {
     pub fn heartbeat(&self, key: &InstanceKey, now_ms: u64) -> Option<(u64, Option<Transition>)> {
         let (t, registration) = self.table.lock().renew(key, now_ms)?;
         Some((registration, t))
+    }
+
+    /// [`LeaseBook::heartbeat`] by the instance's names, with no key built, of a lease whose
+    /// registration is at most `shown` (a seq of the own log): `None` when no such lease
+    /// has these names (nothing renewed), else the registration, and the transition with
+    /// the lease's key when there is one.
+    pub fn heartbeat_named(
+        &self,
+        names: &InstanceNames<'_>,
+        shown: u64,
+        now_ms: u64,
+    ) -> Option<(u64, Option<(InstanceKey, Transition)>)> {
+        let admit = |l: &Lease| l.registration() <= shown;
+        let (t, registration) = self.table.lock().renew_by(names, |k| names.is(k), admit, now_ms)?;
+        Some((registration, t.map(|(t, k)| (k, t))))
     }
 
     /// Renewals of many leases at `now_ms` under one hold of the lock: what

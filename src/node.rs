@@ -187,6 +187,7 @@ fn open_single(cfg: &Config, counters: &Arc<Counters>) -> anyhow::Result<Opened>
     tracing::info!(dc = %cfg.dc, epoch = own.epoch, seq = own.seq, dir = %cfg.data_dir.display(), "event log open");
     let view = ViewCell::new(&cfg.dc, log.index(), counters.clone());
     view.load(log.instances()?);
+    view.show_own(own.seq);
     let owners = log.owners().context("cannot read the instance owners")?;
     let live = live_marks(&log);
     let (cb_view, cb_live) = (view.clone(), live.clone());
@@ -194,7 +195,7 @@ fn open_single(cfg: &Config, counters: &Arc<Counters>) -> anyhow::Result<Opened>
         log,
         Box::new(move |n: &CommitNotice| {
             note_marks(&mut cb_live.write(), n);
-            cb_view.apply(n.index, n.changes());
+            cb_view.follow(n);
         }),
         cfg.store.committer_limits(),
     )
@@ -225,6 +226,7 @@ async fn open_group(
         tracing::info!(dc = %cfg.dc, epoch = own.epoch, seq = own.seq, dir = %cfg.data_dir.display(), "group state open");
         let view = ViewCell::new(&cfg.dc, applied, counters.clone());
         view.load(log.instances()?);
+        view.show_own(own.seq);
         let owners = log.owners().context("cannot read the instance owners")?;
         Ok((view, live_marks(log), owners, log.invalid_records()))
     })?;
@@ -244,6 +246,7 @@ async fn open_group(
             [] => cb_view.advance(n.index),
             changes => cb_view.apply(n.index, changes),
         }
+        cb_view.show_own(n.own_mark.seq);
     }));
     let secret = data_dir::reset_secret(&cfg.data_dir).context("cannot load the stateless-reset secret")?;
     let group = Arc::new(Group::start(cfg, section, sm.clone(), secret, progress).await?);

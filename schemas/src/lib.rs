@@ -133,6 +133,50 @@ impl PartialOrd for InstanceKey {
     }
 }
 
+impl InstanceKey {
+    /// This key's names, borrowed.
+    pub fn names(&self) -> InstanceNames<'_> {
+        InstanceNames {
+            owner_dc: &self.owner_dc,
+            namespace: &self.namespace,
+            service: &self.service,
+            instance_id: &self.instance_id,
+        }
+    }
+}
+
+/// An instance's names, borrowed: a lookup among keys that needs no key of its own (no
+/// allocation, no reference count touched). It hashes as the [`InstanceKey`] of the same
+/// names does (field by field, by content), so a hash table of keys finds one by its names
+/// ([`InstanceNames::is`] tells the match).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InstanceNames<'a> {
+    pub owner_dc: &'a str,
+    pub namespace: &'a str,
+    pub service: &'a str,
+    pub instance_id: &'a str,
+}
+
+impl InstanceNames<'_> {
+    /// Whether `key` has these names.
+    pub fn is(&self, key: &InstanceKey) -> bool {
+        *key.instance_id == *self.instance_id
+            && *key.service == *self.service
+            && *key.namespace == *self.namespace
+            && *key.owner_dc == *self.owner_dc
+    }
+}
+
+/// As [`InstanceKey`]'s: the same names hash alike.
+impl std::hash::Hash for InstanceNames<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.owner_dc.hash(state);
+        self.namespace.hash(state);
+        self.service.hash(state);
+        self.instance_id.hash(state);
+    }
+}
+
 /// Status the instance sets for itself (graceful up/down).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Status {

@@ -188,8 +188,35 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     /// [`LeaseTable::heartbeat`], with the renewed lease's registration
     /// ([`Lease::registration`]) found by the same lookup.
     pub fn renew(&mut self, key: &K, now_ms: u64) -> Option<(Option<Transition>, u64)> {
-        self.now_ms = self.now_ms.max(now_ms);
         let i = self.slot_of(key)?;
+        self.renew_slot(i, now_ms)
+    }
+
+    /// [`LeaseTable::renew`] of the lease whose key `is` says is `q`'s, found by `q`'s hash
+    /// (which must be the hash of that key: see `InstanceNames`), so that a renewal by name
+    /// builds no key; only when `admit` admits that lease (else `None`, nothing renewed).
+    /// The key comes back with the transition when there is one.
+    pub fn renew_by<Q: std::hash::Hash + ?Sized>(
+        &mut self,
+        q: &Q,
+        is: impl Fn(&K) -> bool,
+        admit: impl FnOnce(&Lease) -> bool,
+        now_ms: u64,
+    ) -> Option<(Option<(Transition, K)>, u64)> {
+        let slots = &self.slots;
+        let i = *self
+            .index
+            .find(self.hasher.hash_one(q), |i| slots[*i as usize].as_ref().is_some_and(|s| is(&s.key)))?;
+        if !slots[i as usize].as_ref().is_some_and(|s| admit(&s.lease)) {
+            return None;
+        }
+        let (t, registration) = self.renew_slot(i, now_ms)?;
+        let key = || self.slots[i as usize].as_ref().map(|s| s.key.clone());
+        Some((t.and_then(|t| Some((t, key()?))), registration))
+    }
+
+    fn renew_slot(&mut self, i: u32, now_ms: u64) -> Option<(Option<Transition>, u64)> {
+        self.now_ms = self.now_ms.max(now_ms);
         let slot = self.slots[i as usize].as_mut()?;
         let registration = slot.lease.registration();
         let silence_ms = now_ms.saturating_sub(slot.lease.last_renew_ms());
@@ -199,7 +226,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
             // Renewed: counted from now on (again, for a parked lease), and credited.
             let s = slot.lease.times().suspect_after_ms;
             let counted = slot.counted();
-            self.preservation.renewed(key.group(), now_ms, silence_ms, s, counted, slot.overdue);
+            self.preservation.renewed(slot.key.group(), now_ms, silence_ms, s, counted, slot.overdue);
             (slot.renewed, slot.out, slot.overdue) = (true, false, false);
         }
         if slot.lease.next_deadline_ms().is_some_and(|d| d < slot.due_ms) {

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
-use tandem_schemas::{DeregisterReason, InstanceKey};
+use tandem_schemas::{DeregisterReason, InstanceKey, InstanceNames};
 
 use super::write::Patch;
 use super::{HeartbeatBatchAnswer, HeartbeatItem, Registry, Writer, HEARTBEAT_BATCH_MAX};
@@ -107,6 +107,24 @@ impl Registry {
     }
 
     async fn renew_as(&self, ns: &str, svc: &str, id: &str, by: Option<&Writer>) -> Result<(), ApiError> {
+        // The common case first: a writer that needs no owner check, renewing a lease whose
+        // registration the view shows (so the view holds the instance, and it is this DC's
+        // and ephemeral), found by its names with no key built and no view read. Any other
+        // case (no such lease: unknown, persistent, another DC's, being deregistered, not
+        // yet shown) takes the steps below and their answers.
+        if by.is_none_or(|w| w.admin) {
+            let names = InstanceNames { owner_dc: &self.dc, namespace: ns, service: svc, instance_id: id };
+            let now = self.now_ms();
+            if let Some((version, transition)) =
+                self.leases.heartbeat_named(&names, self.view.own_shown(), now)
+            {
+                self.counters.heartbeats.fetch_add(1, Ordering::Relaxed);
+                if let Some((key, t)) = transition {
+                    self.apply_transitions(vec![(key, version, t)]).await?;
+                }
+                return Ok(());
+            }
+        }
         let (key, held) = match self.local_key(ns, svc, id) {
             Ok(k) => k,
             Err(e) => {

@@ -128,11 +128,8 @@ mod dropped_callers {
         let counters = Arc::new(Counters::default());
         let view = ViewCell::new("dc-a", 0, counters.clone());
         let cb_view = view.clone();
-        let (inline, handle) = Committer::inline(
-            store,
-            Box::new(move |n| cb_view.apply(n.index, n.changes())),
-            CommitterLimits::default(),
-        );
+        let (inline, handle) =
+            Committer::inline(store, Box::new(move |n| cb_view.follow(n)), CommitterLimits::default());
         let cfg = Config::single("dc-a", "/nonexistent/registry-test".into(), "127.0.0.1:0".parse().unwrap());
         let clock = Arc::new(ManualClock::new(1_000, 0));
         (Registry::new(Arc::new(cfg), Arc::new(handle), view, counters, clock), inline)
@@ -173,6 +170,34 @@ mod dropped_callers {
         assert_eq!(reg.view.instance_count(), 0, "the write was not made");
         assert!(reg.minted.lock().is_empty(), "no overlay entry left behind");
         assert_eq!(reg.lease_count(), 0, "no lease without its instance");
+    }
+
+    /// A registration minted (its lease made) but not yet in the view, here in doubt while
+    /// the disk refuses: a heartbeat finds no instance (404), as a renewal that reads the
+    /// view says, though its lease is in the table (renewals by name renew only leases the
+    /// view shows).
+    #[test]
+    fn a_heartbeat_of_a_registration_the_view_does_not_show_yet_is_unknown() {
+        let (reg, mut inline) = node();
+        let fault = inline.log().fault();
+        *fault.lock() = MemFault::Refuse;
+        let mut first = Box::pin(reg.register(req("i1")));
+        assert!((&mut first).now_or_never().is_none());
+        inline.run_round();
+        inline.run_round();
+        assert_eq!(reg.lease_count(), 1, "minted: its lease is in the table");
+        assert_eq!(reg.view.instance_count(), 0);
+        let e = reg.heartbeat("default", "svc", "i1").now_or_never().expect("answered").unwrap_err();
+        assert_eq!(e.status.as_u16(), 404, "{e}");
+        // Once the write lands and the view shows it, the heartbeat renews.
+        *fault.lock() = MemFault::None;
+        inline.run_round();
+        assert_eq!(reg.view.instance_count(), 0, "the refused write was not made");
+        let mut again = Box::pin(reg.register(req("i1")));
+        assert!((&mut again).now_or_never().is_none());
+        inline.run_round();
+        (&mut again).now_or_never().expect("answered").expect("registered");
+        reg.heartbeat("default", "svc", "i1").now_or_never().expect("answered").expect("renewed");
     }
 
     #[test]

@@ -234,6 +234,9 @@ pub struct ViewCell {
     absent_hash: foldhash::fast::RandomState,
     counters: Arc<Counters>,
     local_dc: Name,
+    /// The own log's seq up to which this view shows every event (see
+    /// [`ViewCell::own_shown`]).
+    own_shown: std::sync::atomic::AtomicU64,
 }
 
 impl ViewCell {
@@ -246,7 +249,28 @@ impl ViewCell {
             absent_hash: Default::default(),
             counters,
             local_dc: local_dc.into(),
+            own_shown: Default::default(),
         })
+    }
+
+    /// Folds a commit notice into the view: its changes ([`ViewCell::apply`]), and the own
+    /// seq it brings the view to ([`ViewCell::show_own`]).
+    pub fn follow(&self, n: &crate::store::CommitNotice) {
+        self.apply(n.index, n.changes());
+        self.show_own(n.own_mark.seq);
+    }
+
+    /// The view shows every event of the own log up to `seq` (at start, once loaded; then
+    /// after each durable write is applied).
+    pub fn show_own(&self, seq: u64) {
+        self.own_shown.store(seq, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The own log's seq up to which this view shows every event: a registration minted
+    /// at or below it is in the view (or was replaced or removed since, by later events
+    /// also shown). 0 until told.
+    pub fn own_shown(&self) -> u64 {
+        self.own_shown.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Loads the durable state at start.

@@ -46,7 +46,7 @@ impl Sim {
         let cb_view = view.clone();
         let (inline, handle) = Committer::inline(
             store,
-            Box::new(move |n: &CommitNotice| cb_view.apply(n.index, n.changes())),
+            Box::new(move |n: &CommitNotice| cb_view.follow(n)),
             CommitterLimits::default(),
         );
         let reg = Registry::new(Arc::new(cfg), Arc::new(handle), view, counters, clock.clone());

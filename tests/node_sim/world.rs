@@ -196,12 +196,13 @@ impl Node {
         let counters = Arc::new(Counters::default());
         let view = ViewCell::new(name, store.index(), counters.clone());
         view.load(store.instances().expect("instances"));
+        view.show_own(store.own_mark().seq);
         let notices = Arc::new(Mutex::new(Vec::new()));
         let (cb_view, sink) = (view.clone(), notices.clone());
         let (inline, handle) = Committer::inline(
             store,
             Box::new(move |n: &CommitNotice| {
-                cb_view.apply(n.index, n.changes());
+                cb_view.follow(n);
                 sink.lock().push(n.clone());
             }),
             CommitterLimits::default(),
