@@ -192,9 +192,25 @@ impl LeaseBook {
         shown: u64,
         now_ms: u64,
     ) -> Option<(u64, Option<(InstanceKey, Transition)>)> {
-        let admit = |l: &Lease| l.registration() <= shown;
-        let (t, registration) = self.table.lock().renew_by(names, |k| names.is(k), admit, now_ms)?;
-        Some((registration, t.map(|(t, k)| (k, t))))
+        self.heartbeat_many_named(std::iter::once(*names), shown, now_ms).pop().flatten()
+    }
+
+    /// [`LeaseBook::heartbeat_named`] of many instances under one hold of the lock, in
+    /// order.
+    pub fn heartbeat_many_named<'a>(
+        &self,
+        names: impl Iterator<Item = InstanceNames<'a>>,
+        shown: u64,
+        now_ms: u64,
+    ) -> Vec<Option<(u64, Option<(InstanceKey, Transition)>)>> {
+        let mut table = self.table.lock();
+        names
+            .map(|n| {
+                let admit = |l: &Lease| l.registration() <= shown;
+                let (t, registration) = table.renew_by(&n, |k| n.is(k), admit, now_ms)?;
+                Some((registration, t.map(|(t, k)| (k, t))))
+            })
+            .collect()
     }
 
     /// Renewals of many leases at `now_ms` under one hold of the lock: what

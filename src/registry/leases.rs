@@ -35,8 +35,9 @@ impl Registry {
     }
 
     /// POST /v1/heartbeats: renews many leases in one call (an agent or SDK that holds
-    /// many instances). Same rules as [`Registry::heartbeat`] for each entry; one view
-    /// lookup pass and one lease-table pass for the whole batch. Entries that are unknown
+    /// many instances). Same rules as [`Registry::heartbeat`] for each entry; one
+    /// lease-table pass by name for the whole batch, then one view lookup pass and one
+    /// lease-table pass for the entries the first did not renew. Entries that are unknown
     /// (the client re-registers them) or owned by another DC are reported by position;
     /// a malformed entry refuses the whole batch.
     pub async fn heartbeat_batch(&self, items: &[HeartbeatItem]) -> Result<HeartbeatBatchAnswer, ApiError> {
@@ -55,11 +56,36 @@ impl Registry {
         }
         self.counters.heartbeat_batches.fetch_add(1, Ordering::Relaxed);
         let mut answer = HeartbeatBatchAnswer::default();
-        // (position, key) of the ephemeral instances to renew.
-        let mut renew: Vec<(usize, InstanceKey)> = Vec::with_capacity(items.len());
+        let now = self.now_ms();
+        let mut transitions = Vec::new();
+        // First by name, as a single renewal does (see `renew_as`): the leases whose
+        // registration the view shows. The rest take the view's steps.
+        let names = items.iter().map(|it| InstanceNames {
+            owner_dc: &self.dc,
+            namespace: it.namespace(),
+            service: &it.service,
+            instance_id: &it.instance_id,
+        });
+        let mut rest = Vec::new();
+        for (i, renewal) in
+            self.leases.heartbeat_many_named(names, self.view.own_shown(), now).into_iter().enumerate()
         {
+            match renewal {
+                Some((version, transition)) => {
+                    answer.renewed += 1;
+                    if let Some((key, t)) = transition {
+                        transitions.push((key, version, t));
+                    }
+                }
+                None => rest.push(i),
+            }
+        }
+        // (position, key) of the ephemeral instances to renew.
+        let mut renew: Vec<(usize, InstanceKey)> = Vec::with_capacity(rest.len());
+        if !rest.is_empty() {
             let v = self.view.view.read();
-            for (i, it) in items.iter().enumerate() {
+            for i in rest {
+                let it = &items[i];
                 match self.view.find_in(&v, it.namespace(), &it.service, &it.instance_id) {
                     None => answer.unknown.push(i),
                     Some(h) if h.record.key.owner_dc != self.dc => answer.conflict.push(i),
@@ -72,8 +98,6 @@ impl Registry {
                 }
             }
         }
-        let now = self.now_ms();
-        let mut transitions = Vec::new();
         let renewed = self.leases.heartbeat_many(renew.iter().map(|(_, k)| k), now);
         for ((i, key), renewal) in renew.into_iter().zip(renewed) {
             match renewal {

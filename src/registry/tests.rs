@@ -189,6 +189,15 @@ mod dropped_callers {
         assert_eq!(reg.view.instance_count(), 0);
         let e = reg.heartbeat("default", "svc", "i1").now_or_never().expect("answered").unwrap_err();
         assert_eq!(e.status.as_u16(), 404, "{e}");
+        // And in a batch: unknown, not renewed.
+        let item = crate::registry::HeartbeatItem {
+            namespace: None,
+            service: "svc".into(),
+            instance_id: "i1".into(),
+        };
+        let batch = std::slice::from_ref(&item);
+        let answer = reg.heartbeat_batch(batch).now_or_never().expect("answered").expect("answered");
+        assert_eq!((answer.renewed, answer.unknown.clone()), (0, vec![0]), "{answer:?}");
         // Once the write lands and the view shows it, the heartbeat renews.
         *fault.lock() = MemFault::None;
         inline.run_round();
@@ -198,6 +207,8 @@ mod dropped_callers {
         inline.run_round();
         (&mut again).now_or_never().expect("answered").expect("registered");
         reg.heartbeat("default", "svc", "i1").now_or_never().expect("answered").expect("renewed");
+        let answer = reg.heartbeat_batch(batch).now_or_never().expect("answered").expect("answered");
+        assert_eq!((answer.renewed, answer.unknown), (1, vec![]));
     }
 
     #[test]
