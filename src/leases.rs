@@ -44,6 +44,10 @@ pub struct LeaseBook {
     clock: Arc<dyn Clock>,
 }
 
+/// A renewal by name: the lease's registration, and its transition with its key when
+/// there is one.
+pub type NamedRenewal = (u64, Option<(InstanceKey, Transition)>);
+
 impl LeaseBook {
     pub fn new(local_dc: &str, health: HealthConfig, clock: Arc<dyn Clock>) -> LeaseBook {
         let table = Mutex::new(LeaseTable::new(SelfPreservation::new(&health)));
@@ -191,7 +195,7 @@ impl LeaseBook {
         names: &InstanceNames<'_>,
         shown: u64,
         now_ms: u64,
-    ) -> Option<(u64, Option<(InstanceKey, Transition)>)> {
+    ) -> Option<NamedRenewal> {
         self.heartbeat_many_named(std::iter::once(*names), shown, now_ms).pop().flatten()
     }
 
@@ -202,7 +206,7 @@ impl LeaseBook {
         names: impl Iterator<Item = InstanceNames<'a>>,
         shown: u64,
         now_ms: u64,
-    ) -> Vec<Option<(u64, Option<(InstanceKey, Transition)>)>> {
+    ) -> Vec<Option<NamedRenewal>> {
         let mut table = self.table.lock();
         names
             .map(|n| {
