@@ -48,6 +48,18 @@ pub struct LeaseBook {
 /// there is one.
 pub type NamedRenewal = (u64, Option<(InstanceKey, Transition)>);
 
+/// [`LeaseBook::heartbeat_named`] under a hold of the table's lock.
+fn renew_named(
+    table: &mut LeaseTable<InstanceKey>,
+    names: &InstanceNames<'_>,
+    shown: u64,
+    now_ms: u64,
+) -> Option<NamedRenewal> {
+    let admit = |l: &Lease| l.registration() <= shown;
+    let (t, registration) = table.renew_by(names, |k| names.is(k), admit, now_ms)?;
+    Some((registration, t.map(|(t, k)| (k, t))))
+}
+
 impl LeaseBook {
     pub fn new(local_dc: &str, health: HealthConfig, clock: Arc<dyn Clock>) -> LeaseBook {
         let table = Mutex::new(LeaseTable::new(SelfPreservation::new(&health)));
@@ -196,7 +208,7 @@ impl LeaseBook {
         shown: u64,
         now_ms: u64,
     ) -> Option<NamedRenewal> {
-        self.heartbeat_many_named(std::iter::once(*names), shown, now_ms).pop().flatten()
+        renew_named(&mut self.table.lock(), names, shown, now_ms)
     }
 
     /// [`LeaseBook::heartbeat_named`] of many instances under one hold of the lock, in
@@ -208,13 +220,7 @@ impl LeaseBook {
         now_ms: u64,
     ) -> Vec<Option<NamedRenewal>> {
         let mut table = self.table.lock();
-        names
-            .map(|n| {
-                let admit = |l: &Lease| l.registration() <= shown;
-                let (t, registration) = table.renew_by(&n, |k| n.is(k), admit, now_ms)?;
-                Some((registration, t.map(|(t, k)| (k, t))))
-            })
-            .collect()
+        names.map(|n| renew_named(&mut table, &n, shown, now_ms)).collect()
     }
 
     /// Renewals of many leases at `now_ms` under one hold of the lock: what
