@@ -370,16 +370,20 @@ fn a_recovery_that_never_completes_breaks_the_budget() {
     );
 }
 
-#[test]
-fn a_history_loss_excuses_the_owners_own_lost_instances_but_not_their_return() {
-    let mut h = H::new();
-    // dc-b registers z, then loses its disk.
+/// dc-b registers z (acked at 105, seen at 200), then is killed and loses its disk at 300.
+fn z_at_b_then_b_loses_its_disk(h: &mut H) {
     let op = h.c.invoke(B, &inst("z"), OpKind::Register { persistent: true, ttl_ms: 0 }, 100);
     h.c.complete(op, 105, Outcome::Acked { version: Some(1), epoch: Some(EPOCH_B) });
     h.show(B, "z", B, 1);
     h.observe(B, 200);
     h.c.process(B, 300, ProcessEvent::Killed);
     h.c.process(B, 300, ProcessEvent::HistoryLost);
+}
+
+#[test]
+fn a_history_loss_excuses_the_owners_own_lost_instances_but_not_their_return() {
+    let mut h = H::new();
+    z_at_b_then_b_loses_its_disk(&mut h);
     h.c.process(B, 400, ProcessEvent::Spawned);
     h.c.process(B, 500, ProcessEvent::Ready);
     h.hide(B, "z");
@@ -401,12 +405,7 @@ fn a_history_loss_excuses_the_owners_own_lost_instances_but_not_their_return() {
 #[test]
 fn a_read_answered_while_a_dc_is_lost_is_a_read_of_its_old_history() {
     let mut h = H::new();
-    let op = h.c.invoke(B, &inst("z"), OpKind::Register { persistent: true, ttl_ms: 0 }, 100);
-    h.c.complete(op, 105, Outcome::Acked { version: Some(1), epoch: Some(EPOCH_B) });
-    h.show(B, "z", B, 1);
-    h.observe(B, 200);
-    h.c.process(B, 300, ProcessEvent::Killed);
-    h.c.process(B, 300, ProcessEvent::HistoryLost);
+    z_at_b_then_b_loses_its_disk(&mut h);
     // Invoked in the millisecond the loss was declared, and one after: the kill had not
     // landed yet.
     h.observe(B, 300);

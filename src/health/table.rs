@@ -211,8 +211,8 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
             return None;
         }
         let (t, registration) = self.renew_slot(i, now_ms)?;
-        let key = || self.slots[i as usize].as_ref().map(|s| s.key.clone());
-        Some((t.and_then(|t| Some((t, key()?))), registration))
+        let t = t.and_then(|t| Some((t, self.slots[i as usize].as_ref()?.key.clone())));
+        Some((t, registration))
     }
 
     fn renew_slot(&mut self, i: u32, now_ms: u64) -> Option<(Option<Transition>, u64)> {
