@@ -10,6 +10,7 @@
 //! - [`health`]: the pure lease/health state machine, self-preservation, flap damping.
 //! - [`leases`]: the lease lifecycle of a registry: which registration a lease belongs to.
 //! - [`failover`]: the pure failover-to-remote policy.
+//! - [`heap`]: freed heap handed back to the OS after bursts of connections.
 //! - [`http`]: the client-facing JSON API; [`node`]: wiring and lifecycle, status and
 //!   metrics; [`shared`]: what the HTTP handlers and the node's tasks share.
 //!
@@ -47,6 +48,7 @@ pub mod config;
 pub mod error;
 pub mod failover;
 pub mod health;
+pub mod heap;
 pub mod http;
 pub mod leases;
 pub mod log_fields;

@@ -558,6 +558,8 @@ impl Node {
             });
         }
 
+        // Freed heap back to the OS after bursts of connections, and now and then.
+        crate::heap::start();
         // HTTP.
         let tcp = tokio::net::TcpListener::bind(cfg.http_addr)
             .await

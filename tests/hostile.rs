@@ -463,3 +463,34 @@ async fn under_a_low_open_files_limit_connections_stop_before_rocksdb_descriptor
     well_behaved(&c, 99).await;
     drop(server);
 }
+
+/// A burst of connections that ends leaves its heap to the OS (`heap.rs`): once 100
+/// connections were each answered and closed, the process trims within a few ticks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_heap_a_burst_of_connections_freed_is_given_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let m = Metrics::of(&node).await;
+    let mut held = Vec::new();
+    for _ in 0..100 {
+        let mut s = connect_from([127, 0, 0, 2], node.http_addr()).await.unwrap();
+        s.write_all(b"GET /v1/ready HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").await.unwrap();
+        held.push(s);
+    }
+    for s in &mut held {
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+    }
+    let trims = "tandem_heap_trims_total{reason=\"connections\"}";
+    let before = metric(&m, trims).await;
+    drop(held);
+    eventually(Duration::from_secs(5), "a trim once the burst is over", || async {
+        metric(&m, trims).await > before
+    })
+    .await;
+    let text = m.http.get(&m.url).send().await.unwrap().text().await.unwrap();
+    let rss = text.lines().find_map(|l| l.strip_prefix("process_resident_memory_bytes{} "));
+    assert!(rss.and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v > 0.0), "{rss:?}");
+    node.shutdown().await;
+}

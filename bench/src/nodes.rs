@@ -749,7 +749,7 @@ pub async fn memory(ctx: &mut Ctx) -> anyhow::Result<()> {
     anyhow::ensure!(run.ok == total, "memory: registered {} of {total}: {:?}", run.ok, run.first_error);
     // The seeding client's connections close first: their buffers are per connection.
     drop(seed_http);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(crate::sys::SETTLE_BEFORE_RSS).await;
     let after = rss_bytes(pid).unwrap_or(0);
     drop(child);
     ctx.report.table(

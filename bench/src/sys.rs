@@ -191,6 +191,11 @@ pub fn terminate(pid: u32) {
     }
 }
 
+/// How long a memory step waits between closing its loading connections and reading a
+/// server's RSS (tandem gives freed heap back within 500 ms of a burst of closes; every
+/// server gets the same wait).
+pub const SETTLE_BEFORE_RSS: std::time::Duration = std::time::Duration::from_millis(1500);
+
 /// Resident set size of a process, bytes.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -147,6 +147,7 @@ impl Conns {
             return Err(Refusal::PerAddress);
         }
         *n += 1;
+        crate::heap::connection_opened();
         Ok(Slot { conns: self.clone(), ip })
     }
 }
@@ -162,6 +163,7 @@ impl Drop for Slot {
         }
         drop(by);
         self.conns.state.connections_open.fetch_sub(1, Ordering::AcqRel);
+        crate::heap::connection_closed();
     }
 }
 

@@ -200,6 +200,7 @@ impl NodeShared {
         );
         self.render_http_limits(&mut m, dc);
         self.render_compat(&mut m, dc);
+        render_heap(&mut m, dc);
         let st = self.committer.stats();
         m.counter(
             "tandem_group_commit_fsyncs_total",
@@ -750,4 +751,21 @@ impl NodeShared {
             m.counter(name, help, &[("dc", dc), ("limit", limit)], get(v));
         }
     }
+}
+
+/// The process's memory, and the trims that gave freed heap back (`heap.rs`).
+fn render_heap(m: &mut Metrics, dc: &str) {
+    let h = crate::heap::stats();
+    m.gauge("process_resident_memory_bytes", "Resident memory of the process", &[], h.rss_bytes as f64);
+    let help = "Times the process gave freed heap back to the OS (malloc_trim), by reason";
+    for (reason, n) in [("connections", h.trims[0]), ("period", h.trims[1])] {
+        m.counter("tandem_heap_trims_total", help, &[("dc", dc), ("reason", reason)], n);
+    }
+    m.counter(
+        "tandem_heap_trim_released_bytes_total",
+        "Resident memory those trims gave back",
+        &[("dc", dc)],
+        h.released_bytes,
+    );
+    m.counter_f64("tandem_heap_trim_seconds_total", "Time spent in those trims", &[("dc", dc)], h.seconds);
 }

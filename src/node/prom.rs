@@ -29,6 +29,10 @@ impl Metrics {
     pub(super) fn counter(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], v: u64) {
         self.sample(name, help, "counter", labels, v as f64);
     }
+    /// A counter of a fractional amount (seconds).
+    pub(super) fn counter_f64(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], v: f64) {
+        self.sample(name, help, "counter", labels, v);
+    }
     pub(super) fn gauge(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], v: f64) {
         self.sample(name, help, "gauge", labels, v);
     }

@@ -81,7 +81,7 @@ pub(super) async fn rnacos(ctx: &mut Ctx, bin: &Path) -> anyhow::Result<PeerFigu
         );
     }
     drop(seed_http);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(crate::sys::SETTLE_BEFORE_RSS).await;
     fig.rss_bytes_with_dataset = rss_bytes(proc.pid());
     fig.instances_in_dataset = services * per + n;
     ctx.report.note(format!(
