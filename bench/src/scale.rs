@@ -447,6 +447,16 @@ async fn leases(ctx: &mut Ctx) -> anyhow::Result<()> {
         d("tandem_health_events_total"),
         d("tandem_disk_writes_total"),
     ));
+    let trims = sample(&m1, "tandem_heap_trims_total");
+    ctx.report.note(format!(
+        "heap trims by the node (freed heap handed back to the OS: after a burst of closed connections, and every \
+         minute): {} in the window, {} since the node started, {:.1} MiB of RSS given back in all, {:.1} ms per trim \
+         on average",
+        d("tandem_heap_trims_total"),
+        trims,
+        sample(&m1, "tandem_heap_trim_released_bytes_total") / 1048576.0,
+        1e3 * sample(&m1, "tandem_heap_trim_seconds_total") / trims.max(1.0),
+    ));
     ctx.report.note(format!(
         "node: RSS {:.1} MiB empty; its config = the defaults (health timings; [http] connections_max 16,384 and \
          connections_per_address_max 1,024, which admit {} connections at {per_address} per address) except \
