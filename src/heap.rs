@@ -6,8 +6,9 @@
 //! every arena (madvise), which is what this module calls, from one thread per process (the
 //! nodes of a process share its heap):
 //! - when a burst has ended: [`BURST_CONNECTIONS`] fewer client connections open than at
-//!   their most since the last trim, and none closed during the last [`TICK`] (the closes
-//!   are over: a trim in the middle of them would leave the rest's buffers behind);
+//!   their most since the last trim, and fewer than [`CLOSING_CONNECTIONS`] closed during
+//!   the last [`TICK`] (the burst's closes are over: a trim in the middle of them would
+//!   leave the rest's buffers behind; a steady trickle of closes does not hold it off);
 //! - every [`PERIOD`] whatever happened (memory freed by a catch-up, a snapshot, a reload).
 //!
 //! Each trim is counted in `/metrics` with the bytes of RSS it gave back and its time
@@ -25,6 +26,8 @@ pub const PERIOD: Duration = Duration::from_secs(60);
 /// A burst has ended when this many fewer client connections are open than at their most
 /// since the last trim.
 pub const BURST_CONNECTIONS: u64 = 64;
+/// A burst is still closing while this many connections closed in the last tick.
+pub const CLOSING_CONNECTIONS: u64 = 16;
 
 /// Why a trim ran (the label of its counters).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,7 +82,7 @@ pub fn start() {
             loop {
                 std::thread::sleep(TICK);
                 let (open, now_closed) = (OPEN.load(Ordering::Relaxed), CLOSED.load(Ordering::Relaxed));
-                let closing = now_closed != closed;
+                let closing = now_closed.wrapping_sub(closed);
                 closed = now_closed;
                 if let Some(reason) = due(open, MOST.load(Ordering::Relaxed), closing, last.elapsed()) {
                     // A connection admitted meanwhile raises it again (fetch_max).
@@ -96,9 +99,9 @@ pub fn start() {
 }
 
 /// Whether a trim is due with `open` client connections open, `most` at their most since
-/// the last trim, connections `closing` during the last tick, `since` that trim.
-fn due(open: u64, most: u64, closing: bool, since: Duration) -> Option<Reason> {
-    if most.saturating_sub(open) >= BURST_CONNECTIONS && !closing {
+/// the last trim, `closing` of them closed during the last tick, `since` that trim.
+fn due(open: u64, most: u64, closing: u64, since: Duration) -> Option<Reason> {
+    if most.saturating_sub(open) >= BURST_CONNECTIONS && closing < CLOSING_CONNECTIONS {
         Some(Reason::Connections)
     } else if since >= PERIOD {
         Some(Reason::Period)
@@ -194,12 +197,13 @@ mod tests {
     #[test]
     fn a_burst_is_over_when_enough_connections_closed_since_the_most() {
         let quiet = Duration::from_secs(1);
-        let b = BURST_CONNECTIONS;
-        assert_eq!(due(0, 0, false, quiet), None);
-        assert_eq!(due(b, b, false, quiet), None, "open connections are no reason");
-        assert_eq!(due(1, b, false, quiet), None, "fewer closed than a burst");
-        assert_eq!(due(0, b, true, quiet), None, "still closing");
-        assert_eq!(due(0, b, false, quiet), Some(Reason::Connections));
-        assert_eq!(due(5, 5, true, PERIOD), Some(Reason::Period));
+        let (b, c) = (BURST_CONNECTIONS, CLOSING_CONNECTIONS);
+        assert_eq!(due(0, 0, 0, quiet), None);
+        assert_eq!(due(b, b, 0, quiet), None, "open connections are no reason");
+        assert_eq!(due(1, b, 0, quiet), None, "fewer closed than a burst");
+        assert_eq!(due(0, b, c, quiet), None, "still closing");
+        assert_eq!(due(0, b, c - 1, quiet), Some(Reason::Connections), "a trickle of closes");
+        assert_eq!(due(0, b, 0, quiet), Some(Reason::Connections));
+        assert_eq!(due(5, 5, c, PERIOD), Some(Reason::Period));
     }
 }

@@ -10,7 +10,8 @@
 //! - [`health`]: the pure lease/health state machine, self-preservation, flap damping.
 //! - [`leases`]: the lease lifecycle of a registry: which registration a lease belongs to.
 //! - [`failover`]: the pure failover-to-remote policy.
-//! - [`heap`]: freed heap handed back to the OS after bursts of connections.
+//! - [`heap`]: freed heap handed back to the OS after bursts of connections; [`hashed`]:
+//!   hash tables that double without hashing a key again (the lease table's, the owners').
 //! - [`http`]: the client-facing JSON API; [`node`]: wiring and lifecycle, status and
 //!   metrics; [`shared`]: what the HTTP handlers and the node's tasks share.
 //!
@@ -47,6 +48,7 @@ pub mod compat;
 pub mod config;
 pub mod error;
 pub mod failover;
+pub mod hashed;
 pub mod health;
 pub mod heap;
 pub mod http;

@@ -1,10 +1,9 @@
 //! [`LeaseTable`]: a registry's leases with a due-time queue, so a lease check touches only
 //! the leases whose deadline came.
 
-use std::hash::BuildHasher as _;
-
 use super::due::DueQueue;
 use super::*;
+use crate::hashed::Hash32;
 
 /// Every lease of a node, with a due-time queue so that a lease check looks only at the
 /// leases whose next deadline has come, not at all of them.
@@ -35,7 +34,7 @@ use super::*;
 /// [`LeaseGroup::group`] (the namespace): it sees every renewal, every lease added and
 /// removed, and every lease that parks or expires, which is what the expectation follows.
 pub struct LeaseTable<K: Eq + std::hash::Hash + Clone + LeaseGroup> {
-    /// Each key's slot in `slots`, with [`IndexHash`] of the slot's key by `hasher`.
+    /// Each key's slot in `slots`, with [`Hash32`] of the slot's key by `hasher`.
     index: hashbrown::HashTable<Entry>,
     hasher: foldhash::fast::RandomState,
     slots: Vec<Option<Slot<K>>>,
@@ -80,31 +79,13 @@ struct Entry {
     hash: u32,
 }
 
-/// 32 bits of a key's hash (what an [`Entry`] keeps), and the table's 64-bit hash made of
-/// them: the table finds and doubles by that one, so a doubling needs only the entries.
-#[derive(Clone, Copy)]
-struct IndexHash(u32);
-
-impl IndexHash {
-    fn of(hasher: &foldhash::fast::RandomState, q: &(impl std::hash::Hash + ?Sized)) -> IndexHash {
-        let h = hasher.hash_one(q);
-        IndexHash((h ^ (h >> 32)) as u32)
-    }
-
-    /// Spread over 64 bits (the table takes its bucket from the low bits and a tag from the
-    /// top seven): a multiply by an odd constant (2^64 / the golden ratio).
-    fn wide(self) -> u64 {
-        u64::from(self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-    }
-}
-
 /// Whether an index entry names the slot that holds `key` (of hash `h`).
-fn holds<'a, K: Eq>(slots: &'a [Option<Slot<K>>], key: &'a K, h: IndexHash) -> impl Fn(&Entry) -> bool + 'a {
+fn holds<'a, K: Eq>(slots: &'a [Option<Slot<K>>], key: &'a K, h: Hash32) -> impl Fn(&Entry) -> bool + 'a {
     move |e| e.hash == h.0 && slots[e.slot as usize].as_ref().is_some_and(|s| s.key == *key)
 }
 
 fn rehash(e: &Entry) -> u64 {
-    IndexHash(e.hash).wide()
+    Hash32(e.hash).wide()
 }
 
 impl<K> Slot<K> {
@@ -169,7 +150,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
 
     /// The slot holding `key`'s lease.
     fn slot_of(&self, key: &K) -> Option<u32> {
-        let h = IndexHash::of(&self.hasher, key);
+        let h = Hash32::of(&self.hasher, key);
         self.index.find(h.wide(), holds(&self.slots, key, h)).map(|e| e.slot)
     }
 
@@ -179,7 +160,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
         self.now_ms = self.now_ms.max(lease.last_renew_ms());
         self.remove(&key);
         self.preservation.lease_added(key.group(), self.now_ms);
-        let h = IndexHash::of(&self.hasher, &key);
+        let h = Hash32::of(&self.hasher, &key);
         let i = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -199,7 +180,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     }
 
     pub fn remove(&mut self, key: &K) -> Option<Lease> {
-        let h = IndexHash::of(&self.hasher, key);
+        let h = Hash32::of(&self.hasher, key);
         let found = self.index.find_entry(h.wide(), holds(&self.slots, key, h));
         let (Entry { slot: i, .. }, _) = found.ok()?.remove();
         let slot = self.slots[i as usize].take()?;
@@ -236,7 +217,7 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
         admit: impl FnOnce(&Lease) -> bool,
         now_ms: u64,
     ) -> Option<(Option<(Transition, K)>, u64)> {
-        let (slots, h) = (&self.slots, IndexHash::of(&self.hasher, q));
+        let (slots, h) = (&self.slots, Hash32::of(&self.hasher, q));
         let i = self
             .index
             .find(h.wide(), |e| e.hash == h.0 && slots[e.slot as usize].as_ref().is_some_and(|s| is(&s.key)))?

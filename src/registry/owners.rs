@@ -14,7 +14,6 @@
 //! before owners were recorded) may be changed by any principal with `write` on its
 //! service, and a registration by a token claims it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::http::StatusCode;
@@ -42,15 +41,17 @@ impl Writer {
     }
 }
 
-type Map<V> = HashMap<InstanceKey, V, foldhash::fast::RandomState>;
+/// Keyed by instance, doubling without hashing a key again (`hashed.rs`): a doubling runs
+/// under the registry's lock.
+type Map<V> = crate::hashed::HashedMap<InstanceKey, V>;
 
 /// The owners of the own live instances: as durable, and as minted by writes in flight.
 ///
 /// Only owners that restrict anything are held: an instance owned by [`ANONYMOUS`] is
 /// judged exactly as one owned by no one (see [`judge`]), so it costs no entry here. With
 /// ACLs off that is every instance, and a node holding a million leases spends nothing on
-/// ownership (an entry costs about 170 B at that size: an `InstanceKey` and an owner in a
-/// table of 2^21 buckets). The log still records `anonymous` as the owner.
+/// ownership (an entry costs about 180 B at that size: an `InstanceKey`, an owner and 32
+/// bits of its hash in a table of 2^21 buckets). The log still records `anonymous` as the owner.
 #[derive(Debug, Default)]
 pub(super) struct Owners {
     /// Owners other than [`ANONYMOUS`], one shared copy per principal.
