@@ -490,7 +490,7 @@ async fn the_heap_a_burst_of_connections_freed_is_given_back() {
     })
     .await;
     let text = m.http.get(&m.url).send().await.unwrap().text().await.unwrap();
-    let rss = text.lines().find_map(|l| l.strip_prefix("process_resident_memory_bytes{} "));
+    let rss = text.lines().find_map(|l| l.strip_prefix("process_resident_memory_bytes "));
     assert!(rss.and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v > 0.0), "{rss:?}");
     node.shutdown().await;
 }

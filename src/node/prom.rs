@@ -20,7 +20,8 @@ impl Metrics {
         v: f64,
     ) {
         let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
-        let line = format!("{name}{{{}}} {v}", l.join(","));
+        let line =
+            if l.is_empty() { format!("{name} {v}") } else { format!("{name}{{{}}} {v}", l.join(",")) };
         match self.families.iter_mut().find(|f| f.0 == name) {
             Some(f) => f.3.push(line),
             None => self.families.push((name, help.to_owned(), kind, vec![line])),
