@@ -673,20 +673,7 @@ proptest! {
     }
 }
 
-/// A key that counts how often it is hashed (on this thread).
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Counted(u32);
-
-thread_local! {
-    static HASHED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-impl std::hash::Hash for Counted {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        HASHED.with(|n| n.set(n.get() + 1));
-        self.0.hash(state);
-    }
-}
+use crate::hashed::counted::{hashed, Counted};
 
 impl LeaseGroup for Counted {
     fn group(&self) -> &str {
@@ -703,12 +690,12 @@ fn the_table_doubles_without_hashing_its_keys_again() {
     let cfg = base();
     let times = cfg.default_times();
     let mut table: LeaseTable<Counted> = LeaseTable::default();
-    HASHED.with(|n| n.set(0));
+    hashed();
     for k in 0..100_000 {
         table.insert(Counted(k), Lease::new(0, times, &cfg));
     }
     // An insert hashes twice: the removal of a lease it replaces, and its own entry.
-    assert_eq!(HASHED.with(|n| n.get()), 200_000);
+    assert_eq!(hashed(), 200_000);
     for k in (0..100_000).step_by(7) {
         assert!(table.get(&Counted(k)).is_some());
     }
