@@ -15,6 +15,7 @@ use tandem_schemas::{
     SnapshotChunk, SnapshotInstance, StagedSnapshot, Tombstone,
 };
 
+use super::deletes::Repeated;
 use super::{
     check_stored_key, decode_instance, decode_tombstone, meta_name, storage, RocksLog, CF_INSTANCES, CF_LOG,
     CF_META, CF_TOMBSTONES, META_EPOCH, META_FLOOR_ID, META_MARK_ID_PREFIX, META_MARK_PREFIX,
@@ -147,8 +148,10 @@ impl EventLog for RocksLog {
             changes: Vec::with_capacity(plan.changes.len()),
         };
         let mut batch = WriteBatch::default();
+        let repeated = Repeated::of(plan.changes.iter().map(|c| c.event.op.key()));
         for change in &plan.changes {
-            report.changes.push(self.stage_effect(&mut batch, change.event, change.effect)?);
+            let once = repeated.once(change.event.op.key());
+            report.changes.push(self.stage_effect(&mut batch, change.event, change.effect, once)?);
         }
         let mark_id = plan.new_mark.and_then(|m| mark_event_id(events, m));
         if let Some(m) = plan.new_mark {

@@ -19,6 +19,7 @@
 //! The [`EventLog`] contract is implemented in `event_log`; the corruption tests are in
 //! `tests`; `raft_state` serves the Raft state machine (applied state, exports).
 
+mod deletes;
 mod event_log;
 pub(super) mod open;
 mod owners;
@@ -572,17 +573,19 @@ impl RocksLog {
     }
 
     /// Stages one event's effect on state, exactly as the reference model applies it.
+    /// `once`: no other event of the batch touches this key ([`deletes::Repeated`]).
     fn stage_effect(
         &self,
         batch: &mut WriteBatch,
         ev: &ChangeEvent,
         effect: Effect,
+        once: bool,
     ) -> Result<StateChange, LogError> {
         let key = ev.op.key();
         let enc = encode_key(key);
         match (effect, &ev.op) {
             (Effect::Put, Op::Register(r) | Op::Update(r)) => {
-                batch.delete_cf(self.cf(CF_TOMBSTONES)?, &enc);
+                self.stage_delete_if_stored(batch, CF_TOMBSTONES, &enc, once)?;
                 batch.put_cf(self.cf(CF_INSTANCES)?, &enc, tandem_schemas::encode(&(ev.seq, r)));
                 Ok(StateChange::Put { seq: ev.seq, record: r.clone() })
             }

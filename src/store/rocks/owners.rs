@@ -12,6 +12,7 @@ use rocksdb::WriteBatch;
 use tandem_replicator::log::{check_local_sequence, local_effect, LogError, StateChange};
 use tandem_schemas::{ChangeEvent, InstanceKey};
 
+use super::deletes::Repeated;
 use super::{decode_key, encode_key, prefix_end, seq_key, RocksLog, CF_LOG, CF_META, META_OWN_SEQ};
 use crate::store::commit_log::owner_changes;
 
@@ -58,16 +59,18 @@ impl RocksLog {
             return Ok(Vec::new());
         };
         let log_cf = self.cf(CF_LOG)?;
+        let repeated = Repeated::of(events.iter().map(|ev| ev.op.key()));
         let mut changes = Vec::with_capacity(events.len());
         for ev in events {
-            changes.push(self.stage_effect(batch, ev, local_effect(ev))?);
+            let once = repeated.once(ev.op.key());
+            changes.push(self.stage_effect(batch, ev, local_effect(ev), once)?);
             batch.put_cf(log_cf, seq_key(ev.seq), tandem_schemas::encode_event(ev));
         }
         let meta_cf = self.cf(CF_META)?;
         for (key, owner) in owner_changes(events, owners) {
             match owner {
                 Some(o) => batch.put_cf(meta_cf, owner_key(&key), o.as_bytes()),
-                None => batch.delete_cf(meta_cf, owner_key(&key)),
+                None => self.stage_delete_if_stored(batch, CF_META, &owner_key(&key), repeated.once(&key))?,
             }
         }
         batch.put_cf(meta_cf, META_OWN_SEQ, last.seq.to_be_bytes());
