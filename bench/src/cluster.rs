@@ -39,10 +39,11 @@ use serde_json::json;
 use tandem::config::{ClusterSection, MemberSection};
 
 use crate::load::{closed_loop, rate, Run};
-use crate::nodes::{check, register_body, Child};
+use crate::nodes::{check, register_body};
 use crate::peers::{
     etcd_member_args, etcd_ports, etcd_register_once, find_bin, free_tcp, ok_json, spawn, wait_ready, Proc,
 };
+use crate::probe::Child;
 use crate::sys::{process_cpu, PROFILE};
 use crate::{cpu_now, Ctx};
 

@@ -19,6 +19,7 @@ mod httpfloor;
 mod load;
 mod nodes;
 mod peers;
+mod probe;
 mod raft;
 mod raw;
 mod repl;
@@ -356,7 +357,7 @@ pub fn bench_config(dir: &std::path::Path, dc: &str) -> Config {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if cli.cmd == Cmd::ServeProbe {
-        return nodes::serve_probe(cli.opts.data_dir.clone().unwrap_or_else(std::env::temp_dir));
+        return probe::serve_probe(cli.opts.data_dir.clone().unwrap_or_else(std::env::temp_dir));
     }
     if cli.cmd == Cmd::ServeScaleProbe {
         let base = cli.opts.data_dir.clone().unwrap_or_else(std::env::temp_dir);
@@ -449,7 +450,7 @@ fn main() -> anyhow::Result<()> {
             acl::run(&mut ctx).await?;
         }
         if matches!(cmd, Cmd::All | Cmd::Memory) {
-            nodes::memory(&mut ctx).await?;
+            probe::memory(&mut ctx).await?;
         }
         if matches!(cmd, Cmd::All | Cmd::Detect) {
             watch::detect(&mut ctx).await?;

@@ -25,7 +25,8 @@ use serde_json::json;
 use tandem::config::Config;
 
 use crate::load::{closed_loop, ms, open_loop, rate, Lat};
-use crate::nodes::{check, seed, spawn_probe_with};
+use crate::nodes::{check, seed};
+use crate::probe::spawn_probe_with;
 use crate::raw::RawConn;
 use crate::sys::{process_cpu, rss_bytes};
 use crate::{bench_config, cpu_now, Ctx};

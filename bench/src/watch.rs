@@ -16,8 +16,9 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use crate::load::{ms, rate, Lat};
-use crate::nodes::{check, spawn_probe};
+use crate::nodes::check;
 use crate::peers::b64;
+use crate::probe::spawn_probe;
 use crate::sys::process_cpu;
 use crate::{cpu_now, Ctx};
 

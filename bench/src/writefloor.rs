@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use tokio::io::AsyncReadExt as _;
 
 use crate::load::{ms, rate, Lat};
-use crate::nodes::Child;
+use crate::probe::Child;
 use crate::Ctx;
 
 /// Bytes of the line written per change (about tandem's answer line for the watched service
