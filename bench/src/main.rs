@@ -247,6 +247,8 @@ pub struct Figures {
     pub heartbeat_p99_ms: Option<f64>,
     /// A separate tandem node process: (RSS before, RSS after, instances loaded).
     pub tandem_rss: Option<(u64, u64, u64)>,
+    /// Its growth per instance over the second half of the load, B.
+    pub tandem_rss_second_half: Option<f64>,
     /// Registrations per fsync: best over HTTP, and in-process (no HTTP).
     pub register_per_fsync_http: Option<f64>,
     pub register_per_fsync_direct: Option<f64>,

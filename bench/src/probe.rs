@@ -176,6 +176,7 @@ pub async fn memory(ctx: &mut Ctx) -> anyhow::Result<()> {
         crate::sys::PROFILE
     ));
     ctx.floors.tandem_rss = Some((before, after, total));
+    ctx.floors.tandem_rss_second_half = Some(after.saturating_sub(mid) as f64 / second.max(1) as f64);
     Ok(())
 }
 

@@ -452,8 +452,11 @@ fn targets(ctx: &mut Ctx, etcd: Option<&PeerFigures>, rnacos: Option<&PeerFigure
             ctx.report.row(vec![
                 "M8 <= 1 KiB per instance".into(),
                 format!(
-                    "{growth:.0} B of RSS growth per instance ({} instances, separate node process)",
-                    rate(n as f64)
+                    "{growth:.0} B of RSS growth per instance ({} instances, separate node process){}",
+                    rate(n as f64),
+                    f.tandem_rss_second_half.map_or_else(String::new, |b| format!(
+                        "; {b:.0} B per instance of the load's second half"
+                    ))
                 ),
                 verdict(growth <= 1024.0).into(),
             ]);
