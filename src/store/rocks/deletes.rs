@@ -1,8 +1,8 @@
 //! Deletes staged only where something is stored. A registration must clear its key's
 //! tombstone and owner record, but a fresh key has neither, and a delete of an absent key
 //! still costs an entry in its column family's memtable (about 100 B each, held until the
-//! memtable flushes) and bytes in the synced WAL write. Before this, every fresh
-//! registration left two such entries: 40% of what its memtables hold.
+//! memtable flushes) and bytes in the synced WAL write: staged for every registration,
+//! the two would be 40% of what a fresh registration's memtables hold.
 //!
 //! Whether a key is stored is read from the database, which only holds what earlier batches
 //! wrote. A key that more than one event of the batch touches is therefore never read: its
