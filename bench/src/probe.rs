@@ -18,17 +18,23 @@ pub fn serve_probe(base: std::path::PathBuf) -> anyhow::Result<()> {
     rt.block_on(async {
         let dir = tempfile::Builder::new().prefix("tandem-bench-memory").tempdir_in(&base)?;
         let node = tandem::node::Node::start(bench_config(dir.path(), "dc-a"), None).await?;
-        println!("http={}", node.http_addr());
-        let stdin_closed = tokio::task::spawn_blocking(|| {
-            let mut sink = String::new();
-            while std::io::stdin().read_line(&mut sink).is_ok_and(|n| n > 0) {
-                sink.clear();
-            }
-        });
-        let _ = tokio::time::timeout(Duration::from_secs(600), stdin_closed).await;
-        node.shutdown().await;
+        serve_until_stdin_closes(node, Duration::from_secs(600)).await;
         anyhow::Ok(())
     })
+}
+
+/// The probe protocol's server side: prints `http=ADDR`, serves until stdin closes (the
+/// parent's guard) or `limit` passes, then stops the node.
+pub async fn serve_until_stdin_closes(node: tandem::node::Node, limit: Duration) {
+    println!("http={}", node.http_addr());
+    let stdin_closed = tokio::task::spawn_blocking(|| {
+        let mut sink = String::new();
+        while std::io::stdin().read_line(&mut sink).is_ok_and(|n| n > 0) {
+            sink.clear();
+        }
+    });
+    let _ = tokio::time::timeout(limit, stdin_closed).await;
+    node.shutdown().await;
 }
 
 /// A child process killed on drop.

@@ -87,15 +87,7 @@ pub fn serve_probe(base: std::path::PathBuf, leases: u64, interval_ms: u64) -> a
     rt.block_on(async {
         let dir = tempfile::Builder::new().prefix("tandem-bench-scale").tempdir_in(&base)?;
         let node = tandem::node::Node::start(scale_config(dir.path(), leases, interval_ms), None).await?;
-        println!("http={}", node.http_addr());
-        let stdin_closed = tokio::task::spawn_blocking(|| {
-            let mut sink = String::new();
-            while std::io::stdin().read_line(&mut sink).is_ok_and(|n| n > 0) {
-                sink.clear();
-            }
-        });
-        let _ = tokio::time::timeout(Duration::from_secs(3600), stdin_closed).await;
-        node.shutdown().await;
+        crate::probe::serve_until_stdin_closes(node, Duration::from_secs(3600)).await;
         anyhow::Ok(())
     })
 }
