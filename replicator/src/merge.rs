@@ -139,6 +139,9 @@ pub fn decide(channel_dc: &str, mark: Option<Mark>, held: Held, ev: &ChangeEvent
 pub struct PlannedChange<'a> {
     pub event: &'a ChangeEvent,
     pub effect: Effect,
+    /// What the receiver held for the key when the event was judged: what `held` read,
+    /// or what an earlier change of the same batch left.
+    pub before: Held,
 }
 
 /// The plan for a batch: the changes to write and the mark to write with them, atomically.
@@ -196,7 +199,7 @@ pub fn plan_batch<'a>(
                     Effect::Tombstone => Held::Tombstone { seq: ev.seq },
                 };
                 overlay.insert(key, after);
-                plan.changes.push(PlannedChange { event: ev, effect });
+                plan.changes.push(PlannedChange { event: ev, effect, before: h });
                 mark = Some(Mark { epoch: ev.origin_epoch, seq: ev.seq });
                 plan.new_mark = mark;
             }

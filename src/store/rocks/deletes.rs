@@ -8,7 +8,9 @@
 //! wrote. A key that more than one event of the batch touches is therefore never read: its
 //! deletes are always staged, since an earlier event of the same batch may have staged the
 //! very record they remove. A failed read stages the delete too: skipping one is only ever
-//! an optimization.
+//! an optimization. The merge of remote events has already read each key's state to plan
+//! the batch ([`Held`](tandem_replicator::merge::Held)): what it read says whether a
+//! tombstone is stored, without a second read.
 
 use std::collections::HashSet;
 
@@ -29,24 +31,44 @@ impl<'a> Repeated<'a> {
         Repeated(repeated)
     }
 
-    /// True when `key` is touched by this event only, so the database says what it holds.
-    pub(super) fn once(&self, key: &InstanceKey) -> bool {
-        !self.0.contains(key)
+    /// What is known before reading of whether `key`'s records are stored: nothing when
+    /// only this event touches it (the database says), else [`Stored::Yes`].
+    pub(super) fn stored(&self, key: &InstanceKey) -> Stored {
+        if self.0.contains(key) {
+            Stored::Yes
+        } else {
+            Stored::Read
+        }
     }
 }
 
+/// Whether a record is stored under a key before the batch, as far as the batch knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Stored {
+    /// Not known: read the database.
+    Read,
+    /// Stored, or maybe staged by an earlier event of the batch: stage the delete.
+    Yes,
+    /// Read already, and absent.
+    No,
+}
+
 impl RocksLog {
-    /// Stages the delete of `key` in column family `cf` unless `once` (see [`Repeated`]) and
-    /// the database holds nothing under it.
+    /// Stages the delete of `key` in column family `cf` unless it is known, or read now
+    /// ([`Stored::Read`]), that nothing is stored under it.
     pub(super) fn stage_delete_if_stored(
         &self,
         batch: &mut WriteBatch,
         cf: &str,
         key: &[u8],
-        once: bool,
+        stored: Stored,
     ) -> Result<(), LogError> {
         let handle = self.cf(cf)?;
-        let stored = !once || self.db()?.get_pinned_cf(handle, key).map_or(true, |v| v.is_some());
+        let stored = match stored {
+            Stored::Yes => true,
+            Stored::No => false,
+            Stored::Read => self.db()?.get_pinned_cf(handle, key).map_or(true, |v| v.is_some()),
+        };
         if stored {
             batch.delete_cf(handle, key);
         }
@@ -99,6 +121,12 @@ mod tests {
         assert_eq!(deletes_in(&log, CF_TOMBSTONES), 1);
         assert_eq!(log.tombstones().unwrap(), vec![]);
         assert!(matches!(log.held(&key("dc-a", "i1")), Held::Live { seq: 52 }));
+        // And by a remote one, which knows of the tombstone from the merge's own read.
+        log.apply_remote("dc-b", &[dereg("dc-b", EPOCH, 51, "i1")]).unwrap();
+        log.apply_remote("dc-b", &[reg("dc-b", EPOCH, 52, "i1")]).unwrap();
+        assert_eq!(deletes_in(&log, CF_TOMBSTONES), 2);
+        assert_eq!(log.tombstones().unwrap(), vec![]);
+        assert!(matches!(log.held(&key("dc-b", "i1")), Held::Live { seq: 52 }));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tandem_schemas::{
     SnapshotChunk, SnapshotInstance, StagedSnapshot, Tombstone,
 };
 
-use super::deletes::Repeated;
+use super::deletes::{Repeated, Stored};
 use super::{
     check_stored_key, decode_instance, decode_tombstone, meta_name, storage, RocksLog, CF_INSTANCES, CF_LOG,
     CF_META, CF_TOMBSTONES, META_EPOCH, META_FLOOR_ID, META_MARK_ID_PREFIX, META_MARK_PREFIX,
@@ -150,8 +150,14 @@ impl EventLog for RocksLog {
         let mut batch = WriteBatch::default();
         let repeated = Repeated::of(plan.changes.iter().map(|c| c.event.op.key()));
         for change in &plan.changes {
-            let once = repeated.once(change.event.op.key());
-            report.changes.push(self.stage_effect(&mut batch, change.event, change.effect, once)?);
+            // A key only this change touches was read to plan it: `before` is what is stored
+            // (`Absent` read both column families; `Live` says nothing of a tombstone).
+            let tombstone = match (repeated.stored(change.event.op.key()), change.before) {
+                (Stored::Read, Held::Absent) => Stored::No,
+                (Stored::Read, Held::Tombstone { .. }) => Stored::Yes,
+                (stored, _) => stored,
+            };
+            report.changes.push(self.stage_effect(&mut batch, change.event, change.effect, tombstone)?);
         }
         let mark_id = plan.new_mark.and_then(|m| mark_event_id(events, m));
         if let Some(m) = plan.new_mark {

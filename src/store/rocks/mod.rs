@@ -573,19 +573,19 @@ impl RocksLog {
     }
 
     /// Stages one event's effect on state, exactly as the reference model applies it.
-    /// `once`: no other event of the batch touches this key ([`deletes::Repeated`]).
+    /// `tombstone`: what is known of the key's stored tombstone ([`deletes::Stored`]).
     fn stage_effect(
         &self,
         batch: &mut WriteBatch,
         ev: &ChangeEvent,
         effect: Effect,
-        once: bool,
+        tombstone: deletes::Stored,
     ) -> Result<StateChange, LogError> {
         let key = ev.op.key();
         let enc = encode_key(key);
         match (effect, &ev.op) {
             (Effect::Put, Op::Register(r) | Op::Update(r)) => {
-                self.stage_delete_if_stored(batch, CF_TOMBSTONES, &enc, once)?;
+                self.stage_delete_if_stored(batch, CF_TOMBSTONES, &enc, tombstone)?;
                 batch.put_cf(self.cf(CF_INSTANCES)?, &enc, tandem_schemas::encode(&(ev.seq, r)));
                 Ok(StateChange::Put { seq: ev.seq, record: r.clone() })
             }

@@ -62,15 +62,17 @@ impl RocksLog {
         let repeated = Repeated::of(events.iter().map(|ev| ev.op.key()));
         let mut changes = Vec::with_capacity(events.len());
         for ev in events {
-            let once = repeated.once(ev.op.key());
-            changes.push(self.stage_effect(batch, ev, local_effect(ev), once)?);
+            let tombstone = repeated.stored(ev.op.key());
+            changes.push(self.stage_effect(batch, ev, local_effect(ev), tombstone)?);
             batch.put_cf(log_cf, seq_key(ev.seq), tandem_schemas::encode_event(ev));
         }
         let meta_cf = self.cf(CF_META)?;
         for (key, owner) in owner_changes(events, owners) {
             match owner {
                 Some(o) => batch.put_cf(meta_cf, owner_key(&key), o.as_bytes()),
-                None => self.stage_delete_if_stored(batch, CF_META, &owner_key(&key), repeated.once(&key))?,
+                None => {
+                    self.stage_delete_if_stored(batch, CF_META, &owner_key(&key), repeated.stored(&key))?
+                }
             }
         }
         batch.put_cf(meta_cf, META_OWN_SEQ, last.seq.to_be_bytes());
