@@ -9,7 +9,9 @@
 //!   their most since the last trim, and fewer than [`CLOSING_CONNECTIONS`] closed during
 //!   the last [`TICK`] (the burst's closes are over: a trim in the middle of them would
 //!   leave the rest's buffers behind; a steady trickle of closes does not hold it off);
-//! - every [`PERIOD`] whatever happened (memory freed by a catch-up, a snapshot, a reload).
+//! - every [`PERIOD`] whatever happened (memory freed by a catch-up, a snapshot, a reload);
+//! - and when asked, once the memtables of a quiet log were flushed ([`Reason::Memtables`],
+//!   `node/idle.rs`).
 //!
 //! Each trim is counted in `/metrics` with the bytes of RSS it gave back and its time
 //! (`tandem_heap_trims_total`, `tandem_heap_trim_released_bytes_total`,
@@ -36,12 +38,15 @@ pub enum Reason {
     Connections,
     /// [`PERIOD`] passed.
     Period,
+    /// The memtables of a quiet log were flushed.
+    Memtables,
 }
 
-/// The process's trims so far, per [`Reason`] (index 0: connections, 1: period).
+/// The process's trims so far, per [`Reason`] (index 0: connections, 1: period, 2:
+/// memtables).
 #[derive(Debug, Default)]
 pub struct HeapStats {
-    pub trims: [u64; 2],
+    pub trims: [u64; 3],
     /// RSS given back (RSS before the trim minus after, when it fell).
     pub released_bytes: u64,
     /// Time spent in `malloc_trim`.
@@ -53,7 +58,7 @@ pub struct HeapStats {
 static OPEN: AtomicU64 = AtomicU64::new(0);
 static CLOSED: AtomicU64 = AtomicU64::new(0);
 static MOST: AtomicU64 = AtomicU64::new(0);
-static TRIMS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+static TRIMS: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
 static RELEASED: AtomicU64 = AtomicU64::new(0);
 static NANOS: AtomicU64 = AtomicU64::new(0);
 
@@ -152,7 +157,7 @@ pub fn rss_bytes() -> u64 {
 /// The trims so far and the RSS now.
 pub fn stats() -> HeapStats {
     HeapStats {
-        trims: [TRIMS[0].load(Ordering::Relaxed), TRIMS[1].load(Ordering::Relaxed)],
+        trims: TRIMS.each_ref().map(|t| t.load(Ordering::Relaxed)),
         released_bytes: RELEASED.load(Ordering::Relaxed),
         seconds: NANOS.load(Ordering::Relaxed) as f64 / 1e9,
         rss_bytes: rss_bytes(),

@@ -30,6 +30,7 @@ pub mod committer;
 pub mod data_dir;
 pub mod forward_batch;
 pub mod group;
+mod idle;
 mod metrics;
 mod prom;
 pub mod status;
@@ -558,6 +559,10 @@ impl Node {
             });
         }
 
+        // Memtables of a quiet log to table files (a group's log: not yet).
+        if let NodeCommitter::Single(c) = &committer {
+            tasks.push(tokio::spawn(idle::flush_when_quiet(c.clone(), shut_rx.clone())));
+        }
         // Freed heap back to the OS after bursts of connections, and now and then.
         crate::heap::start();
         // HTTP.

@@ -192,9 +192,10 @@ pub fn terminate(pid: u32) {
 }
 
 /// How long a memory step waits between closing its loading connections and reading a
-/// server's RSS (tandem gives freed heap back within 500 ms of a burst of closes; every
-/// server gets the same wait).
-pub const SETTLE_BEFORE_RSS: std::time::Duration = std::time::Duration::from_millis(1500);
+/// server's RSS (tandem gives freed heap back within 500 ms of a burst of closes, and hands
+/// a quiet log's memtables to table files within 1.25 s of its last write, trimming 250 ms
+/// later; every server gets the same wait).
+pub const SETTLE_BEFORE_RSS: std::time::Duration = std::time::Duration::from_millis(3000);
 
 /// Resident set size of a process, bytes.
 pub fn rss_bytes(pid: u32) -> Option<u64> {

@@ -31,6 +31,18 @@ impl NodeShared {
             &[("dc", dc)],
             stats.fsyncs,
         );
+        m.counter(
+            "tandem_store_idle_flushes_total",
+            "Quiet spells of the event log that handed its memtables to table files",
+            &[("dc", dc)],
+            stats.idle_flushes,
+        );
+        m.counter(
+            "tandem_store_idle_flushed_bytes_total",
+            "Bytes the memtables held when those quiet spells flushed them",
+            &[("dc", dc)],
+            stats.idle_flushed_bytes,
+        );
         let bounds: Vec<f64> = crate::store::SYNC_BUCKETS_US.iter().map(|us| *us as f64 / 1e6).collect();
         m.histogram(
             "tandem_disk_sync_duration_seconds",
@@ -758,7 +770,7 @@ fn render_heap(m: &mut Metrics, dc: &str) {
     let h = crate::heap::stats();
     m.gauge("process_resident_memory_bytes", "Resident memory of the process", &[], h.rss_bytes as f64);
     let help = "Times the process gave freed heap back to the OS (malloc_trim), by reason";
-    for (reason, n) in [("connections", h.trims[0]), ("period", h.trims[1])] {
+    for (reason, n) in [("connections", h.trims[0]), ("period", h.trims[1]), ("memtables", h.trims[2])] {
         m.counter("tandem_heap_trims_total", help, &[("dc", dc), ("reason", reason)], n);
     }
     m.counter(

@@ -62,6 +62,12 @@ pub trait CommitLog: EventLog {
     /// Lifts a retirement: `dc` may replicate again, from scratch (its mark was forgotten).
     /// Returns false when `dc` was not retired.
     fn unretire_origin(&mut self, dc: &str) -> Result<bool, LogError>;
+    /// Starts handing the memtables of a quiet log to table files (in the background);
+    /// returns the bytes they held, 0 when there was nothing worth a flush or nothing to
+    /// flush. The node calls it after a quiet spell (`node/idle.rs`).
+    fn flush_idle_memtables(&mut self) -> Result<u64, LogError> {
+        Ok(0)
+    }
     /// Begins an epoch of the next generation above `above` (with `tiebreak`) unless the
     /// own epoch already is above it; answers the own mark after. What the replication
     /// gateway asks when a peer holds a newer epoch of this DC (docs/replication.md).
@@ -171,5 +177,8 @@ impl CommitLog for RocksLog {
     }
     fn recover(&mut self) -> Result<(), LogError> {
         RocksLog::recover(self)
+    }
+    fn flush_idle_memtables(&mut self) -> Result<u64, LogError> {
+        RocksLog::flush_idle_memtables(self)
     }
 }

@@ -295,6 +295,10 @@ pub struct CommitStats {
     pub local_group_requests: [u64; GROUP_SIZE_BUCKETS],
     /// How long the committer's successful synced writes took, of every kind.
     pub sync_durations: SyncDurations,
+    /// Quiet spells that handed memtables to table files
+    /// ([`CommitterHandle::flush_idle_memtables`]), and the bytes those memtables held.
+    pub idle_flushes: u64,
+    pub idle_flushed_bytes: u64,
 }
 
 /// Where a mutating call of the log began: its synced-write count, and when.

@@ -114,6 +114,21 @@ impl<L: CommitLog + Send + 'static> CommitterHandle<L> {
         rx.await.map_err(|_| CommitError::Stopped)
     }
 
+    /// [`CommitLog::flush_idle_memtables`] on the committer thread, counted in
+    /// [`CommitStats`] when it flushed something.
+    pub async fn flush_idle_memtables(&self) -> Result<u64, CommitError>
+    where
+        L: CommitLog + Send + 'static,
+    {
+        let bytes = self.with_log(|log: &mut L| log.flush_idle_memtables()).await??;
+        if bytes > 0 {
+            let mut st = self.stats.lock();
+            st.idle_flushes += 1;
+            st.idle_flushed_bytes += bytes;
+        }
+        Ok(bytes)
+    }
+
     /// Queues a raw request (waits while the queue is full).
     pub async fn send(&self, req: Request<L>) -> Result<(), CommitError> {
         self.tx.send(req).await.map_err(|_| CommitError::Stopped)

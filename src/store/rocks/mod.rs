@@ -21,6 +21,7 @@
 
 mod deletes;
 mod event_log;
+mod idle_flush;
 pub(super) mod open;
 mod owners;
 mod raft_state;
@@ -30,6 +31,7 @@ mod snapshot;
 #[cfg(test)]
 mod tests;
 
+pub use idle_flush::{IDLE_FLUSH_AFTER, IDLE_FLUSH_MIN_BYTES};
 pub use raft_state::{RAFT_APPLIED_BYTES_MAX, STATE_FORMAT_V1};
 
 use std::collections::BTreeMap;
