@@ -494,3 +494,34 @@ async fn the_heap_a_burst_of_connections_freed_is_given_back() {
     assert!(rss.and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v > 0.0), "{rss:?}");
     node.shutdown().await;
 }
+
+/// A log that goes quiet after a burst of registrations hands its memtables to table files,
+/// and the heap they held back to the OS (`node/idle.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_node_flushes_its_memtables_and_gives_their_heap_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
+    let m = Metrics::of(&node).await;
+    let url = format!("http://{}/v1/registrations", node.http_addr());
+    for batch in 0..32 {
+        let instances: Vec<Value> = (0..256)
+            .map(|i| {
+                serde_json::json!({"service": format!("quiet-{}", i % 64), "instance_id": format!("q{batch}-{i}"),
+                                   "address": "10.1.2.3", "port": 8080, "persistent": true})
+            })
+            .collect();
+        let r = m.http.post(&url).json(&serde_json::json!({ "instances": instances })).send().await.unwrap();
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    }
+    let (flushes, trims) =
+        ("tandem_store_idle_flushes_total{}", "tandem_heap_trims_total{reason=\"memtables\"}");
+    eventually(Duration::from_secs(10), "a flush once the log is quiet, then a trim", || async {
+        metric(&m, flushes).await >= 1.0 && metric(&m, trims).await >= 1.0
+    })
+    .await;
+    assert!(metric(&m, "tandem_store_idle_flushed_bytes_total{}").await >= (1 << 20) as f64);
+    // What is left in the memtables is not worth another flush while nothing is written.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(metric(&m, flushes).await, 1.0);
+    node.shutdown().await;
+}
