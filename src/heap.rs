@@ -116,7 +116,7 @@ fn due(open: u64, most: u64, closing: u64, since: Duration) -> Option<Reason> {
 }
 
 /// Whether this build trims (glibc only).
-const TRIMS_HEAP: bool = cfg!(all(target_os = "linux", target_env = "gnu"));
+pub(crate) const TRIMS_HEAP: bool = cfg!(all(target_os = "linux", target_env = "gnu"));
 
 /// Trims now and counts it; returns the RSS given back.
 pub fn trim(reason: Reason) -> u64 {

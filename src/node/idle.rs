@@ -64,7 +64,7 @@ pub(crate) async fn flush_when_quiet<L: CommitLog + Send + 'static>(
                     continue;
                 }
                 match committer.flush_idle_memtables().await {
-                    Ok(bytes) => trim_next_tick = bytes > 0,
+                    Ok(bytes) => trim_next_tick = bytes > 0 && crate::heap::TRIMS_HEAP,
                     Err(e) => tracing::warn!(error = %e, "flushing the memtables of a quiet log failed"),
                 }
             }
