@@ -251,7 +251,8 @@ async fn open_group(
     }));
     let secret = data_dir::reset_secret(&cfg.data_dir).context("cannot load the stateless-reset secret")?;
     let group = Arc::new(Group::start(cfg, section, sm.clone(), secret, progress).await?);
-    let log = GroupLog::new(group.raft.clone(), sm, tokio::runtime::Handle::current());
+    let log = GroupLog::new(group.raft.clone(), sm, tokio::runtime::Handle::current())
+        .with_raft_store(group.store.clone());
     let mut limits = cfg.store.committer_limits();
     // Recovery here is "lead again": look often.
     limits.recovery_backoff_max = limits.recovery_backoff_max.min(GROUP_RECOVERY_BACKOFF_MAX);
@@ -559,9 +560,24 @@ impl Node {
             });
         }
 
-        // Memtables of a quiet log to table files (a group's log: not yet).
-        if let NodeCommitter::Single(c) = &committer {
-            tasks.push(tokio::spawn(idle::flush_when_quiet(c.clone(), shut_rx.clone())));
+        // Memtables of a quiet log to table files. A group's member counts what it applied
+        // (a follower's committer writes nothing), and flushes its Raft log's too.
+        match (&committer, &group) {
+            (NodeCommitter::Single(c), _) => {
+                let writes = {
+                    let c = c.clone();
+                    move || c.stats().fsyncs
+                };
+                tasks.push(tokio::spawn(idle::flush_when_quiet(c.clone(), writes, shut_rx.clone())));
+            }
+            (NodeCommitter::Group(c), Some(g)) => {
+                let writes = {
+                    let sm = g.sm.clone();
+                    move || sm.applied_index()
+                };
+                tasks.push(tokio::spawn(idle::flush_when_quiet(c.clone(), writes, shut_rx.clone())));
+            }
+            (NodeCommitter::Group(_), None) => {}
         }
         // Freed heap back to the OS after bursts of connections, and now and then.
         crate::heap::start();

@@ -8,6 +8,8 @@
 #[path = "cluster/backup.rs"]
 mod backup;
 mod common;
+#[path = "cluster/quiet.rs"]
+mod quiet;
 
 use std::collections::BTreeSet;
 use std::path::Path;

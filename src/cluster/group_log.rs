@@ -41,7 +41,7 @@ use uuid::Uuid;
 
 use super::write::{Change, GroupWrite, LocalWrite};
 use super::{GroupOutcome, RegistryStateMachine, Round, TypeConfig, WriteOutcome};
-use crate::store::{CommitLog, Retirement};
+use crate::store::{CommitLog, RaftLogStore, Retirement};
 
 /// How long one proposal may take before its outcome counts as unknown.
 pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -60,6 +60,8 @@ pub struct GroupLog {
     proposals: u64,
     /// How long one proposal (or the wait to lead) may take.
     timeout: Duration,
+    /// The member's Raft log, whose memtables a quiet spell flushes with the state's.
+    raft_store: Option<RaftLogStore>,
 }
 
 impl GroupLog {
@@ -76,12 +78,20 @@ impl GroupLog {
             ready_term: None,
             proposals: 0,
             timeout: PROPOSE_TIMEOUT,
+            raft_store: None,
         }
     }
 
     /// The same log with another proposal timeout (tests use a short one).
     pub fn with_timeout(mut self, timeout: Duration) -> GroupLog {
         self.timeout = timeout;
+        self
+    }
+
+    /// The same log, flushing the memtables of the member's Raft log too when quiet
+    /// ([`CommitLog::flush_idle_memtables`]).
+    pub fn with_raft_store(mut self, store: RaftLogStore) -> GroupLog {
+        self.raft_store = Some(store);
         self
     }
 
@@ -286,6 +296,13 @@ impl CommitLog for GroupLog {
     fn set_next_index(&mut self, _idx: u64) {}
     fn sync_writes(&self) -> u64 {
         self.proposals
+    }
+    /// The state's memtables and the Raft log's (a local matter of each member: nothing
+    /// is proposed).
+    fn flush_idle_memtables(&mut self) -> Result<u64, LogError> {
+        let state = self.sm.with_log(|log| log.flush_idle_memtables())?;
+        let raft = self.raft_store.as_ref().map_or(Ok(0), |store| store.flush_idle_memtables())?;
+        Ok(state + raft)
     }
     fn peer_acks(&self) -> BTreeMap<String, Mark> {
         self.read(|log| log.peer_acks())

@@ -96,6 +96,8 @@ pub struct Group {
     pub id: NodeId,
     pub raft: Raft<TypeConfig>,
     pub sm: RegistryStateMachine,
+    /// The member's Raft log (a clone of Raft's: they share the database).
+    pub store: RaftLogStore,
     link: MemberLink,
     service: RaftService,
     section: ClusterSection,
@@ -203,9 +205,10 @@ impl Group {
         let link = MemberLink::start(link_cfg, Arc::new(tls), service.clone())
             .context("cannot start the member link")?;
         let id = section.node_id;
-        let raft = Raft::new(id, raft_config(section)?, MemberNetwork::new(link.clone()), store, sm.clone())
-            .await
-            .context("cannot start Raft")?;
+        let raft =
+            Raft::new(id, raft_config(section)?, MemberNetwork::new(link.clone()), store.clone(), sm.clone())
+                .await
+                .context("cannot start Raft")?;
         service.attach(raft.clone());
         membership::follow_membership(&raft, link.clone(), section.clone());
         if !raft.is_initialized().await.context("cannot read the Raft state")? {
@@ -252,6 +255,7 @@ impl Group {
             id,
             raft,
             sm,
+            store,
             link,
             service,
             section: section.clone(),

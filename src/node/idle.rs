@@ -3,6 +3,11 @@
 //! (`store/rocks/idle_flush.rs`) and, when that flushed something, the freed heap is given
 //! back to the OS a tick later ([`crate::heap::Reason::Memtables`]). Counted in `/metrics`
 //! (`tandem_store_idle_flushes_total`, `tandem_store_idle_flushed_bytes_total`).
+//!
+//! What counts as a write: a single node's committer fsyncs; a group's member, the entries
+//! its state machine applied (a follower's committer writes nothing, and every member holds
+//! the state in its memtables). A member flushes its Raft log's memtables too
+//! (`GroupLog`'s [`CommitLog::flush_idle_memtables`]).
 
 use std::time::{Duration, Instant};
 
@@ -44,13 +49,15 @@ impl Quiet {
 }
 
 /// Runs until `shut` changes: flushes the memtables of a quiet log, then trims the heap.
+/// `writes` counts the log's durable writes so far.
 pub(crate) async fn flush_when_quiet<L: CommitLog + Send + 'static>(
     committer: CommitterHandle<L>,
+    writes: impl Fn() -> u64 + Send + 'static,
     mut shut: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut quiet = Quiet::new(committer.stats().fsyncs, Instant::now());
+    let mut quiet = Quiet::new(writes(), Instant::now());
     let mut trim_next_tick = false;
     loop {
         tokio::select! {
@@ -60,7 +67,7 @@ pub(crate) async fn flush_when_quiet<L: CommitLog + Send + 'static>(
                     // (a slower one is left to the heap's periodic trim).
                     let _ = tokio::task::spawn_blocking(|| crate::heap::trim(crate::heap::Reason::Memtables)).await;
                 }
-                if !quiet.due(committer.stats().fsyncs, Instant::now()) {
+                if !quiet.due(writes(), Instant::now()) {
                     continue;
                 }
                 match committer.flush_idle_memtables().await {

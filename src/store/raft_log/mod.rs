@@ -56,6 +56,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tandem_replicator::log::LogError;
 
+use super::rocks::flush_idle;
 use super::rocks::open::open_db;
 use super::rocks::Db;
 use crate::cluster::{NodeId, RaftEntry, TypeConfig, ENTRY_BYTES_MAX};
@@ -131,8 +132,7 @@ fn io_err(subject: ErrorSubject<NodeId>, verb: ErrorVerb, msg: impl ToString) ->
 }
 
 impl RaftLogStore {
-    /// Opens (or creates) a Raft log in its own RocksDB at `dir`. (When the node runs a
-    /// group, the log shares the node's RocksDB instead: docs/cluster.md.)
+    /// Opens (or creates) a Raft log in its own RocksDB at `dir` (a member's `raft/`).
     pub fn open(dir: &Path) -> Result<RaftLogStore, LogError> {
         let db = open_db(dir, &RAFT_COLUMN_FAMILIES, WRITE_BUFFER_MIB, MAX_OPEN_FILES)?;
         Ok(RaftLogStore { db: Arc::new(db), counters: Arc::default() })
@@ -141,6 +141,19 @@ impl RaftLogStore {
     /// The store's counters (shared by its clones).
     pub fn counters(&self) -> Arc<RaftLogCounters> {
         self.counters.clone()
+    }
+
+    /// Starts a flush (without waiting for it) of each Raft column family whose memtable
+    /// holds at least [`IDLE_FLUSH_MIN_BYTES`](super::IDLE_FLUSH_MIN_BYTES), as RocksLog's
+    /// (`store/rocks/idle_flush.rs`): the group's node calls both once its log is quiet.
+    /// Returns the bytes those memtables held (0: none).
+    pub fn flush_idle_memtables(&self) -> Result<u64, LogError> {
+        let storage = |e: String| LogError::Storage(format!("raft log: {e}"));
+        let cfs = RAFT_COLUMN_FAMILIES
+            .iter()
+            .map(|name| self.db.cf_handle(name).ok_or_else(|| storage(format!("no column family {name}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        flush_idle(&self.db, &cfs).map_err(|e| storage(e.into_string()))
     }
 
     fn cf(&self, name: &str) -> StoreResult<&ColumnFamily> {

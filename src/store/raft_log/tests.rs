@@ -162,3 +162,35 @@ fn a_replication_read_stops_at_its_byte_budget() {
         assert_eq!(store.try_get_log_entries(1..6).await.unwrap().len(), 5);
     });
 }
+
+#[test]
+fn a_quiet_raft_log_hands_its_memtables_to_table_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let memtable = |store: &RaftLogStore| {
+        let cf = store.db.cf_handle(CF_RAFT_LOG).unwrap();
+        store.db.property_int_value_cf(cf, "rocksdb.cur-size-all-mem-tables").unwrap().unwrap()
+    };
+    rt().block_on(async {
+        let mut store = RaftLogStore::open(dir.path()).unwrap();
+        // Below the minimum nothing is flushed.
+        store.blocking_append([round_entry(1, 1, 4, 100)]).await.unwrap();
+        assert_eq!(store.flush_idle_memtables().unwrap(), 0);
+        // About 2 MiB of entries.
+        store.blocking_append((2..=100).map(|i| round_entry(1, i, 41, 500))).await.unwrap();
+        let held = memtable(&store);
+        assert!(held >= 2 * crate::store::IDLE_FLUSH_MIN_BYTES, "{held} B in the raft log's memtable");
+        assert!(store.flush_idle_memtables().unwrap() >= 2 * crate::store::IDLE_FLUSH_MIN_BYTES);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while memtable(&store) * 4 > held {
+            assert!(std::time::Instant::now() < deadline, "not flushed: {} B", memtable(&store));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(store.flush_idle_memtables().unwrap(), 0, "flushed already");
+        // Nothing was lost, and the table files hold it across a reopen.
+        drop(store);
+        let mut store = RaftLogStore::open(dir.path()).unwrap();
+        let entries = store.try_get_log_entries(1..=100).await.unwrap();
+        assert_eq!(entries.len(), 100);
+        assert_eq!(entries[99], round_entry(1, 100, 41, 500));
+    });
+}

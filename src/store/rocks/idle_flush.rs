@@ -11,10 +11,10 @@
 
 use std::time::Duration;
 
-use rocksdb::FlushOptions;
+use rocksdb::{ColumnFamily, FlushOptions};
 use tandem_replicator::log::LogError;
 
-use super::{storage, RocksLog, COLUMN_FAMILIES};
+use super::{storage, Db, RocksLog, COLUMN_FAMILIES};
 
 /// A memtable is flushed when the log has had no durable write for this long.
 pub const IDLE_FLUSH_AFTER: Duration = Duration::from_secs(1);
@@ -26,27 +26,31 @@ impl RocksLog {
     /// at least [`IDLE_FLUSH_MIN_BYTES`]; returns the bytes those memtables held (0: none).
     pub fn flush_idle_memtables(&self) -> Result<u64, LogError> {
         let db = self.db()?;
-        let mut due = Vec::new();
-        let mut bytes = 0;
-        for name in COLUMN_FAMILIES {
-            let cf = self.cf(name)?;
-            let held = db
-                .property_int_value_cf(cf, "rocksdb.cur-size-active-mem-table")
-                .map_err(storage)?
-                .unwrap_or(0);
-            if held >= IDLE_FLUSH_MIN_BYTES {
-                due.push(cf);
-                bytes += held;
-            }
-        }
-        if due.is_empty() {
-            return Ok(0);
-        }
-        let mut opts = FlushOptions::default();
-        opts.set_wait(false);
-        db.flush_cfs_opt(&due, &opts).map_err(storage)?;
-        Ok(bytes)
+        let cfs = COLUMN_FAMILIES.iter().map(|name| self.cf(name)).collect::<Result<Vec<_>, _>>()?;
+        flush_idle(db, &cfs).map_err(storage)
     }
+}
+
+/// Starts a flush (without waiting for it) of those of `cfs` whose active memtable holds at
+/// least [`IDLE_FLUSH_MIN_BYTES`]; returns the bytes those memtables held (0: none). Shared
+/// by RocksLog and a group's Raft log (`store/raft_log`), which has a RocksDB of its own.
+pub(crate) fn flush_idle(db: &Db, cfs: &[&ColumnFamily]) -> Result<u64, rocksdb::Error> {
+    let mut due = Vec::new();
+    let mut bytes = 0;
+    for &cf in cfs {
+        let held = db.property_int_value_cf(cf, "rocksdb.cur-size-active-mem-table")?.unwrap_or(0);
+        if held >= IDLE_FLUSH_MIN_BYTES {
+            due.push(cf);
+            bytes += held;
+        }
+    }
+    if due.is_empty() {
+        return Ok(0);
+    }
+    let mut opts = FlushOptions::default();
+    opts.set_wait(false);
+    db.flush_cfs_opt(&due, &opts)?;
+    Ok(bytes)
 }
 
 #[cfg(test)]

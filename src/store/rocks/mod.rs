@@ -31,6 +31,7 @@ mod snapshot;
 #[cfg(test)]
 mod tests;
 
+pub(super) use idle_flush::flush_idle;
 pub use idle_flush::{IDLE_FLUSH_AFTER, IDLE_FLUSH_MIN_BYTES};
 pub use raft_state::{RAFT_APPLIED_BYTES_MAX, STATE_FORMAT_V1};
 
