@@ -8,7 +8,11 @@
 //! their refusals are, sampled, like every refusal.
 //!
 //! Lines go through a bounded queue to a writer thread, so a slow disk never holds a
-//! request; a full queue drops the line and counts it. The file (`[audit] path`, default
+//! request; a full queue drops the line and counts it. The writer takes every line queued
+//! at once and writes them in one system call, then rests [`WRITE_PAUSE`]: lines queued
+//! meanwhile wake nobody (under load, no thread wake-up and no write per line), and reach
+//! the file at most that much later. Dropping the log (the node stopping) writes what is
+//! queued before it returns (waiting 2 s at most). The file (`[audit] path`, default
 //! `<data_dir>/audit.log`, mode 0600) is rotated by size: past `file_bytes_max` it becomes
 //! `audit.log.1` (`.1` becomes `.2`, …), keeping at most `files_max` rotated files.
 
@@ -23,6 +27,8 @@ use serde::{Deserialize, Serialize};
 
 /// Lines waiting for the writer thread at most.
 pub const QUEUE_LINES_MAX: usize = 4096;
+/// How long the writer rests after writing what was queued (see the module docs).
+pub const WRITE_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// `[audit]`. Fixed at start (a reload does not move the file).
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -103,6 +109,8 @@ pub struct Record {
 /// The node's audit log.
 pub struct Audit {
     tx: Option<SyncSender<Vec<u8>>>,
+    /// The writer thread, joined when the log is dropped.
+    writer: Option<std::thread::JoinHandle<()>>,
     dc: String,
     refusals_per_minute: u32,
     /// (window start, lines written in it, lines left out since the last written).
@@ -126,6 +134,7 @@ impl Audit {
     pub fn disabled() -> Audit {
         Audit {
             tx: None,
+            writer: None,
             dc: String::new(),
             refusals_per_minute: 0,
             sampling: Mutex::new((None, 0, 0)),
@@ -148,21 +157,28 @@ impl Audit {
         let (tx, rx) = sync_channel::<Vec<u8>>(QUEUE_LINES_MAX);
         let mut audit = Audit::disabled();
         let (written, failed) = (audit.written.clone(), audit.failed.clone());
-        std::thread::Builder::new().name("tandem-audit".into()).spawn(move || {
+        let writer = std::thread::Builder::new().name("tandem-audit".into()).spawn(move || {
             let mut last_warn: Option<Instant> = None;
+            let mut lines = Vec::new();
             while let Ok(line) = rx.recv() {
-                match file.append(&line) {
-                    Ok(()) => written.fetch_add(1, Ordering::Relaxed),
+                lines.push(line);
+                lines.extend(rx.try_iter().take(QUEUE_LINES_MAX));
+                let n = lines.len() as u64;
+                match file.append_lines(&lines) {
+                    Ok(()) => written.fetch_add(n, Ordering::Relaxed),
                     Err(e) => {
                         if last_warn.is_none_or(|t| t.elapsed().as_secs() >= 10) {
                             last_warn = Some(Instant::now());
                             tracing::warn!(error = %e, file = %file.path.display(), "cannot write the audit log (sampled: one line per 10 s)");
                         }
-                        failed.fetch_add(1, Ordering::Relaxed)
+                        failed.fetch_add(n, Ordering::Relaxed)
                     }
                 };
+                lines.clear();
+                std::thread::sleep(WRITE_PAUSE);
             }
         })?;
+        audit.writer = Some(writer);
         tracing::info!(file = %path.display(), "audit log");
         audit.tx = Some(tx);
         audit.dc = cfg.dc.clone();
@@ -209,6 +225,27 @@ impl Audit {
     }
 }
 
+/// How long dropping the log waits for the writer to write what is queued (a disk that
+/// hangs must not hang the node's stop).
+const DROP_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Drop for Audit {
+    /// The writer writes what is queued and stops once the queue's sender is gone.
+    fn drop(&mut self) {
+        self.tx = None;
+        let Some(writer) = self.writer.take() else { return };
+        let deadline = Instant::now() + DROP_WAIT_MAX;
+        while !writer.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if writer.is_finished() {
+            let _ = writer.join();
+        } else {
+            tracing::warn!("the audit log's writer did not finish within 2 s; its queued lines may be lost");
+        }
+    }
+}
+
 /// Appends one line to the audit file of `cfg` from outside the node (the command line),
 /// rotating like the node does.
 pub fn append_local(cfg: &crate::config::Config, mut rec: Record) -> std::io::Result<()> {
@@ -241,11 +278,30 @@ impl RotatingFile {
 
     /// Writes `line` in one write (appends of whole lines never interleave).
     fn append(&mut self, line: &[u8]) -> std::io::Result<()> {
-        if self.size > 0 && self.size + line.len() as u64 > self.bytes_max {
-            self.rotate()?;
+        self.append_lines(&[line])
+    }
+
+    /// Appends `lines` in as few writes as the rotation allows: one, unless the file
+    /// reaches `bytes_max` among them (a line never straddles two files).
+    fn append_lines(&mut self, lines: &[impl AsRef<[u8]>]) -> std::io::Result<()> {
+        let mut out = Vec::with_capacity(lines.iter().map(|l| l.as_ref().len()).sum());
+        for line in lines.iter().map(AsRef::as_ref) {
+            let held = self.size + out.len() as u64;
+            if held > 0 && held + line.len() as u64 > self.bytes_max {
+                self.write_out(&mut out)?;
+                self.rotate()?;
+            }
+            out.extend_from_slice(line);
         }
-        self.file.write_all(line)?;
-        self.size += line.len() as u64;
+        self.write_out(&mut out)
+    }
+
+    fn write_out(&mut self, out: &mut Vec<u8>) -> std::io::Result<()> {
+        if !out.is_empty() {
+            self.file.write_all(out)?;
+            self.size += out.len() as u64;
+            out.clear();
+        }
         Ok(())
     }
 
@@ -312,5 +368,45 @@ mod tests {
         assert!(!dir.path().join("audit.log.3").exists(), "at most files_max rotated files");
         use std::os::unix::fs::PermissionsExt as _;
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn lines_written_together_rotate_as_lines_written_one_by_one() {
+        let (one, all) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let lines: Vec<String> = (0..23).map(|i| format!("{i:0w$}\n", w = 20 + (i * 7) % 30)).collect();
+        let mut f = RotatingFile::open(one.path().join("audit.log"), 100, 3).unwrap();
+        for line in &lines {
+            f.append(line.as_bytes()).unwrap();
+        }
+        let mut f = RotatingFile::open(all.path().join("audit.log"), 100, 3).unwrap();
+        f.append_lines(&lines[..2]).unwrap();
+        f.append_lines(&lines[2..]).unwrap();
+        for name in ["audit.log", "audit.log.1", "audit.log.2", "audit.log.3"] {
+            let read = |d: &Path| std::fs::read_to_string(d.join(name)).unwrap();
+            assert_eq!(read(one.path()), read(all.path()), "{name}");
+            assert!(read(all.path()).len() <= 100 || read(all.path()).lines().count() == 1, "{name}");
+        }
+    }
+
+    #[test]
+    fn queued_lines_are_in_the_file_once_the_log_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg =
+            crate::config::Config::single("dc-a", dir.path().to_path_buf(), "127.0.0.1:0".parse().unwrap());
+        cfg.audit.enabled = true;
+        let audit = Audit::start(&cfg).unwrap();
+        for i in 0..500 {
+            audit.record(Record {
+                action: "register".into(),
+                target: format!("default/web/w{i}"),
+                ..Record::default()
+            });
+        }
+        let written = audit.written.clone();
+        drop(audit);
+        let text = std::fs::read_to_string(cfg.audit.path(&cfg.data_dir)).unwrap();
+        assert_eq!(text.lines().count(), 500);
+        assert_eq!(written.load(Ordering::Relaxed), 500);
+        assert!(text.lines().last().unwrap().contains("default/web/w499"));
     }
 }
