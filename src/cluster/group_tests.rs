@@ -349,3 +349,35 @@ fn the_committer_over_the_group_log_serves_like_the_single_node() {
         }
     });
 }
+
+/// A peer's acknowledgement that moves nothing is not proposed: the gateway hears one from
+/// each peer now and then while nothing is written, and each would be an entry (a synced
+/// write on a quorum) that also keeps the member from ever going quiet (`node/idle.rs`).
+#[test]
+fn an_unchanged_peer_ack_is_not_proposed_again() {
+    use crate::store::CommitLog;
+    use tandem_schemas::Mark;
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let net = Net::InProcess(Router::default());
+    let dirs: Vec<TempDir> = (0..3).map(|_| TempDir::new().unwrap()).collect();
+    let (group, leader) = rt.block_on(start_group(&dirs, &net));
+    let sm = group[&leader].sm.clone();
+    let mut log = GroupLog::new(group[&leader].raft.clone(), sm.clone(), rt.handle().clone());
+    let mark = Mark { epoch: 7, seq: 40 };
+    log.record_peer_ack("dc-b", mark).unwrap();
+    let applied = sm.applied_index();
+    for _ in 0..3 {
+        log.record_peer_ack("dc-b", mark).unwrap();
+    }
+    assert_eq!(sm.applied_index(), applied, "an unchanged ack was proposed");
+    let next = Mark { seq: 41, ..mark };
+    log.record_peer_ack("dc-b", next).unwrap();
+    assert_eq!(sm.applied_index(), applied + 1);
+    assert_eq!(log.peer_acks().get("dc-b"), Some(&next));
+    rt.block_on(async {
+        for (id, m) in group {
+            net.stop(id, m).await;
+        }
+    });
+}
