@@ -151,6 +151,23 @@ impl GroupLog {
         }
     }
 
+    /// Whether a write would change nothing, judged by `unchanged` on the applied state
+    /// once this node leads with every earlier entry applied (the state a proposal would
+    /// meet). Such a write is not proposed.
+    fn changes_nothing(
+        &mut self,
+        unchanged: impl FnOnce(&crate::store::RocksLog) -> Result<bool, LogError>,
+    ) -> Result<bool, LogError> {
+        if !self.writable {
+            return Ok(false);
+        }
+        if let Err(e) = self.ready() {
+            self.writable = false;
+            return Err(e);
+        }
+        self.read(unchanged)
+    }
+
     /// A write of the take-over (outside the committer's rounds: a peer's replication
     /// scope): when an earlier one left the log unwritable (the lead lost while it was in
     /// flight), the log recovers first (once this node leads with every earlier entry
@@ -311,7 +328,7 @@ impl CommitLog for GroupLog {
     /// peer acknowledges now and then while nothing is written, and each would be an entry,
     /// a synced write on a quorum, that also keeps the members from going quiet.
     fn record_peer_ack(&mut self, peer: &str, mark: Mark) -> Result<(), LogError> {
-        if self.read(|log| log.peer_acks().get(peer) == Some(&mark)) {
+        if self.changes_nothing(|log| Ok(log.peer_acks().get(peer) == Some(&mark)))? {
             return Ok(());
         }
         match self.group(GroupWrite::PeerAck { peer: peer.to_owned(), mark })? {
@@ -372,6 +389,11 @@ impl CommitLog for GroupLog {
         origin: &str,
         upto_seq: u64,
     ) -> Result<Vec<InstanceKey>, LogError> {
+        // A peer names its purge floor now and then while nothing is written: a purge that
+        // removes nothing is not proposed (RocksLog writes none either).
+        if self.changes_nothing(|log| Ok(log.purgeable_remote_tombstones(origin, upto_seq)? == 0))? {
+            return Ok(Vec::new());
+        }
         match self.group(GroupWrite::PurgeRemoteTombstones { origin: origin.to_owned(), upto_seq })? {
             GroupOutcome::Done => Ok(Vec::new()),
             other => Err(self.differs(format!("a tombstone purge answered {other:?}"))),

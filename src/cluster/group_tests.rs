@@ -350,12 +350,14 @@ fn the_committer_over_the_group_log_serves_like_the_single_node() {
     });
 }
 
-/// A peer's acknowledgement that moves nothing is not proposed: the gateway hears one from
-/// each peer now and then while nothing is written, and each would be an entry (a synced
-/// write on a quorum) that also keeps the member from ever going quiet (`node/idle.rs`).
+/// A peer's acknowledgement that moves nothing, and a purge of its tombstones that removes
+/// none, are not proposed: the gateway hears both from each peer now and then while nothing
+/// is written, and each would be an entry (a synced write on a quorum) that also keeps the
+/// members from ever going quiet (`node/idle.rs`).
 #[test]
-fn an_unchanged_peer_ack_is_not_proposed_again() {
+fn writes_that_change_nothing_are_not_proposed() {
     use crate::store::CommitLog;
+    use tandem_replicator::log::conformance::{dereg, reg};
     use tandem_schemas::Mark;
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -375,6 +377,17 @@ fn an_unchanged_peer_ack_is_not_proposed_again() {
     log.record_peer_ack("dc-b", next).unwrap();
     assert_eq!(sm.applied_index(), applied + 1);
     assert_eq!(log.peer_acks().get("dc-b"), Some(&next));
+
+    // dc-b's tombstone of i1 at seq 2: a purge up to 1 removes none, one up to 2 removes it.
+    log.apply_remote("dc-b", &[reg("dc-b", 5, 1, "i1"), dereg("dc-b", 5, 2, "i1")]).unwrap();
+    let applied = sm.applied_index();
+    assert!(log.purge_remote_tombstones_reporting("dc-b", 1).unwrap().is_empty());
+    assert_eq!(sm.applied_index(), applied, "a purge that removes nothing was proposed");
+    log.purge_remote_tombstones("dc-b", 2).unwrap();
+    assert_eq!(sm.applied_index(), applied + 1);
+    assert!(log.tombstones().unwrap().is_empty());
+    log.purge_remote_tombstones("dc-b", 2).unwrap();
+    assert_eq!(sm.applied_index(), applied + 1, "nothing left to purge");
     rt.block_on(async {
         for (id, m) in group {
             net.stop(id, m).await;

@@ -556,6 +556,16 @@ impl RocksLog {
         Ok(removed)
     }
 
+    /// How many of `origin`'s tombstones a purge up to `upto_seq` would remove (a DC
+    /// group's leader proposes no purge that removes none: `GroupLog`).
+    pub fn purgeable_remote_tombstones(&self, origin: &str, upto_seq: u64) -> Result<usize, LogError> {
+        if origin == self.dc {
+            return Ok(0);
+        }
+        let upto = upto_seq.min(self.mark_of(origin).map_or(0, |m| m.seq));
+        Ok(self.stage_tombstone_purge(&mut WriteBatch::default(), origin, upto)?.len())
+    }
+
     fn stage_tombstone_purge(
         &self,
         batch: &mut WriteBatch,
