@@ -459,6 +459,14 @@ pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     postcard::to_allocvec(v).expect("postcard encoding into a Vec is infallible")
 }
 
+/// [`encode`] (or [`encode_event`], for an event) into `buf`, cleared first: a writer that
+/// encodes many values reuses one buffer, where `encode` starts each from an empty `Vec`
+/// and grows it about six times for a registration's record.
+pub fn encode_into<T: Serialize + ?Sized>(v: &T, buf: &mut Vec<u8>) {
+    buf.clear();
+    *buf = postcard::to_extend(v, std::mem::take(buf)).expect("postcard encoding into a Vec is infallible");
+}
+
 /// Decodes any schema value with a size bound; callers validate the content.
 pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8], max: usize) -> Result<T, DecodeError> {
     if bytes.len() > max {

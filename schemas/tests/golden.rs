@@ -116,6 +116,20 @@ fn wire_format_matches_golden_vectors() {
 }
 
 #[test]
+fn encoding_into_a_reused_buffer_writes_the_same_bytes() {
+    // The event log's writer encodes a round's events and records into one buffer.
+    let long = event(1, Op::Register(record()));
+    let short = event(2, Op::Deregister { key: key("i"), reason: DeregisterReason::Explicit });
+    let mut buf = Vec::new();
+    encode_into(&long, &mut buf);
+    assert_eq!(buf, encode_event(&long));
+    encode_into(&short, &mut buf);
+    assert_eq!(buf, encode_event(&short), "what the longer value left is not kept");
+    encode_into(&(7u64, record()), &mut buf);
+    assert_eq!(buf, encode(&(7u64, record())));
+}
+
+#[test]
 fn golden_vectors_decode_back_to_the_same_values() {
     for (name, bytes) in vectors() {
         if name.starts_with("frame_") {

@@ -275,3 +275,32 @@ fn services_that_empty_are_dropped_and_absent_indexes_never_go_backwards() {
     view.apply(12, &[StateChange::Remove { key: r.key.clone() }]);
     assert_eq!(view.service_count(), 0);
 }
+
+#[test]
+fn a_replaced_record_is_uncounted_and_a_round_moves_each_service_it_touches() {
+    use std::sync::Arc;
+    use tandem_replicator::log::StateChange;
+
+    let view = super::ViewCell::new("dc-a", 1, Arc::new(super::Counters::default()));
+    let with_meta = |id: &str, bytes: usize| {
+        let mut r = tandem_replicator::log::conformance::record("dc-a", id);
+        r.metadata = [("k".to_string(), "v".repeat(bytes - 1))].into();
+        r
+    };
+    let usage = |view: &super::ViewCell| {
+        let u = view.namespace_usage();
+        assert_eq!(u.len(), 1, "{u:?}");
+        (u[0].1.instances, u[0].1.metadata_bytes)
+    };
+    // One round: two instances of the service, then the first again with less metadata.
+    let put = |seq, record| StateChange::Put { seq, record };
+    view.apply(2, &[put(1, with_meta("i1", 50)), put(2, with_meta("i2", 30)), put(3, with_meta("i1", 10))]);
+    assert_eq!(usage(&view), (2, 40), "the replaced record's 50 bytes are no longer counted");
+    let index = |view: &super::ViewCell| view.view.read().services.values().next().unwrap().index;
+    let first = index(&view);
+    assert_eq!(first, view.index());
+    // A later round of the same service moves the service's index with the view's.
+    view.apply(3, &[put(4, with_meta("i2", 20))]);
+    assert_eq!(usage(&view), (2, 30));
+    assert!(index(&view) > first && index(&view) == view.index());
+}

@@ -102,8 +102,8 @@ impl Service {
 
     /// Holds `record`, with its names interned: the namespace, service and owner DC are
     /// the ones every instance of the service shares, and a replaced instance keeps its id
-    /// allocation, so a record costs its own fields only.
-    fn put(&mut self, seq: u64, mut record: InstanceRecord) {
+    /// allocation, so a record costs its own fields only. Returns the record it replaced.
+    fn put(&mut self, seq: u64, mut record: InstanceRecord) -> Option<Arc<InstanceRecord>> {
         let key = &mut record.key;
         key.namespace = self.names.0.clone();
         key.service = self.names.1.clone();
@@ -117,7 +117,7 @@ impl Service {
         record.zone = intern(&mut self.zones, &record.zone);
         record.app_version = intern(&mut self.versions, &record.app_version);
         self.removed.retain(|k| k != &record.key);
-        self.instances.insert(Held { seq, record: Arc::new(record) });
+        self.instances.insert(Held { seq, record: Arc::new(record) }).map(|old| old.record)
     }
 }
 
@@ -181,18 +181,14 @@ impl View {
         (self.services.entry(sid.clone()).or_insert_with(|| Service::new(idx, sid.clone())), created)
     }
 
-    /// Holds `record` in its service (created when absent; true then), counting an own
-    /// record (`local`) in its namespace's usage.
+    /// Holds `record` in its service (created when absent; true then) and moves the
+    /// service's index to `idx`, counting an own record (`local`) in its namespace's usage.
     fn put_record(&mut self, idx: u64, seq: u64, record: InstanceRecord, local: bool) -> bool {
         let sid = (record.key.namespace.clone(), record.key.service.clone());
-        let old = self
-            .services
-            .get(&sid)
-            .and_then(|s| s.instances.get(&record.key))
-            .map(|h| metadata_bytes(&h.record.metadata));
         let new = metadata_bytes(&record.metadata);
         let (svc, created) = self.create(&sid, idx);
-        svc.put(seq, record);
+        svc.index = idx;
+        let old = svc.put(seq, record).map(|r| metadata_bytes(&r.metadata));
         if local {
             if let Some(u) = self.namespaces.get_mut(&sid.0) {
                 if old.is_none() {
@@ -306,13 +302,13 @@ impl ViewCell {
                     let sid = (record.key.namespace.clone(), record.key.service.clone());
                     let local = *record.key.owner_dc == *self.local_dc;
                     let created = v.put_record(idx, *seq, record.clone(), local);
-                    if let Some(svc) = v.services.get_mut(&sid) {
-                        svc.index = idx;
-                    }
                     if created {
                         appeared.push(sid.clone());
                     }
-                    touched.push(sid);
+                    // A round's registrations are mostly of one service: one entry for a run.
+                    if touched.last() != Some(&sid) {
+                        touched.push(sid);
+                    }
                 }
                 StateChange::Remove { key } => {
                     let sid = (key.namespace.clone(), key.service.clone());

@@ -665,7 +665,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
         let before = self.begin_write();
         match self.log.append_local_owned(&events, &owners) {
             Ok(changes) => {
-                self.after_write(before, || Committed::Local { events: events.clone(), changes });
+                let events = self.after_local_write(before, events, changes);
                 {
                     let mut stats = self.stats.lock();
                     stats.local_fsyncs += 1;

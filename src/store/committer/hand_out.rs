@@ -1,8 +1,39 @@
-//! A written round's events handed to the requests that made them.
+//! A written round's events, told to `on_commit` and then handed to the requests that
+//! made them, moved each time.
 
 use std::ops::Range;
 
+use tandem_replicator::log::StateChange;
 use tandem_schemas::ChangeEvent;
+
+use super::{CommitLog, CommitNotice, Committed, Committer, WriteStart};
+
+impl<L: CommitLog + Send + 'static> Committer<L> {
+    /// [`after_write`](Self::after_write) of a written round of local appends: its events go
+    /// to `on_commit` in the notice and come back for their callers, moved rather than
+    /// copied (a registration's record is a dozen allocations, and the committer's round is
+    /// the batched write path's bound: issue 21).
+    pub(super) fn after_local_write(
+        &mut self,
+        start: WriteStart,
+        events: Vec<ChangeEvent>,
+        changes: Vec<StateChange>,
+    ) -> Vec<ChangeEvent> {
+        if !self.publish_since(start) {
+            return events;
+        }
+        let notice = CommitNotice {
+            index: self.log.index(),
+            own_mark: self.log.own_mark(),
+            committed: Committed::Local { events, changes },
+        };
+        (self.on_commit)(&notice);
+        match notice.committed {
+            Committed::Local { events, .. } => events,
+            _ => unreachable!("the notice was made just above as Committed::Local"),
+        }
+    }
+}
 
 /// Each member's own events of a written round, in the members' order, moved out of the
 /// round rather than copied (a registration's record is a dozen allocations). The committer

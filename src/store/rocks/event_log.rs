@@ -149,6 +149,7 @@ impl EventLog for RocksLog {
         };
         let mut batch = WriteBatch::default();
         let repeated = Repeated::of(plan.changes.iter().map(|c| c.event.op.key()));
+        let mut buf = Vec::new();
         for change in &plan.changes {
             // A key only this change touches was read to plan it: `before` is what is stored
             // (`Absent` read both column families; `Live` says nothing of a tombstone).
@@ -157,7 +158,13 @@ impl EventLog for RocksLog {
                 (Stored::Read, Held::Tombstone { .. }) => Stored::Yes,
                 (stored, _) => stored,
             };
-            report.changes.push(self.stage_effect(&mut batch, change.event, change.effect, tombstone)?);
+            report.changes.push(self.stage_effect(
+                &mut batch,
+                change.event,
+                change.effect,
+                tombstone,
+                &mut buf,
+            )?);
         }
         let mark_id = plan.new_mark.and_then(|m| mark_event_id(events, m));
         if let Some(m) = plan.new_mark {

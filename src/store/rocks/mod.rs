@@ -587,19 +587,22 @@ impl RocksLog {
 
     /// Stages one event's effect on state, exactly as the reference model applies it.
     /// `tombstone`: what is known of the key's stored tombstone ([`deletes::Stored`]).
+    /// `buf`: scratch for the encoded value (the batch copies it), reused across a batch.
     fn stage_effect(
         &self,
         batch: &mut WriteBatch,
         ev: &ChangeEvent,
         effect: Effect,
         tombstone: deletes::Stored,
+        buf: &mut Vec<u8>,
     ) -> Result<StateChange, LogError> {
         let key = ev.op.key();
         let enc = encode_key(key);
         match (effect, &ev.op) {
             (Effect::Put, Op::Register(r) | Op::Update(r)) => {
                 self.stage_delete_if_stored(batch, CF_TOMBSTONES, &enc, tombstone)?;
-                batch.put_cf(self.cf(CF_INSTANCES)?, &enc, tandem_schemas::encode(&(ev.seq, r)));
+                tandem_schemas::encode_into(&(ev.seq, r), buf);
+                batch.put_cf(self.cf(CF_INSTANCES)?, &enc, &buf[..]);
                 Ok(StateChange::Put { seq: ev.seq, record: r.clone() })
             }
             (Effect::Tombstone, Op::Deregister { reason, .. }) => {

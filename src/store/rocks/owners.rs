@@ -61,10 +61,12 @@ impl RocksLog {
         let log_cf = self.cf(CF_LOG)?;
         let repeated = Repeated::of(events.iter().map(|ev| ev.op.key()));
         let mut changes = Vec::with_capacity(events.len());
+        let mut buf = Vec::new();
         for ev in events {
             let tombstone = repeated.stored(ev.op.key());
-            changes.push(self.stage_effect(batch, ev, local_effect(ev), tombstone)?);
-            batch.put_cf(log_cf, seq_key(ev.seq), tandem_schemas::encode_event(ev));
+            changes.push(self.stage_effect(batch, ev, local_effect(ev), tombstone, &mut buf)?);
+            tandem_schemas::encode_into(ev, &mut buf);
+            batch.put_cf(log_cf, seq_key(ev.seq), &buf[..]);
         }
         let meta_cf = self.cf(CF_META)?;
         for (key, owner) in owner_changes(events, owners) {
