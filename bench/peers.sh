@@ -30,7 +30,7 @@ RNACOS_ROOT="$HOME/.cache/rnacos-install"
 if [ -x "$RNACOS_ROOT/bin/rnacos" ] || command -v rnacos >/dev/null; then
   echo "r-nacos: already installed"
 else
-  echo "r-nacos: cargo install rnacos (release build, about 25-40 minutes on 2 busy cores)"
+  echo "r-nacos: cargo install rnacos (release build: about 11 minutes on 2 cores doing little else, 25-40 beside other builds)"
   if timeout 3600 nice -n 10 cargo install --locked rnacos --root "$RNACOS_ROOT"; then
     echo "r-nacos: installed in $RNACOS_ROOT/bin"
   else
