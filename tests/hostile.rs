@@ -503,16 +503,7 @@ async fn a_quiet_node_flushes_its_memtables_and_gives_their_heap_back() {
     let node = Node::start(single_config(dir.path(), "dc-a"), None).await.unwrap();
     let m = Metrics::of(&node).await;
     let url = format!("http://{}/v1/registrations", node.http_addr());
-    for batch in 0..32 {
-        let instances: Vec<Value> = (0..256)
-            .map(|i| {
-                serde_json::json!({"service": format!("quiet-{}", i % 64), "instance_id": format!("q{batch}-{i}"),
-                                   "address": "10.1.2.3", "port": 8080, "persistent": true})
-            })
-            .collect();
-        let r = m.http.post(&url).json(&serde_json::json!({ "instances": instances })).send().await.unwrap();
-        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-    }
+    register_burst(&m.http, &url, 32).await;
     let (flushes, trims) =
         ("tandem_store_idle_flushes_total{}", "tandem_heap_trims_total{reason=\"memtables\"}");
     eventually(Duration::from_secs(10), "a flush once the log is quiet, then a trim", || async {

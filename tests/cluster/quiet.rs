@@ -22,16 +22,7 @@ async fn every_member_of_a_quiet_group_flushes_its_memtables() {
     let leader = serving_leader(&members).await;
     let url = format!("{}/v1/registrations", members[(leader - 1) as usize].http);
     let http = reqwest::Client::new();
-    for batch in 0..16 {
-        let instances: Vec<Value> = (0..256)
-            .map(|i| {
-                serde_json::json!({"service": format!("quiet-{}", i % 64), "instance_id": format!("q{batch}-{i}"),
-                                   "address": "10.1.2.3", "port": 8080, "persistent": true})
-            })
-            .collect();
-        let r = http.post(&url).json(&serde_json::json!({ "instances": instances })).send().await.unwrap();
-        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-    }
+    register_burst(&http, &url, 16).await;
     let flushes = "tandem_store_idle_flushes_total";
     for m in &members {
         eventually(Duration::from_secs(15), &format!("node {} flushes once quiet", m.id), || async {

@@ -106,6 +106,18 @@ pub fn reg_body(service: &str, id: &str, persistent: bool) -> Value {
     b
 }
 
+/// A burst of writes that then stops: `batches` x 256 persistent instances over 64
+/// services, through `POST /v1/registrations` at `url`.
+pub async fn register_burst(http: &reqwest::Client, url: &str, batches: u32) {
+    for batch in 0..batches {
+        let instances: Vec<Value> = (0..256)
+            .map(|i| reg_body(&format!("quiet-{}", i % 64), &format!("q{batch}-{i}"), true))
+            .collect();
+        let r = http.post(url).json(&json!({ "instances": instances })).send().await.unwrap();
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    }
+}
+
 /// Instance ids of a discovery answer, sorted.
 pub fn ids(answer: &Value) -> Vec<String> {
     let mut v: Vec<String> = answer["instances"]
