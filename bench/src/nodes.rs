@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use serde_json::json;
 use tandem::node::Node;
 use tandem::registry::RegisterRequest;
@@ -223,14 +224,11 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
         // Raw keep-alive connections (crate::raw): reqwest would cost the load core about
         // 0.1 ms per request and saturate it at this rate, so the step would measure the
         // client's queue.
-        let conns: Arc<Vec<tokio::sync::Mutex<crate::raw::RawConn>>> = Arc::new(
-            (0..OPEN_LOOP_CONNECTIONS)
-                .map(|_| tokio::sync::Mutex::new(crate::raw::RawConn::new(&node.http_addr().to_string())))
-                .collect(),
+        let conns = Arc::new(
+            crate::raw::open_on(&ctx.load, &node.http_addr().to_string(), OPEN_LOOP_CONNECTIONS)
+                .await
+                .context("open-loop connections")?,
         );
-        for c in conns.iter() {
-            c.lock().await.connect().await.map_err(|e| anyhow::anyhow!("open-loop connection: {e}"))?;
-        }
         let run = ctx
             .on_load(open_loop(r, ctx.step(), OPEN_LOOP_CONNECTIONS, 4096, cpu_now, move |worker, i| {
                 let conns = conns.clone();
@@ -526,7 +524,12 @@ pub async fn discover(ctx: &mut Ctx) -> anyhow::Result<()> {
     // `seed` takes a fn pointer; the instance count per service is fixed by the name.
     let seeded = seed_services(ctx, &node, services, per).await?;
     let base = Arc::new(format!("http://{}/v1/services/default", node.http_addr()));
-    let raw = ctx.http.get(format!("{base}/svc-0")).send().await?.error_for_status()?.bytes().await?;
+    // On the load runtime: the connection goes back to the pool the step draws from, and
+    // one opened on the main thread's runtime would be driven by that thread.
+    let (http, first) = (ctx.http.clone(), format!("{base}/svc-0"));
+    let raw = ctx
+        .on_load(async move { anyhow::Ok(http.get(first).send().await?.error_for_status()?.bytes().await?) })
+        .await??;
     let sample: serde_json::Value = serde_json::from_slice(&raw)?;
     let got = sample["instances"].as_array().map_or(0, |a| a.len()) as u64;
     anyhow::ensure!(got == per, "discover answered {got} instances, expected {per}");

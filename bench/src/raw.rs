@@ -131,3 +131,74 @@ impl RawConn {
         }
     }
 }
+
+/// `n` connections to `addr`, opened on `load` (the load generator's runtime) whichever
+/// runtime calls. A socket is driven by the runtime that opened it: one opened on the
+/// bench's main thread (a runtime on no core of its own) would route every answer of the
+/// step through that thread, on the server's core part of the time. That added a hop to
+/// every request of the open-loop register step (M1) until the twentieth round of issue 21.
+pub async fn open_on(
+    load: &tokio::runtime::Handle,
+    addr: &str,
+    n: usize,
+) -> anyhow::Result<Vec<tokio::sync::Mutex<RawConn>>> {
+    let addr = addr.to_owned();
+    load.spawn(async move {
+        let mut conns = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut c = RawConn::new(&addr);
+            c.connect().await.map_err(|e| anyhow::anyhow!("connection to {addr}: {e}"))?;
+            conns.push(tokio::sync::Mutex::new(c));
+        }
+        anyhow::Ok(conns)
+    })
+    .await?
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read as _, Write as _};
+
+    use super::*;
+
+    /// Answers each request on each accepted connection with an empty 200 until the client
+    /// closes (`conns` connections, then the thread ends).
+    fn empty_200s(conns: usize) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        std::thread::spawn(move || {
+            for s in listener.incoming().take(conns) {
+                let Ok(mut s) = s else { return };
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    while matches!(s.read(&mut buf), Ok(n) if n > 0) {
+                        if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// Connections opened for the load runtime belong to it: they still work once the
+    /// runtime that asked for them is gone (a socket opened on the caller's runtime fails
+    /// then, and meanwhile routes every answer through the caller's thread).
+    #[test]
+    fn connections_opened_on_the_load_runtime_belong_to_it() {
+        let addr = empty_200s(2);
+        let load =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("rt");
+        let caller = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+        let conns = caller.block_on(open_on(load.handle(), &addr, 2)).expect("open");
+        drop(caller);
+        let answered = load.block_on(async move {
+            for c in &conns {
+                c.lock().await.post_json("/v1/register", b"{}").await?;
+            }
+            Ok::<_, String>(())
+        });
+        assert_eq!(answered, Ok(()));
+    }
+}
