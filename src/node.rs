@@ -461,6 +461,7 @@ impl Node {
             gateway: Mutex::new(gw),
             gateway_clock,
             config_path,
+            data_dir: cfg.data_dir.clone(),
             started: std::time::Instant::now(),
             http: Default::default(),
             acl: Arc::new(crate::acl::AclState::new(acl)),

@@ -63,6 +63,8 @@ pub struct NodeShared {
     pub(crate) gateway: Mutex<Option<Gateway>>,
     pub(crate) gateway_clock: tokio::time::Instant,
     pub(crate) config_path: Option<PathBuf>,
+    /// The data dir (the event log's RocksDB; a member's Raft log under `raft/`).
+    pub(crate) data_dir: PathBuf,
     pub(crate) started: std::time::Instant,
     /// The HTTP side's limits: counters, admin rate, sampled refusal logs.
     pub http: Arc<crate::http::limits::HttpState>,

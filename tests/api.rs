@@ -183,6 +183,8 @@ async fn every_synced_write_is_timed_in_the_disk_sync_histogram() {
     assert_eq!(value("tandem_disk_sync_duration_seconds_count{"), writes);
     assert_eq!(value("tandem_disk_sync_duration_seconds_bucket{dc=\"dc-a\",le=\"+Inf\"}"), writes);
     assert!(value("tandem_disk_sync_duration_seconds_sum{") > 0.0);
+    // The WAL those writes went to, as the data dir holds it.
+    assert!(value("tandem_store_wal_bytes{dc=\"dc-a\",store=\"log\"}") > 0.0, "{metrics}");
     let buckets: Vec<f64> = metrics
         .lines()
         .filter(|l| l.starts_with("tandem_disk_sync_duration_seconds_bucket{"))

@@ -23,6 +23,7 @@ mod probe;
 mod raft;
 mod raw;
 mod repl;
+mod restart;
 mod roll;
 mod scale;
 mod sys;
@@ -43,7 +44,7 @@ use crate::sys::{CpuSplit, LOAD_THREAD, PROFILE, SERVER_THREAD};
 #[derive(Parser)]
 #[command(
     name = "tandem-bench",
-    about = "tandem benchmarks: register, heartbeat, discover, acl, watch, detect, replicate, floors, peers, raft, cluster, roll"
+    about = "tandem benchmarks: register, heartbeat, discover, acl, watch, detect, replicate, floors, peers, raft, cluster, roll, restart"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -96,6 +97,10 @@ enum Cmd {
     /// writes: errors, retries, the longest gap without an acknowledged write, the roll's
     /// time. Not part of `all`.
     Roll,
+    /// A restart on the data dir a busy spell left: `--restart-registrations` made, the node
+    /// stopped before its idle flush, then started twice: the WAL each start found, the
+    /// time to start and to the first ready answer. Not part of `all`.
+    Restart,
     /// Internal: one member of `cluster`'s group in this process (prints its address,
     /// answers `stats` on stdin, stops on stdin EOF).
     #[command(hide = true)]
@@ -194,6 +199,12 @@ pub struct Opts {
     /// `scale`: services listed by GET /v1/services.
     #[arg(long, global = true, default_value_t = 100_000)]
     scale_services: u64,
+    /// `restart`: registrations made before the node is stopped and started again.
+    #[arg(long, global = true, default_value_t = 400_000)]
+    restart_registrations: u64,
+    /// `restart`: drop the page cache before each start (root only).
+    #[arg(long, global = true)]
+    restart_cold: bool,
     /// Internal (`serve-member`): this member's id.
     #[arg(long, global = true, hide = true, default_value_t = 0)]
     member_id: u64,
@@ -472,6 +483,9 @@ fn main() -> anyhow::Result<()> {
         }
         if cmd == Cmd::Roll {
             roll::run(&mut ctx).await?;
+        }
+        if cmd == Cmd::Restart {
+            restart::run(&mut ctx).await?;
         }
         if matches!(cmd, Cmd::All | Cmd::Replicate) {
             repl::run(&mut ctx).await?;

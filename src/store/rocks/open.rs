@@ -1,6 +1,6 @@
-//! Opening the RocksDB of a data dir with the log's options: bounded memtables, one shared
-//! block cache, background work at a lower CPU priority, point-in-time WAL recovery, and every
-//! column family the dir holds (a newer build's too).
+//! Opening the RocksDB of a data dir with the log's options: bounded memtables, a bounded
+//! WAL, one shared block cache, background work at a lower CPU priority, point-in-time WAL
+//! recovery, and every column family the dir holds (a newer build's too).
 
 use std::path::Path;
 
@@ -8,6 +8,35 @@ use rocksdb::{ColumnFamilyDescriptor, DBRecoveryMode, Options};
 use tandem_replicator::log::LogError;
 
 use super::{storage, Db, BLOCK_CACHE_BYTES};
+
+/// The WAL files a RocksDB keeps are bounded at this many `[store] write_buffer_mib` (64 MiB
+/// with the default 8). A WAL file can go only once every column family has flushed what it
+/// holds of it, so one written rarely (the tombstones', which only a deregistration or an
+/// expiry writes) would keep every WAL since its last write, up to RocksDB's own budget:
+/// four times every column family's memtables, 768 MiB with the defaults. Past this bound
+/// RocksDB flushes the column families that hold the oldest WAL file, so a start replays
+/// at most about this much. The column families written on every registration fill their
+/// memtables and free their WAL sooner (26 MiB of WAL live in the `restart` benchmark's
+/// load), so the bound flushes only the rarely written ones, and seldom.
+pub const WAL_MAX_WRITE_BUFFERS: u64 = 8;
+
+/// Bytes and count of the WAL files (`NNNNNN.log`) in the RocksDB at `dir`.
+pub fn wal_files(dir: &Path) -> (u64, usize) {
+    let (mut bytes, mut files) = (0, 0);
+    let Ok(entries) = std::fs::read_dir(dir) else { return (0, 0) };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".log")) else { continue };
+        if stem.is_empty() || !stem.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(meta) = e.metadata() {
+            bytes += meta.len();
+            files += 1;
+        }
+    }
+    (bytes, files)
+}
 
 /// Opens (or creates) the RocksDB of a data dir with the log's options and (at least) the
 /// given column families: RocksLog's, or the Raft log store's.
@@ -25,6 +54,8 @@ pub(in crate::store) fn open_db(
     // only writes that were never acknowledged.
     opts.set_wal_recovery_mode(DBRecoveryMode::PointInTime);
     opts.set_keep_log_file_num(4);
+    let write_buffer = write_buffer_mib.clamp(1, 1024) << 20;
+    opts.set_max_total_wal_size(WAL_MAX_WRITE_BUFFERS * write_buffer as u64);
     // Flushes and compactions run at a lower CPU priority than the request path: on a
     // small machine a compaction must not stall writes and heartbeats for whole
     // scheduler slices (it catches up whenever the node is idle).
@@ -51,7 +82,7 @@ pub(in crate::store) fn open_db(
     }
     let cfs = names.into_iter().map(|name| {
         let mut cf = Options::default();
-        cf.set_write_buffer_size(write_buffer_mib.clamp(1, 1024) << 20);
+        cf.set_write_buffer_size(write_buffer);
         let mut table = rocksdb::BlockBasedOptions::default();
         table.set_block_cache(&cache);
         cf.set_block_based_table_factory(&table);

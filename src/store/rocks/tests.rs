@@ -272,3 +272,45 @@ fn a_data_dir_with_a_column_family_of_a_newer_build_still_opens() {
     assert_eq!(log.own_mark(), Mark { epoch: EPOCH, seq: 1 });
     assert_eq!(log.held(&key("dc-a", "i1")), Held::Live { seq: 1 });
 }
+
+#[test]
+fn a_rarely_written_column_family_does_not_keep_every_wal_file() {
+    // One deregistration is the tombstones' only write: its memtable holds the WAL file it
+    // went to until a flush, so without a WAL bound every WAL file since would be kept (up
+    // to RocksDB's own budget, four times every memtable) and replayed by the next start.
+    let dir = TempDir::new().unwrap();
+    let mut log = RocksLog::open_with_write_buffer(dir.path(), "dc-a", 1).unwrap();
+    let epoch = log.own_mark().epoch;
+    log.append_local(&[reg("dc-a", epoch, 1, "gone"), dereg("dc-a", epoch, 2, "gone")]).unwrap();
+    let bound = WAL_MAX_WRITE_BUFFERS << 20;
+    // About 1 KiB of WAL per registration (its event and its instance record, padded).
+    let events = 4 * bound / 1024;
+    let mut seq = 2;
+    while seq < events + 2 {
+        let chunk: Vec<_> = (seq + 1..=(seq + 500).min(events + 2))
+            .map(|s| {
+                let mut ev = reg("dc-a", epoch, s, &format!("i{s}"));
+                if let tandem_schemas::Op::Register(r) = &mut ev.op {
+                    r.metadata.insert("pad".into(), "x".repeat(400));
+                }
+                ev
+            })
+            .collect();
+        seq += chunk.len() as u64;
+        log.append_local(&chunk).unwrap();
+    }
+    // The flushes the bound started run in RocksDB's background; their WAL files go after.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while wal_files(dir.path()).0 > bound {
+        let (bytes, files) = wal_files(dir.path());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{bytes} B of WAL in {files} files kept after {events} registrations, past the bound of {bound} B"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop(log);
+    let log = RocksLog::open(dir.path(), "dc-a").unwrap();
+    assert_eq!(log.instances().unwrap().len() as u64, events);
+    assert_eq!(log.tombstones().unwrap().len(), 1);
+}
