@@ -34,6 +34,12 @@ async fn every_member_of_a_quiet_group_flushes_its_memtables() {
         let text = metrics_of(m).await;
         let bytes = metric_sum(&text, "tandem_store_idle_flushed_bytes_total", &[]);
         assert!(bytes >= (1 << 20) as f64, "node {}: {bytes} B flushed", m.id);
+        // Both stores' WAL files are counted (either may be empty once its memtables went
+        // to table files).
+        for store in ["log", "raft"] {
+            let series = format!("tandem_store_wal_bytes{{dc=\"dc-a\",store=\"{store}\"}} ");
+            assert!(text.contains(&series), "{series}: {text}");
+        }
         // The Raft log's memtable (16 MiB, far from full) went to a table file too.
         let raft = dir.path().join(format!("n{}", m.id)).join("raft");
         eventually(Duration::from_secs(10), &format!("node {}: the Raft log flushed", m.id), || async {
