@@ -9,11 +9,13 @@ use tandem_replicator::log::LogError;
 
 use super::{storage, Db, BLOCK_CACHE_BYTES};
 
-/// The WAL files a RocksDB keeps are bounded at this many `[store] write_buffer_mib` (64 MiB
-/// with the default 8). A WAL file can go only once every column family has flushed what it
-/// holds of it, so one written rarely (the tombstones', which only a deregistration or an
-/// expiry writes) would keep every WAL since its last write, up to RocksDB's own budget:
-/// four times every column family's memtables, 768 MiB with the defaults. Past this bound
+/// The WAL files a RocksDB keeps are bounded at this many memtables of its column families
+/// (64 MiB for the event log at the default `[store] write_buffer_mib` of 8, 128 MiB for a
+/// member's Raft log). A WAL file can go only once every column family has flushed what it
+/// holds of it, so one written rarely (the tombstones', which only a deregistration, an
+/// expiry or a replicated tombstone writes; the Raft log's vote and purge mark) would keep
+/// every WAL since its last write, up to RocksDB's own budget: four times every column
+/// family's memtables, 768 MiB for the event log with the defaults. Past this bound
 /// RocksDB flushes the column families that hold the oldest WAL file, so a start replays
 /// at most about this much. The column families written on every registration fill their
 /// memtables and free their WAL sooner (26 MiB of WAL live in the `restart` benchmark's
