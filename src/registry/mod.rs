@@ -174,7 +174,7 @@ impl Registry {
     fn restart_leases(&self) {
         let v = self.view.view.read();
         self.leases
-            .rebuild(v.services.values().flat_map(|s| s.instances.values()).map(|h| (h.seq, &*h.record)));
+            .rebuild(|| v.services.values().flat_map(|s| s.instances.values()).map(|h| (h.seq, &*h.record)));
     }
 
     /// This node now leads its DC's group (and has applied every earlier entry): it takes
