@@ -24,7 +24,7 @@ use crate::{bench_config, cpu_now, Ctx};
 /// Services the registrations are spread over.
 const SERVICES: u64 = 1_000;
 /// Instances the node holds at most; later registrations change one already held.
-pub const INSTANCES_MAX: u64 = 100_000;
+const INSTANCES_MAX: u64 = 100_000;
 /// Longest a start may take before `/v1/ready` answers 200.
 const READY_MAX: Duration = Duration::from_secs(120);
 

@@ -44,14 +44,14 @@ impl NodeShared {
             stats.idle_flushed_bytes,
         );
         let raft = self.group.as_ref().map(|_| self.data_dir.join(crate::node::group::RAFT_DIR));
-        for (store, dir) in [("log", Some(self.data_dir.clone())), ("raft", raft)] {
+        for (store, dir) in [("log", Some(self.data_dir.as_path())), ("raft", raft.as_deref())] {
             let Some(dir) = dir else { continue };
             let help = "Bytes of the WAL files of the store's RocksDB (bounded at 8 memtables' size)";
             m.gauge(
                 "tandem_store_wal_bytes",
                 help,
                 &[("dc", dc), ("store", store)],
-                crate::store::wal_files(&dir).0 as f64,
+                crate::store::wal_files(dir).0 as f64,
             );
         }
         let bounds: Vec<f64> = crate::store::SYNC_BUCKETS_US.iter().map(|us| *us as f64 / 1e6).collect();
