@@ -202,6 +202,10 @@ pub struct Opts {
     /// `restart`: registrations made before the node is stopped and started again.
     #[arg(long, global = true, default_value_t = 400_000)]
     restart_registrations: u64,
+    /// `restart`: instances the registrations are spread over (at most 1,000,000); past
+    /// that many, each registration changes the port of an instance already held.
+    #[arg(long, global = true, default_value_t = 100_000)]
+    restart_instances: u64,
     /// `restart`: drop the page cache before each start (root only).
     #[arg(long, global = true)]
     restart_cold: bool,

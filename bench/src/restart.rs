@@ -1,7 +1,7 @@
 //! `restart`: how long a node takes to start again on the data dir a busy spell left, and
 //! how much WAL that start finds. One in-process node takes `--restart-registrations`
 //! ephemeral registrations (through the registry, 256 at a time: the durable write path
-//! minus HTTP) of at most [`INSTANCES_MAX`] instances (past that, each registration
+//! minus HTTP) of at most `--restart-instances` instances (past that, each registration
 //! changes the port of one already held, so the WAL grows and the view does not), after
 //! one instance that came and went before the load, as in any running DC: its tombstone
 //! is the only write of the tombstones' column family. The node is stopped at once, before
@@ -23,8 +23,8 @@ use crate::{bench_config, cpu_now, Ctx};
 
 /// Services the registrations are spread over.
 const SERVICES: u64 = 1_000;
-/// Instances the node holds at most; later registrations change one already held.
-const INSTANCES_MAX: u64 = 100_000;
+/// The most `--restart-instances` may ask for.
+const INSTANCES_MAX: u64 = 1_000_000;
 /// Longest a start may take before `/v1/ready` answers 200.
 const READY_MAX: Duration = Duration::from_secs(120);
 
@@ -49,7 +49,8 @@ async fn start_timed(ctx: &Ctx, cfg: Config) -> anyhow::Result<(Node, Duration, 
 
 pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     let count = ctx.opts.restart_registrations.max(1);
-    let held = count.min(INSTANCES_MAX);
+    let instances = ctx.opts.restart_instances.clamp(1, INSTANCES_MAX);
+    let held = count.min(instances);
     let tmp = ctx.tempdir("tandem-bench-restart")?;
     let cfg = bench_config(tmp.path(), "dc-a");
     let data = cfg.data_dir.clone();
@@ -68,9 +69,9 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         .on_load(closed_loop(256, Duration::from_secs(900), count, cpu_now, move |i| {
             let registry = registry.clone();
             async move {
-                let n = i % INSTANCES_MAX;
+                let n = i % instances;
                 let mut req = register_request(format!("svc-{}", n % SERVICES), format!("r-{n}"), false);
-                req.port = 8080 + (i / INSTANCES_MAX % 2) as u32;
+                req.port = 8080 + (i / instances % 2) as u32;
                 registry.register(req).await.map(|_| ()).map_err(|e| e.to_string())
             }
         }))
@@ -85,16 +86,16 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     for label in ["after the load", "again"] {
         let (wal, files) = tandem::store::wal_files(&data);
         let (node, started, ready) = start_timed(ctx, cfg.clone()).await.context("restart")?;
-        let instances = node.shared.registry.view().instance_count() as u64;
+        let found = node.shared.registry.view().instance_count() as u64;
         ctx.stop_node(node).await;
         ctx.report.row(vec![
             label.into(),
             format!("{:.1} MiB in {files} files", wal as f64 / f64::from(1 << 20)),
             ms(started.as_secs_f64() * 1e3),
             ms(ready.as_secs_f64() * 1e3),
-            instances.to_string(),
+            found.to_string(),
         ]);
-        anyhow::ensure!(instances == held, "the restarted node holds {instances} of {held} instances");
+        anyhow::ensure!(found == held, "the restarted node holds {found} of {held} instances");
     }
     Ok(())
 }

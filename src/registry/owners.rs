@@ -51,7 +51,9 @@ type Map<V> = crate::hashed::HashedMap<InstanceKey, V>;
 /// judged exactly as one owned by no one (see [`judge`]), so it costs no entry here. With
 /// ACLs off that is every instance, and a node holding a million leases spends nothing on
 /// ownership (an entry costs about 180 B at that size: an `InstanceKey`, an owner and 32
-/// bits of its hash in a table of 2^21 buckets). The log still records `anonymous` as the owner.
+/// bits of its hash in a table of 2^21 buckets). Nor does the log record an owner for
+/// them; a data dir an earlier build wrote may still hold owner records naming
+/// `anonymous`, which [`Owners::load`] skips.
 #[derive(Debug, Default)]
 pub(super) struct Owners {
     /// Owners other than [`ANONYMOUS`], one shared copy per principal.

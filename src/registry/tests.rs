@@ -123,7 +123,7 @@ mod dropped_callers {
     use crate::registry::{Counters, RegisterRequest, Registry, ViewCell};
     use crate::store::{Committer, CommitterLimits, InlineCommitter, MemFault, MemStore};
 
-    fn node() -> (Arc<Registry>, InlineCommitter<MemStore>) {
+    pub(super) fn node() -> (Arc<Registry>, InlineCommitter<MemStore>) {
         let store = MemStore::new("dc-a", 7);
         let counters = Arc::new(Counters::default());
         let view = ViewCell::new("dc-a", 0, counters.clone());
@@ -303,4 +303,49 @@ fn a_replaced_record_is_uncounted_and_a_round_moves_each_service_it_touches() {
     view.apply(3, &[put(4, with_meta("i2", 20))]);
     assert_eq!(usage(&view), (2, 30));
     assert!(index(&view) > first && index(&view) == view.index());
+}
+
+mod owner_records {
+    //! What the anonymous principal (ACLs off) registers is owned by no one: the log holds
+    //! no owner record for it (one write fewer per registration, nothing to read back at a
+    //! start), and its registration removes the record of an earlier named owner.
+
+    use std::sync::Arc;
+
+    use futures::FutureExt as _;
+
+    use super::dropped_callers::{node, req};
+    use crate::registry::Writer;
+    use crate::store::CommitLog as _;
+
+    #[test]
+    fn an_anonymous_registration_stores_no_owner_and_removes_a_named_one() {
+        let (reg, mut inline) = node();
+        let mut anon = Box::pin(reg.register(req("i1")));
+        assert!((&mut anon).now_or_never().is_none());
+        inline.run_round();
+        (&mut anon).now_or_never().expect("answered").expect("registered");
+        assert_eq!(inline.log().owners().unwrap(), vec![], "no owner record for the anonymous principal");
+
+        let alice = Writer { principal: Arc::from("alice"), admin: false };
+        let mut named = Box::pin(reg.register_as(req("i2"), &alice));
+        assert!((&mut named).now_or_never().is_none());
+        inline.run_round();
+        (&mut named).now_or_never().expect("answered").expect("registered");
+        let owners = inline.log().owners().unwrap();
+        assert_eq!(
+            owners.iter().map(|(k, o)| (&*k.instance_id, &**o)).collect::<Vec<_>>(),
+            vec![("i2", "alice")]
+        );
+        assert_eq!(reg.owned_instances(), 1);
+
+        // The anonymous principal may change anything (ACLs off): its registration of i2
+        // leaves i2 owned by no one, in the log as in the registry.
+        let mut again = Box::pin(reg.register(req("i2")));
+        assert!((&mut again).now_or_never().is_none());
+        inline.run_round();
+        (&mut again).now_or_never().expect("answered").expect("registered");
+        assert_eq!(inline.log().owners().unwrap(), vec![]);
+        assert_eq!(reg.owned_instances(), 0);
+    }
 }

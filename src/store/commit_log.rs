@@ -12,6 +12,7 @@ use tandem_replicator::log::{EventLog, LogError, StateChange};
 use tandem_schemas::{ChangeEvent, InstanceKey, Mark, Op};
 
 use super::RocksLog;
+use crate::registry::ANONYMOUS;
 
 /// The log a committer owns. Every mutation is atomic and durable when it returns `Ok`.
 pub trait CommitLog: EventLog {
@@ -109,16 +110,21 @@ pub(crate) fn local_changes(events: &[ChangeEvent]) -> Vec<StateChange> {
 /// What own events do to the owner records: a registration with an owner records it, one
 /// without removes any record; an update with an owner (a re-registration) records it, one
 /// without (status, health) leaves it; a deregistration removes it. In event order.
+///
+/// The owner [`ANONYMOUS`] (ACLs off) restricts nothing, so it is recorded as no owner:
+/// its registration removes any record and writes none (with ACLs off, no registration
+/// writes an owner record, and a start reads none back).
 pub(crate) fn owner_changes(
     events: &[ChangeEvent],
     owners: &[(u64, Arc<str>)],
 ) -> Vec<(InstanceKey, Option<Arc<str>>)> {
     let owner_of = |seq: u64| owners.iter().find(|(s, _)| *s == seq).map(|(_, o)| o.clone());
+    let named = |o: Arc<str>| Some(o).filter(|o| **o != *ANONYMOUS);
     events
         .iter()
         .filter_map(|ev| match &ev.op {
-            Op::Register(r) => Some((r.key.clone(), owner_of(ev.seq))),
-            Op::Update(r) => owner_of(ev.seq).map(|o| (r.key.clone(), Some(o))),
+            Op::Register(r) => Some((r.key.clone(), owner_of(ev.seq).and_then(named))),
+            Op::Update(r) => owner_of(ev.seq).map(|o| (r.key.clone(), named(o))),
             Op::Deregister { key, .. } => Some((key.clone(), None)),
         })
         .collect()
