@@ -187,7 +187,7 @@ fn open_single(cfg: &Config, counters: &Arc<Counters>) -> anyhow::Result<Opened>
     let invalid_records = log.invalid_records();
     tracing::info!(dc = %cfg.dc, epoch = own.epoch, seq = own.seq, dir = %cfg.data_dir.display(), "event log open");
     let view = ViewCell::new(&cfg.dc, log.index(), counters.clone());
-    view.load(log.instances()?);
+    view.try_load(log.instance_records()?)?;
     view.show_own(own.seq);
     let owners = log.owners().context("cannot read the instance owners")?;
     let live = live_marks(&log);
@@ -226,7 +226,7 @@ async fn open_group(
         let own = log.own_mark();
         tracing::info!(dc = %cfg.dc, epoch = own.epoch, seq = own.seq, dir = %cfg.data_dir.display(), "group state open");
         let view = ViewCell::new(&cfg.dc, applied, counters.clone());
-        view.load(log.instances()?);
+        view.try_load(log.instance_records()?)?;
         view.show_own(own.seq);
         let owners = log.owners().context("cannot read the instance owners")?;
         Ok((view, live_marks(log), owners, log.invalid_records()))

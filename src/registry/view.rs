@@ -270,13 +270,25 @@ impl ViewCell {
     }
 
     /// Loads the durable state at start.
-    pub fn load(&self, instances: Vec<(u64, InstanceRecord)>) {
+    pub fn load(&self, instances: impl IntoIterator<Item = (u64, InstanceRecord)>) {
+        let loaded: Result<(), std::convert::Infallible> = self.try_load(instances.into_iter().map(Ok));
+        let Ok(()) = loaded;
+    }
+
+    /// [`Self::load`] from records read one at a time: the first error ends the load
+    /// (and the start: a view without every durable record must not serve).
+    pub fn try_load<E>(
+        &self,
+        instances: impl IntoIterator<Item = Result<(u64, InstanceRecord), E>>,
+    ) -> Result<(), E> {
         let mut v = self.view.write();
         let idx = v.index;
-        for (seq, record) in instances {
+        for item in instances {
+            let (seq, record) = item?;
             let local = *record.key.owner_dc == *self.local_dc;
             v.put_record(idx, seq, record, local);
         }
+        Ok(())
     }
 
     /// Folds one durable write into the view. `durable_writes` is the store's count of

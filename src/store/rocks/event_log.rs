@@ -264,17 +264,7 @@ impl EventLog for RocksLog {
     }
 
     fn instances(&self) -> Result<Vec<(u64, InstanceRecord)>, LogError> {
-        let mut out = Vec::new();
-        for item in self.scan_all(CF_INSTANCES)? {
-            let (k, v) = item?;
-            let (seq, record) = decode_instance(&v)
-                .map_err(|e| LogError::Corrupt(format!("{e} (stored under {:?})", decode_key(&k))))?;
-            check_stored_key(&k, &record.key)?;
-            if self.valid_record(&record) {
-                out.push((seq, record));
-            }
-        }
-        Ok(out)
+        self.instance_records()?.collect()
     }
 
     fn tombstones(&self) -> Result<Vec<Tombstone>, LogError> {
@@ -292,6 +282,27 @@ impl EventLog for RocksLog {
 }
 
 impl RocksLog {
+    /// The live instance records with their seqs, read one at a time in key order (what
+    /// [`EventLog::instances`] collects): a start streams them into the view instead of
+    /// holding every record twice. A record that cannot be read ends the walk with its
+    /// error; one that breaks the schema's rules is skipped (see [`Self::valid_record`]).
+    pub fn instance_records(
+        &self,
+    ) -> Result<impl Iterator<Item = Result<(u64, InstanceRecord), LogError>> + '_, LogError> {
+        Ok(self.scan_all(CF_INSTANCES)?.filter_map(|item| {
+            let read = item.and_then(|(k, v)| {
+                let (seq, record) = decode_instance(&v)
+                    .map_err(|e| LogError::Corrupt(format!("{e} (stored under {:?})", decode_key(&k))))?;
+                check_stored_key(&k, &record.key)?;
+                Ok((seq, record))
+            });
+            match read {
+                Ok((_, ref record)) if !self.valid_record(record) => None,
+                read => Some(read),
+            }
+        }))
+    }
+
     /// A stored record that breaks the schema's rules is skipped, logged and counted:
     /// served by no read, sent to no peer (see the module docs).
     fn valid_record(&self, r: &InstanceRecord) -> bool {
