@@ -80,6 +80,23 @@ pub fn frame_bytes_max_for(head: &[u8], whole_snapshots: bool) -> usize {
 /// service repeats (DC, namespace, service) share one allocation. Encoded as a string.
 pub type Name = std::sync::Arc<str>;
 
+/// Reads a [`Name`] in one allocation: serde's own `Arc<str>` reads a `Box<str>` and then
+/// copies it, two allocations and a free for every name of every record decoded (a node's
+/// start reads seven per instance). The wire format is unchanged: a string.
+fn name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Name, D::Error> {
+    struct NameVisitor;
+    impl serde::de::Visitor<'_> for NameVisitor {
+        type Value = Name;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Name, E> {
+            Ok(Name::from(v))
+        }
+    }
+    d.deserialize_str(NameVisitor)
+}
+
 /// Identity of an instance: who owns it and what it is. The owner DC never changes.
 ///
 /// Compared field by field in this order, as a derived order would, but two names that
@@ -88,9 +105,13 @@ pub type Name = std::sync::Arc<str>;
 /// service's instances compares instance ids only (issue 21).
 #[derive(Clone, Debug, Eq, Serialize, Deserialize)]
 pub struct InstanceKey {
+    #[serde(deserialize_with = "name")]
     pub owner_dc: Name,
+    #[serde(deserialize_with = "name")]
     pub namespace: Name,
+    #[serde(deserialize_with = "name")]
     pub service: Name,
+    #[serde(deserialize_with = "name")]
     pub instance_id: Name,
 }
 
@@ -197,13 +218,16 @@ pub enum Health {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceRecord {
     pub key: InstanceKey,
+    #[serde(deserialize_with = "name")]
     pub address: Name,
     pub port: u16,
     /// Shared by the instances of a zone (see [`Name`]).
+    #[serde(deserialize_with = "name")]
     pub zone: Name,
     pub weight: u32,
     /// Application version string of the instance (not the event version); shared by the
     /// instances that run it.
+    #[serde(deserialize_with = "name")]
     pub app_version: Name,
     #[serde(deserialize_with = "bounded::tags")]
     pub tags: Vec<String>,

@@ -165,9 +165,10 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     /// self-preservation until it renews.
     pub fn insert(&mut self, key: K, lease: Lease) {
         self.now_ms = self.now_ms.max(lease.last_renew_ms());
-        self.remove(&key);
-        self.preservation.lease_added(key.group(), self.now_ms);
+        // One hash of the key for the removal of its old lease and the new entry.
         let h = Hash32::of(&self.hasher, &key);
+        self.remove_hashed(&key, h);
+        self.preservation.lease_added(key.group(), self.now_ms);
         let i = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -187,7 +188,11 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
     }
 
     pub fn remove(&mut self, key: &K) -> Option<Lease> {
-        let h = Hash32::of(&self.hasher, key);
+        self.remove_hashed(key, Hash32::of(&self.hasher, key))
+    }
+
+    /// [`Self::remove`] of a key whose [`Hash32`] is `h`.
+    fn remove_hashed(&mut self, key: &K, h: Hash32) -> Option<Lease> {
         let found = self.index.find_entry(h.wide(), holds(&self.slots, key, h));
         let (Entry { slot: i, .. }, _) = found.ok()?.remove();
         let slot = self.slots[i as usize].take()?;
