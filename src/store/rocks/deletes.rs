@@ -164,4 +164,28 @@ mod tests {
             .unwrap();
         assert_eq!(log.owners().unwrap(), vec![]);
     }
+
+    /// A log that holds no owner record skips the read (and the delete) of one, which a
+    /// restart must not take for granted: the records a reopened log finds are still
+    /// removed by what replaces them.
+    #[test]
+    fn owner_records_found_at_a_reopen_are_removed_by_what_replaces_them() {
+        let dir = TempDir::new().unwrap();
+        let mut log = fresh(&dir);
+        // With no owner record anywhere, an ownerless registration reads and deletes nothing.
+        log.append_local_owned(&regs("dc-a", 1..=3), &[]).unwrap();
+        assert_eq!(deletes_in(&log, CF_META), 0);
+        let alice: Arc<str> = Arc::from("alice");
+        log.append_local_owned(
+            &[reg("dc-a", EPOCH, 4, "i4"), reg("dc-a", EPOCH, 5, "i5")],
+            &[(4, alice.clone()), (5, alice)],
+        )
+        .unwrap();
+        drop(log);
+        let mut log = RocksLog::open(dir.path(), "dc-a").unwrap();
+        assert_eq!(log.owners().unwrap().len(), 2);
+        // An ownerless registration (ACLs off) and a deregistration, after the reopen.
+        log.append_local_owned(&[reg("dc-a", EPOCH, 6, "i4"), dereg("dc-a", EPOCH, 7, "i5")], &[]).unwrap();
+        assert_eq!(log.owners().unwrap(), vec![]);
+    }
 }

@@ -40,7 +40,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use open::open_db;
@@ -182,6 +182,11 @@ pub struct RocksLog {
     /// Set when a write failed: the outcome on disk is unknown, so the in-memory marks may
     /// be wrong and every later write is refused until the log is reopened.
     poisoned: bool,
+    /// Whether the meta column family may hold an owner record: false only when the last
+    /// [`load`](Self::load) found none and no owner record was staged since (see
+    /// `owners.rs`). With ACLs off no owner record is ever written, and a registration
+    /// then neither reads for one nor stages its delete.
+    owner_records: AtomicBool,
 }
 
 impl fmt::Debug for RocksLog {
@@ -271,6 +276,7 @@ impl RocksLog {
             pending_applied: None,
             sync_writes: 0,
             poisoned: false,
+            owner_records: AtomicBool::new(false),
         };
         match log.meta_get(META_DC)? {
             None => {
@@ -356,6 +362,7 @@ impl RocksLog {
 
     /// Loads the cached meta values and checks them against the log.
     fn load(&mut self) -> Result<(), LogError> {
+        self.owner_records.store(self.holds_owner_records()?, Ordering::Relaxed);
         let epoch = self.meta_u64(META_EPOCH)?;
         if epoch == 0 {
             return Err(LogError::Corrupt("meta epoch is 0".into()));

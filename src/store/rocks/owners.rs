@@ -5,7 +5,14 @@
 //! that register or remove it (so after a crash an instance and its owner record are both
 //! there or both not). Local to this DC: owners never replicate (only the owner DC takes
 //! writes for an instance). Never a secret: a token id or a principal name.
+//!
+//! The anonymous principal (ACLs off) is recorded as no owner (`owner_changes`), so a node
+//! with ACLs off holds no owner record at all. It knows so (`RocksLog::owner_records`,
+//! read at every load, set by any owner record staged): its registrations then neither
+//! write an owner record nor read for one to delete. A read per registration on `meta`,
+//! whose small table files carry no filters, cost more than the record it replaced.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rocksdb::WriteBatch;
@@ -71,7 +78,14 @@ impl RocksLog {
         let meta_cf = self.cf(CF_META)?;
         for (key, owner) in owner_changes(events, owners) {
             match owner {
-                Some(o) => batch.put_cf(meta_cf, owner_key(&key), o.as_bytes()),
+                Some(o) => {
+                    // Before the write: a failed one leaves the flag set, which costs only reads.
+                    self.owner_records.store(true, Ordering::Relaxed);
+                    batch.put_cf(meta_cf, owner_key(&key), o.as_bytes())
+                }
+                // No owner record anywhere (none at the last load, none staged since):
+                // nothing to remove, nothing to read.
+                None if !self.owner_records.load(Ordering::Relaxed) => {}
                 None => {
                     self.stage_delete_if_stored(batch, CF_META, &owner_key(&key), repeated.stored(&key))?
                 }
@@ -82,6 +96,11 @@ impl RocksLog {
     }
 
     /// The owners of the own live instances, as durable.
+    /// Whether any owner record is stored (read at every load; see `owner_records`).
+    pub(super) fn holds_owner_records(&self) -> Result<bool, LogError> {
+        Ok(self.scan(CF_META, OWNER_PREFIX, prefix_end(OWNER_PREFIX))?.next().is_some())
+    }
+
     pub fn owners(&self) -> Result<Vec<(InstanceKey, Arc<str>)>, LogError> {
         let mut out = Vec::new();
         for item in self.scan(CF_META, OWNER_PREFIX, prefix_end(OWNER_PREFIX))? {
