@@ -127,11 +127,6 @@ impl LeaseBook {
     /// held (a lease without a record goes).
     pub fn rebuild<'a, I: Iterator<Item = (u64, &'a InstanceRecord)>>(&self, held: impl Fn() -> I) {
         let mut table = self.table.lock();
-        // Room for them all at once (at a start the table is empty; at a take-over most
-        // of them may be there already, replaced in place).
-        let count = held().filter(|(_, r)| self.leased(r)).count();
-        let held_now = table.len();
-        table.reserve(count.saturating_sub(held_now));
         // The view holds each key once, so the table holds a lease without a record exactly
         // when it is larger than the leases made here once they are all in: only then is the
         // set of kept keys built (never at a start, when the table is empty).

@@ -154,13 +154,6 @@ impl<K: Eq + std::hash::Hash + Ord + Clone + LeaseGroup> LeaseTable<K> {
         self.index.find(h.wide(), holds(&self.slots, key, h)).map(|e| e.slot)
     }
 
-    /// Room for `additional` more leases without a doubling of the index or the slab (a
-    /// rebuild knows how many it makes).
-    pub fn reserve(&mut self, additional: usize) {
-        self.index.reserve(additional, rehash);
-        self.slots.reserve(additional.saturating_sub(self.free.len()));
-    }
-
     /// Adds or replaces the lease of `key`. A new lease is not counted by
     /// self-preservation until it renews.
     pub fn insert(&mut self, key: K, lease: Lease) {
