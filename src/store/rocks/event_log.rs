@@ -285,7 +285,8 @@ impl RocksLog {
     /// The live instance records with their seqs, read one at a time in key order (what
     /// [`EventLog::instances`] collects): a start streams them into the view instead of
     /// holding every record twice. A record that cannot be read ends the walk with its
-    /// error; one that breaks the schema's rules is skipped (logged and counted as the other reads do).
+    /// error; one that breaks the schema's rules is skipped (logged and counted, as by
+    /// the other reads).
     pub fn instance_records(
         &self,
     ) -> Result<impl Iterator<Item = Result<(u64, InstanceRecord), LogError>> + '_, LogError> {
