@@ -191,6 +191,20 @@ async fn every_synced_write_is_timed_in_the_disk_sync_histogram() {
         .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
         .collect();
     assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "cumulative: {buckets:?}");
+    // Each registration's waits around its round's synced write, one observation each.
+    assert!(metrics.contains("# TYPE tandem_commit_queue_duration_seconds histogram"), "{metrics}");
+    assert_eq!(value("tandem_commit_queue_duration_seconds_count{"), 20.0, "{metrics}");
+    // The wait after the write is recorded once the round's callers are answered.
+    let answered = || async {
+        let m = reqwest::get(format!("{}/metrics", http(&node))).await.unwrap().text().await.unwrap();
+        let line = m.lines().find(|l| l.starts_with("tandem_commit_answer_duration_seconds_count{"));
+        line.map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while answered().await != Some(20.0) && std::time::Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(answered().await, Some(20.0));
     node.shutdown().await;
 }
 

@@ -140,6 +140,24 @@ pub fn sync_quantiles_ms(before: &CommitStats, after: &CommitStats) -> Option<(f
     Some((d.quantile_us(0.5)? / 1e3, d.quantile_us(0.99)? / 1e3))
 }
 
+/// A registration's time inside the node during a step, from the committer's histograms:
+/// its wait for its round's synced write, that write, and its wait after it for its answer
+/// (p50 / p99 ms each). The rest of a client's latency is the HTTP request.
+fn stages_summary(before: &CommitStats, after: &CommitStats) -> String {
+    let q = |d: tandem::store::Durations| match (d.quantile_us(0.5), d.quantile_us(0.99)) {
+        (Some(p50), Some(p99)) => format!("{} / {}", ms(p50 / 1e3), ms(p99 / 1e3)),
+        _ => "-".into(),
+    };
+    format!(
+        "the wait before its round's synced write (queue, round in progress, linger) p50 / p99 {} ms; \
+         the synced write {} ms; the wait after it until the answer (the view's apply, the answers \
+         before) {} ms; the rest of the latency is the HTTP request",
+        q(after.local_queued.since(&before.local_queued)),
+        q(after.sync_durations.since(&before.sync_durations)),
+        q(after.local_answered.since(&before.local_answered)),
+    )
+}
+
 fn sync_summary(before: &CommitStats, after: &CommitStats) -> String {
     sync_quantiles_ms(before, after)
         .map_or_else(|| "-".into(), |(p50, p99)| format!("{} / {}", ms(p50), ms(p99)))
@@ -252,13 +270,13 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
         let h1 = tandem::heap::stats();
         let trims: u64 = h1.trims.iter().zip(h0.trims).map(|(a, b)| a - b).sum();
         let d = s1.sync_durations.since(&s0.sync_durations);
-        let slow: Vec<String> = tandem::store::SYNC_BUCKETS_US
+        let slow: Vec<String> = tandem::store::DURATION_BUCKETS_US
             .iter()
             .zip(d.buckets)
             .filter(|(bound, n)| **bound > 4096 && *n > 0)
             .map(|(bound, n)| format!("{n} up to {} ms", ms(*bound as f64 / 1e3)))
             .collect();
-        let longer = d.buckets[tandem::store::SYNC_BUCKETS_US.len()];
+        let longer = d.buckets[tandem::store::DURATION_BUCKETS_US.len()];
         ctx.report.note(format!(
             "stalls in this step: the committer's synced writes over 4.1 ms: {}{}; the process's heap trims \
              (tandem::heap; each holds an allocator arena while it walks it): {trims}, {} ms in all",
@@ -266,6 +284,7 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
             if longer > 0 { format!(", {longer} longer") } else { String::new() },
             ms((h1.seconds - h0.seconds) * 1000.0)
         ));
+        ctx.report.note(format!("inside the node in this step: {}", stages_summary(&s0, &s1)));
         if divisor != 2.0 {
             continue;
         }

@@ -5,6 +5,8 @@ use std::sync::atomic::Ordering;
 use super::prom::Metrics;
 use crate::shared::NodeShared;
 
+mod store;
+
 impl NodeShared {
     /// GET /metrics, Prometheus text format.
     pub fn render_metrics(&self) -> String {
@@ -24,70 +26,7 @@ impl NodeShared {
             &[("dc", dc)],
             c.heartbeats_unknown.load(Ordering::Relaxed),
         );
-        let stats = self.committer.stats();
-        m.counter(
-            "tandem_disk_writes_total",
-            "Synced RocksDB write batches (heartbeats never add to this)",
-            &[("dc", dc)],
-            stats.fsyncs,
-        );
-        m.counter(
-            "tandem_store_idle_flushes_total",
-            "Quiet spells of the event log that handed its memtables to table files",
-            &[("dc", dc)],
-            stats.idle_flushes,
-        );
-        m.counter(
-            "tandem_store_idle_flushed_bytes_total",
-            "Bytes the memtables held when those quiet spells flushed them",
-            &[("dc", dc)],
-            stats.idle_flushed_bytes,
-        );
-        let raft = self.group.as_ref().map(|_| self.data_dir.join(crate::node::group::RAFT_DIR));
-        for (store, dir) in [("log", Some(self.data_dir.as_path())), ("raft", raft.as_deref())] {
-            let Some(dir) = dir else { continue };
-            let help = "Bytes of the WAL files of the store's RocksDB (bounded at 8 memtables' size)";
-            m.gauge(
-                "tandem_store_wal_bytes",
-                help,
-                &[("dc", dc), ("store", store)],
-                crate::store::wal_files(dir).0 as f64,
-            );
-        }
-        let bounds: Vec<f64> = crate::store::SYNC_BUCKETS_US.iter().map(|us| *us as f64 / 1e6).collect();
-        m.histogram(
-            "tandem_disk_sync_duration_seconds",
-            "Synced writes of the event log by duration: encoding, memtable, WAL write and its fsync",
-            &[("dc", dc)],
-            &bounds,
-            &stats.sync_durations.buckets,
-            stats.sync_durations.sum_us as f64 / 1e6,
-        );
-        let health = self.committer.log_health();
-        m.gauge(
-            "tandem_log_writable",
-            "1 when the event log takes writes, 0 from a failed write until a recovery",
-            &[("dc", dc)],
-            if health.writable { 1.0 } else { 0.0 },
-        );
-        m.counter(
-            "tandem_log_write_failures_total",
-            "Event log writes that failed and made the log unwritable",
-            &[("dc", dc)],
-            health.write_failures,
-        );
-        m.counter(
-            "tandem_log_recoveries_total",
-            "Recoveries that made the event log writable again",
-            &[("dc", dc)],
-            health.recoveries,
-        );
-        m.counter(
-            "tandem_log_recovery_attempts_failed_total",
-            "Recovery attempts of the event log that failed",
-            &[("dc", dc)],
-            health.recovery_attempts_failed,
-        );
+        self.render_store(&mut m, dc);
         m.counter(
             "tandem_invalid_records_total",
             "Reads that met a stored record or own event breaking the schema's rules (skipped)",
@@ -224,25 +163,6 @@ impl NodeShared {
         self.render_http_limits(&mut m, dc);
         self.render_compat(&mut m, dc);
         render_heap(&mut m, dc);
-        let st = self.committer.stats();
-        m.counter(
-            "tandem_group_commit_fsyncs_total",
-            "Synced writes that carried local appends",
-            &[("dc", dc)],
-            st.local_fsyncs,
-        );
-        m.counter(
-            "tandem_group_commit_requests_total",
-            "Local appends carried by those writes",
-            &[("dc", dc)],
-            st.local_requests,
-        );
-        m.counter(
-            "tandem_group_commit_events_total",
-            "Events carried by those writes",
-            &[("dc", dc)],
-            st.local_events,
-        );
         let (preservation, pauses_capped) = reg.preservation();
         m.gauge(
             "tandem_self_preservation_active",

@@ -349,3 +349,22 @@ mod owner_records {
         assert_eq!(reg.owned_instances(), 0);
     }
 }
+
+/// Issue 21: a local write's wait before its round's write is timed from its request, not
+/// from when the committer took it, and its wait after the write is timed too.
+#[test]
+fn a_writes_wait_for_its_round_is_timed_from_its_request() {
+    use futures::FutureExt as _;
+
+    let (reg, mut inline) = dropped_callers::node();
+    let mut registration = Box::pin(reg.register(dropped_callers::req("i1")));
+    assert!((&mut registration).now_or_never().is_none(), "queued, not served yet");
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    assert_eq!(inline.run_round(), 1);
+    registration.now_or_never().expect("answered").expect("written");
+    let stats = inline.stats();
+    assert_eq!((stats.local_queued.count(), stats.local_answered.count()), (1, 1));
+    let queued_us = stats.local_queued.quantile_us(1.0).unwrap();
+    assert!(queued_us > 4096.0, "queued 5 ms before its round, timed as {queued_us} us");
+    assert!(stats.local_answered.quantile_us(1.0).unwrap() <= 4096.0);
+}

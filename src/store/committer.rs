@@ -53,8 +53,7 @@ mod handle;
 mod linger;
 mod recovery;
 
-pub use durations::{SyncDurations, SYNC_BUCKETS_US};
-use hand_out::hand_out;
+pub use durations::{Durations, DURATION_BUCKETS_US};
 pub use handle::{AppendLocal, CommitterHandle, InlineCommitter};
 use recovery::{InDoubt, Recovery};
 pub use recovery::{LogHealth, LogHealthReport};
@@ -113,8 +112,14 @@ pub const GROUP_SIZE_BUCKETS: usize = 11;
 /// A request to the committer thread. [`CommitterHandle`] has one method per variant.
 pub enum Request<L = RocksLog> {
     /// Append own events; answered with the events as written. `settle` runs once the
-    /// outcome is known (see [`Settle`]).
-    LocalAppend { build: BuildEvents, settle: Option<Settle>, reply: Reply<Vec<ChangeEvent>> },
+    /// outcome is known (see [`Settle`]). `queued`: when the request was made (its wait
+    /// for the committer is timed from there, [`CommitStats::local_queued`]).
+    LocalAppend {
+        build: BuildEvents,
+        settle: Option<Settle>,
+        reply: Reply<Vec<ChangeEvent>>,
+        queued: std::time::Instant,
+    },
     /// [`EventLog::apply_remote`](tandem_replicator::log::EventLog::apply_remote) of a batch received over the channel of `channel_dc`.
     RemoteApply { channel_dc: String, events: Vec<ChangeEvent>, reply: Reply<ApplyReport> },
     /// [`EventLog::install_snapshot`](tandem_replicator::log::EventLog::install_snapshot).
@@ -294,7 +299,14 @@ pub struct CommitStats {
     /// requests; the last bucket holds every larger group.
     pub local_group_requests: [u64; GROUP_SIZE_BUCKETS],
     /// How long the committer's successful synced writes took, of every kind.
-    pub sync_durations: SyncDurations,
+    pub sync_durations: Durations,
+    /// Local appends written, by the time from their request to the start of their
+    /// round's synced write: the channel, the round in progress, the linger, the staging
+    /// of the requests before them in the round.
+    pub local_queued: Durations,
+    /// Local appends written, by the time from the end of their round's synced write to
+    /// their answer: `on_commit` (the view's apply) and the answers before theirs.
+    pub local_answered: Durations,
     /// Quiet spells that handed memtables to table files
     /// ([`CommitterHandle::flush_idle_memtables`]), and the bytes those memtables held.
     pub idle_flushes: u64,
@@ -341,6 +353,7 @@ struct LocalReply {
     reply: Reply<Vec<ChangeEvent>>,
     settle: Option<Settle>,
     ran: bool,
+    queued: std::time::Instant,
 }
 
 impl LocalReply {
@@ -461,8 +474,8 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                 continue;
             };
             match req {
-                Request::LocalAppend { build, settle, reply } => {
-                    self.stage_local(&mut group, build, LocalReply { reply, settle, ran: false });
+                Request::LocalAppend { build, settle, reply, queued } => {
+                    self.stage_local(&mut group, build, LocalReply { reply, settle, ran: false, queued });
                     if group.events.len() >= self.limits.group_events_max.get() {
                         self.flush_local(&mut group);
                     }
@@ -653,41 +666,6 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
         group.events.extend(events);
         group.owners.extend(owners);
         group.members.push((start..group.events.len(), reply));
-    }
-
-    fn flush_local(&mut self, group: &mut Group) {
-        if group.members.is_empty() {
-            return;
-        }
-        let events = std::mem::take(&mut group.events);
-        let owners = std::mem::take(&mut group.owners);
-        let members = std::mem::take(&mut group.members);
-        let before = self.begin_write();
-        match self.log.append_local_owned(&events, &owners) {
-            Ok(changes) => {
-                let events = self.after_local_write(before, events, changes);
-                {
-                    let mut stats = self.stats.lock();
-                    stats.local_fsyncs += 1;
-                    stats.local_requests += members.len() as u64;
-                    stats.local_events += events.len() as u64;
-                    stats.local_group_requests[group_bucket(members.len())] += 1;
-                }
-                for (reply, mine) in hand_out(events, members) {
-                    self.answer_local(reply, Ok(mine));
-                }
-            }
-            Err(e) if !self.log.writable() => {
-                // The outcome on disk is unknown: the callers wait for the recovery to
-                // tell whether the group landed.
-                self.enter_unwritable(&e, InDoubt::Local { events, members });
-            }
-            Err(e) => {
-                for (_, reply) in members {
-                    self.answer_local(reply, Err(CommitError::Log(clone_log_error(&e))));
-                }
-            }
-        }
     }
 
     fn answer_local(&self, reply: LocalReply, result: Result<Vec<ChangeEvent>, CommitError>) {

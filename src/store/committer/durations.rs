@@ -1,8 +1,9 @@
-//! The committer's synced writes by duration (see [`SyncDurations`]).
+//! Histograms of the committer's durations (see [`Durations`]): its synced writes, and
+//! the two waits of a local append around its round's write.
 
-/// Upper bounds of [`SyncDurations`]' buckets, in microseconds: 64 us to about 1 s by
+/// Upper bounds of [`Durations`]' buckets, in microseconds: 64 us to about 1 s by
 /// powers of two. A last bucket holds every longer write.
-pub const SYNC_BUCKETS_US: [u64; 15] = {
+pub const DURATION_BUCKETS_US: [u64; 15] = {
     let mut b = [0u64; 15];
     let mut i = 0;
     while i < b.len() {
@@ -12,22 +13,26 @@ pub const SYNC_BUCKETS_US: [u64; 15] = {
     b
 };
 
-/// A histogram of successful synced writes by duration: from the committer's call into the
-/// log to its return (encoding, memtable, WAL write and its fsync). The disk's own latency as the
-/// writers meet it, which an isolated probe of the disk may not show (`/metrics`:
-/// `tandem_disk_sync_duration_seconds`).
+/// A histogram of durations, kept by the committer for three things ([`CommitStats`]):
+/// its successful synced writes, from its call into the log to its return (encoding,
+/// memtable, WAL write and its fsync: the disk's own latency as the writers meet it, which
+/// an isolated probe of the disk may not show; `/metrics`:
+/// `tandem_disk_sync_duration_seconds`), and for each local append the wait before its
+/// round's write and the wait after it until its answer.
+///
+/// [`CommitStats`]: super::CommitStats
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SyncDurations {
-    /// Bucket `i` counts writes of at most [`SYNC_BUCKETS_US`]`[i]` (and more than the bound
+pub struct Durations {
+    /// Bucket `i` counts writes of at most [`DURATION_BUCKETS_US`]`[i]` (and more than the bound
     /// before it); the last counts the longer ones.
-    pub buckets: [u64; SYNC_BUCKETS_US.len() + 1],
+    pub buckets: [u64; DURATION_BUCKETS_US.len() + 1],
     pub sum_us: u64,
 }
 
-impl SyncDurations {
+impl Durations {
     pub(super) fn record(&mut self, took: std::time::Duration) {
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        let i = SYNC_BUCKETS_US.partition_point(|b| *b < us);
+        let i = DURATION_BUCKETS_US.partition_point(|b| *b < us);
         self.buckets[i] += 1;
         self.sum_us = self.sum_us.saturating_add(us);
     }
@@ -37,7 +42,7 @@ impl SyncDurations {
     }
 
     /// The writes recorded since `before` (a copy taken earlier).
-    pub fn since(&self, before: &SyncDurations) -> SyncDurations {
+    pub fn since(&self, before: &Durations) -> Durations {
         let mut d = *self;
         for (b, a) in d.buckets.iter_mut().zip(before.buckets) {
             *b = b.saturating_sub(a);
@@ -58,8 +63,8 @@ impl SyncDurations {
         for (i, c) in self.buckets.iter().enumerate() {
             let c = *c as f64;
             if c > 0.0 && seen + c >= rank {
-                let lo = if i == 0 { 0.0 } else { SYNC_BUCKETS_US[i - 1] as f64 };
-                let Some(hi) = SYNC_BUCKETS_US.get(i) else { return Some(lo) };
+                let lo = if i == 0 { 0.0 } else { DURATION_BUCKETS_US[i - 1] as f64 };
+                let Some(hi) = DURATION_BUCKETS_US.get(i) else { return Some(lo) };
                 return Some(lo + (*hi as f64 - lo) * (rank - seen) / c);
             }
             seen += c;
@@ -76,20 +81,20 @@ mod tests {
 
     #[test]
     fn a_write_lands_in_the_first_bucket_whose_bound_holds_it() {
-        let mut d = SyncDurations::default();
+        let mut d = Durations::default();
         d.record(Duration::from_micros(64));
         d.record(Duration::from_micros(65));
         d.record(Duration::from_secs(5));
         assert_eq!(d.buckets[0], 1);
         assert_eq!(d.buckets[1], 1);
-        assert_eq!(d.buckets[SYNC_BUCKETS_US.len()], 1, "longer than every bound: the last bucket");
+        assert_eq!(d.buckets[DURATION_BUCKETS_US.len()], 1, "longer than every bound: the last bucket");
         assert_eq!(d.count(), 3);
         assert_eq!(d.sum_us, 64 + 65 + 5_000_000);
     }
 
     #[test]
     fn quantiles_interpolate_within_a_bucket_and_count_only_what_came_since() {
-        let mut d = SyncDurations::default();
+        let mut d = Durations::default();
         assert_eq!(d.quantile_us(0.99), None);
         // 100 writes in (128, 256] us: the median half way through that bucket.
         for _ in 0..100 {

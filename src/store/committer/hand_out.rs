@@ -1,14 +1,69 @@
-//! A written round's events, told to `on_commit` and then handed to the requests that
-//! made them, moved each time.
+//! A round of local appends written: its events told to `on_commit` and then handed to
+//! the requests that made them, moved each time, and each request's waits timed.
 
 use std::ops::Range;
 
 use tandem_replicator::log::StateChange;
 use tandem_schemas::ChangeEvent;
 
-use super::{CommitLog, CommitNotice, Committed, Committer, WriteStart};
+use super::recovery::InDoubt;
+#[cfg(doc)]
+use super::CommitStats;
+use super::{
+    clone_log_error, group_bucket, CommitError, CommitLog, CommitNotice, Committed, Committer, Group,
+    WriteStart,
+};
 
 impl<L: CommitLog + Send + 'static> Committer<L> {
+    /// Writes the staged round of local appends with one synced write, then answers its
+    /// callers (each with its own events), timing each one's wait before the write and
+    /// after it ([`CommitStats::local_queued`], [`CommitStats::local_answered`]).
+    pub(super) fn flush_local(&mut self, group: &mut Group) {
+        if group.members.is_empty() {
+            return;
+        }
+        let events = std::mem::take(&mut group.events);
+        let owners = std::mem::take(&mut group.owners);
+        let members = std::mem::take(&mut group.members);
+        let before = self.begin_write();
+        match self.log.append_local_owned(&events, &owners) {
+            Ok(changes) => {
+                let written = std::time::Instant::now();
+                let events = self.after_local_write(before, events, changes);
+                {
+                    // Counted before any caller is answered: a caller never sees its write
+                    // answered and not counted.
+                    let mut stats = self.stats.lock();
+                    stats.local_fsyncs += 1;
+                    stats.requests += members.len() as u64;
+                    stats.local_requests += members.len() as u64;
+                    stats.local_events += events.len() as u64;
+                    stats.local_group_requests[group_bucket(members.len())] += 1;
+                    for (_, r) in &members {
+                        stats.local_queued.record(before.at.saturating_duration_since(r.queued));
+                    }
+                }
+                let mut answered = Vec::with_capacity(members.len());
+                for (reply, mine) in hand_out(events, members) {
+                    reply.finish(Ok(mine));
+                    answered.push(written.elapsed());
+                }
+                let mut stats = self.stats.lock();
+                answered.into_iter().for_each(|d| stats.local_answered.record(d));
+            }
+            Err(e) if !self.log.writable() => {
+                // The outcome on disk is unknown: the callers wait for the recovery to
+                // tell whether the group landed.
+                self.enter_unwritable(&e, InDoubt::Local { events, members });
+            }
+            Err(e) => {
+                for (_, reply) in members {
+                    self.answer_local(reply, Err(CommitError::Log(clone_log_error(&e))));
+                }
+            }
+        }
+    }
+
     /// [`after_write`](Self::after_write) of a written round of local appends: its events go
     /// to `on_commit` in the notice and come back for their callers, moved rather than
     /// copied (a registration's record is a dozen allocations, and the committer's round is

@@ -43,7 +43,13 @@ impl<L: CommitLog + Send + 'static> CommitterHandle<L> {
         F: FnOnce(Mark) -> Vec<ChangeEvent> + Send + 'static,
     {
         let build: BuildEvents = Box::new(move |mark| Built { events: build(mark), owners: Vec::new() });
-        self.call(|reply| Request::LocalAppend { build, settle: None, reply }).await
+        self.call(|reply| Request::LocalAppend {
+            build,
+            settle: None,
+            reply,
+            queued: std::time::Instant::now(),
+        })
+        .await
     }
 
     /// Applies a remote batch received over the channel authenticated as `channel_dc`.
@@ -221,6 +227,11 @@ impl<L: CommitLog + Send + 'static> InlineCommitter<L> {
         }
     }
 
+    /// The committer's stats, as [`CommitterHandle::stats`] reads them.
+    pub fn stats(&self) -> CommitStats {
+        self.committer.stats.lock().clone()
+    }
+
     /// The log, between two rounds.
     pub fn log(&self) -> &L {
         &self.committer.log
@@ -262,7 +273,14 @@ impl<L: CommitLog + Send + 'static> AppendLocal for CommitterHandle<L> {
     ) -> BoxFuture<'static, Result<Vec<ChangeEvent>, CommitError>> {
         let handle = self.clone();
         Box::pin(async move {
-            handle.call(|reply| Request::LocalAppend { build, settle: Some(settle), reply }).await
+            handle
+                .call(|reply| Request::LocalAppend {
+                    build,
+                    settle: Some(settle),
+                    reply,
+                    queued: std::time::Instant::now(),
+                })
+                .await
         })
     }
 }

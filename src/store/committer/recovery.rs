@@ -212,8 +212,8 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
         }
         let e = self.unwritable();
         match req {
-            Request::LocalAppend { settle, reply, .. } => {
-                self.answer_local(LocalReply { reply, settle, ran: false }, Err(e));
+            Request::LocalAppend { settle, reply, queued, .. } => {
+                self.answer_local(LocalReply { reply, settle, ran: false, queued }, Err(e));
             }
             Request::RemoteApply { reply, .. } | Request::InstallSnapshot { reply, .. } => {
                 self.answer(reply, Err(e))
