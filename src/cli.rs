@@ -396,18 +396,7 @@ fn init_tracing(format: Option<&str>, level: Option<&str>) {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(e) = crate::sched::check_env() {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
-    }
-    // The runtime's threads serve the request path: each asks for a short scheduler slice.
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .on_thread_start(|| {
-            crate::sched::request_latency_slice();
-        })
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

@@ -56,7 +56,6 @@ pub mod leases;
 pub mod log_fields;
 pub mod node;
 pub mod registry;
-pub mod sched;
 pub mod shared;
 pub mod store;
 pub mod ui;

@@ -611,15 +611,6 @@ impl Node {
         )));
         let scheme = if cfg.http.tls.is_some() { "https" } else { "http" };
         tracing::info!(dc = %cfg.dc, http = %http_addr, scheme, replication = ?repl_addr, "tandem node started");
-        match crate::sched::first_outcome() {
-            Some(crate::sched::Slice::Set(us)) => {
-                tracing::info!(slice_us = us, "request-path threads run with a short scheduler slice")
-            }
-            Some(crate::sched::Slice::Refused(e)) => {
-                tracing::warn!(error = %e, "the kernel refused a short scheduler slice for the request path")
-            }
-            other => tracing::debug!(outcome = ?other, "no short scheduler slice for the request path"),
-        }
         Ok(Node { shared, http_addr, repl_addr, shutdown, tasks })
     }
 

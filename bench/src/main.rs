@@ -399,8 +399,6 @@ fn main() -> anyhow::Result<()> {
             if pin {
                 sys::pin_current_thread(0);
             }
-            // As the node's own runtime does (`tandem::cli::main`).
-            tandem::sched::request_latency_slice();
         })
         .enable_all()
         .build()?;

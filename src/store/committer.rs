@@ -383,11 +383,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
         limits: CommitterLimits,
     ) -> io::Result<CommitterHandle<L>> {
         let (committer, handle) = Self::new(log, on_commit, limits);
-        std::thread::Builder::new().name("tandem-committer".into()).spawn(move || {
-            // On the request path: a registration waits for this thread's turn twice.
-            crate::sched::request_latency_slice();
-            committer.run()
-        })?;
+        std::thread::Builder::new().name("tandem-committer".into()).spawn(move || committer.run())?;
         Ok(handle)
     }
 
