@@ -329,15 +329,7 @@ fn the_committer_over_the_group_log_serves_like_the_single_node() {
                         move |k: &InstanceKey| state.with_log(|l| l.instance(k).unwrap()).map(|(_, r)| r);
                     let (reply, answer) = tokio::sync::oneshot::channel();
                     let build = builder(round.clone(), base);
-                    handle
-                        .send(Request::LocalAppend {
-                            build,
-                            settle: None,
-                            reply,
-                            queued: std::time::Instant::now(),
-                        })
-                        .await
-                        .unwrap();
+                    handle.send(Request::local_append(build, None, reply)).await.unwrap();
                     answer.await.unwrap().unwrap();
                 }
                 Step::Group(write) => handle.send(group_request(write.clone())).await.unwrap(),

@@ -464,13 +464,7 @@ fn a_write_lost_with_its_leader_is_not_acknowledged_when_that_node_leads_again()
         };
         let (reply, answer) = tokio::sync::oneshot::channel();
         let build = builder(vec![write_of(n, 0, k, 1)], base);
-        rt.block_on(handle.send(Request::LocalAppend {
-            build,
-            settle: None,
-            reply,
-            queued: std::time::Instant::now(),
-        }))
-        .unwrap();
+        rt.block_on(handle.send(Request::local_append(build, None, reply))).unwrap();
         answer
     };
     let first = rt.block_on(append(1, 0)).unwrap().unwrap();

@@ -508,13 +508,7 @@ pub(super) fn reference_steps(dir: &Path, steps: &[Step]) -> Dump {
         let view = view.clone();
         let build = builder(round.clone(), move |k: &InstanceKey| view.lock().get(k).cloned());
         let (reply, answer) = tokio::sync::oneshot::channel();
-        rt.block_on(handle.send(Request::LocalAppend {
-            build,
-            settle: None,
-            reply,
-            queued: std::time::Instant::now(),
-        }))
-        .unwrap();
+        rt.block_on(handle.send(Request::local_append(build, None, reply))).unwrap();
         inline.run_until_idle();
         answer.blocking_recv().unwrap().unwrap();
     }

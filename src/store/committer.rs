@@ -144,6 +144,13 @@ pub enum Request<L = RocksLog> {
     Shutdown { reply: oneshot::Sender<()> },
 }
 
+impl<L> Request<L> {
+    /// A local append made now (its wait for the committer is timed from here).
+    pub fn local_append(build: BuildEvents, settle: Option<Settle>, reply: Reply<Vec<ChangeEvent>>) -> Self {
+        Request::LocalAppend { build, settle, reply, queued: std::time::Instant::now() }
+    }
+}
+
 /// Errors of a committer request.
 #[derive(Debug, thiserror::Error)]
 pub enum CommitError {

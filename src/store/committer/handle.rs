@@ -43,13 +43,7 @@ impl<L: CommitLog + Send + 'static> CommitterHandle<L> {
         F: FnOnce(Mark) -> Vec<ChangeEvent> + Send + 'static,
     {
         let build: BuildEvents = Box::new(move |mark| Built { events: build(mark), owners: Vec::new() });
-        self.call(|reply| Request::LocalAppend {
-            build,
-            settle: None,
-            reply,
-            queued: std::time::Instant::now(),
-        })
-        .await
+        self.call(|reply| Request::local_append(build, None, reply)).await
     }
 
     /// Applies a remote batch received over the channel authenticated as `channel_dc`.
@@ -272,15 +266,6 @@ impl<L: CommitLog + Send + 'static> AppendLocal for CommitterHandle<L> {
         settle: Settle,
     ) -> BoxFuture<'static, Result<Vec<ChangeEvent>, CommitError>> {
         let handle = self.clone();
-        Box::pin(async move {
-            handle
-                .call(|reply| Request::LocalAppend {
-                    build,
-                    settle: Some(settle),
-                    reply,
-                    queued: std::time::Instant::now(),
-                })
-                .await
-        })
+        Box::pin(async move { handle.call(|reply| Request::local_append(build, Some(settle), reply)).await })
     }
 }

@@ -59,7 +59,7 @@ mod tests {
     fn append() -> Request<MemStore> {
         let (reply, _answer) = oneshot::channel();
         let build: BuildEvents = Box::new(|_| Built { events: Vec::new(), owners: Vec::new() });
-        Request::LocalAppend { build, settle: None, reply, queued: std::time::Instant::now() }
+        Request::local_append(build, None, reply)
     }
 
     fn committer(linger_max: Duration) -> (Committer<MemStore>, CommitterHandle<MemStore>) {
