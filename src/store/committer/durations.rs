@@ -37,6 +37,14 @@ impl Durations {
         self.sum_us = self.sum_us.saturating_add(us);
     }
 
+    /// Adds what `other` recorded to this histogram.
+    pub(super) fn add(&mut self, other: &Durations) {
+        for (b, o) in self.buckets.iter_mut().zip(other.buckets) {
+            *b += o;
+        }
+        self.sum_us = self.sum_us.saturating_add(other.sum_us);
+    }
+
     pub fn count(&self) -> u64 {
         self.buckets.iter().sum()
     }

@@ -43,13 +43,12 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                         stats.local_queued.record(before.at.saturating_duration_since(r.queued));
                     }
                 }
-                let mut answered = Vec::with_capacity(members.len());
+                let mut answered = super::Durations::default();
                 for (reply, mine) in hand_out(events, members) {
                     reply.finish(Ok(mine));
-                    answered.push(written.elapsed());
+                    answered.record(written.elapsed());
                 }
-                let mut stats = self.stats.lock();
-                answered.into_iter().for_each(|d| stats.local_answered.record(d));
+                self.stats.lock().local_answered.add(&answered);
             }
             Err(e) if !self.log.writable() => {
                 // The outcome on disk is unknown: the callers wait for the recovery to
