@@ -185,6 +185,17 @@ impl DcState {
         self.history_lost.iter().copied().find(|t| *t > from && *t <= to)
     }
 
+    /// A read invoked at `invoked` may have been answered by the process before a loss of
+    /// the DC's history or by the one after it: the loss was declared at or before the read
+    /// (as its step started, before the kill landed) and the DC was not ready again in an
+    /// earlier millisecond. Such a read is no baseline for the reads after it.
+    pub(super) fn history_in_doubt(&self, invoked: Ms) -> bool {
+        self.history_lost.iter().any(|&h| {
+            h <= invoked
+                && !self.events.iter().any(|&(at, ev)| ev == ProcessEvent::Ready && at >= h && at < invoked)
+        })
+    }
+
     /// A loss of the DC's history after `from` that a read invoked at `read` followed: the
     /// DC was ready again after the loss before the read was invoked (in an earlier
     /// millisecond). A loss is declared as its step starts, before the kill lands, and an

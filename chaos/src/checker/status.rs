@@ -73,6 +73,8 @@ impl Checker {
         self.judge_status_staleness(&o, &s);
         let Some(st) = self.dcs.get_mut(&dc) else { return };
         let tag = format!("{}..{}ms {} status", o.invoked, o.completed, dc);
+        // A read that either side of a loss of history may have answered sets no baseline.
+        let baseline = !st.history_in_doubt(o.invoked);
         let mut problems: Vec<(String, Vec<String>)> = Vec::new();
 
         // Own log.
@@ -103,12 +105,14 @@ impl Checker {
                 }
             }
         }
-        st.log = Some((o.completed, s.log));
-        // Each history since the last loss (the 0 marker) lists its epochs once: a
-        // provisional epoch reused by the history after a loss is that history's.
-        let since_loss = st.epochs.iter().rposition(|e| *e == 0).map_or(0, |p| p + 1);
-        if !st.epochs[since_loss..].contains(&s.log.epoch) {
-            st.epochs.push(s.log.epoch);
+        if baseline {
+            st.log = Some((o.completed, s.log));
+            // Each history since the last loss (the 0 marker) lists its epochs once: a
+            // provisional epoch reused by the history after a loss is that history's.
+            let since_loss = st.epochs.iter().rposition(|e| *e == 0).map_or(0, |p| p + 1);
+            if !st.epochs[since_loss..].contains(&s.log.epoch) {
+                st.epochs.push(s.log.epoch);
+            }
         }
         // Applied marks.
         for (origin, m) in &s.applied {
@@ -123,7 +127,9 @@ impl Checker {
                     ));
                 }
             }
-            st.applied.insert(origin.clone(), (o.completed, *m));
+            if baseline {
+                st.applied.insert(origin.clone(), (o.completed, *m));
+            }
         }
         self.bump_check(Invariant::MonotonicApply);
         for (why, obs) in problems {

@@ -131,9 +131,11 @@ impl Checker {
         let Some(st) = self.dcs.get_mut(&dc) else { return };
         st.latest_views.insert(o.service.clone(), (o.invoked, view.clone()));
 
-        // Watch index.
+        // Watch index (a read that either history may have answered sets no baseline).
         let prev_index = st.index.get(&o.service).copied();
-        st.index.insert(o.service.clone(), (o.completed, view.index));
+        if !st.history_in_doubt(o.invoked) {
+            st.index.insert(o.service.clone(), (o.completed, view.index));
+        }
         self.bump_check(Invariant::MonotonicApply);
         if let Some((pt, pi)) = prev_index {
             if pt <= o.invoked && view.index < pi {
