@@ -31,6 +31,7 @@ pub mod data_dir;
 pub mod forward_batch;
 pub mod group;
 mod idle;
+pub mod lateness;
 mod metrics;
 mod prom;
 pub mod status;
@@ -470,7 +471,9 @@ impl Node {
             https: https.clone(),
             reloading: Mutex::new(()),
             compat: Default::default(),
+            runtime_lateness: Default::default(),
         });
+        tasks.push(tokio::spawn(lateness::watch_lateness(shared.runtime_lateness.clone(), shut_rx.clone())));
 
         // Consul's TTL checks (timed on the node serving the DC's writes).
         tasks.push(tokio::spawn(crate::compat::run_ttl(shared.clone(), shut_rx.clone())));

@@ -80,6 +80,8 @@ pub struct NodeShared {
     pub https: Option<Arc<crate::http::tls::HttpsTls>>,
     /// One reload at a time (SIGHUP and `POST /v1/admin/reload` may meet).
     pub(crate) reloading: Mutex<()>,
+    /// How late the node's runtime wakes a timer (`node/lateness.rs`).
+    pub runtime_lateness: Arc<crate::node::lateness::RuntimeLateness>,
 }
 
 /// Why a configuration reload was refused; the running configuration stays.

@@ -205,6 +205,17 @@ async fn every_synced_write_is_timed_in_the_disk_sync_histogram() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert_eq!(answered().await, Some(20.0));
+    // The runtime's timer, due every 10 ms, notes each wake's lateness.
+    assert!(metrics.contains("# TYPE tandem_runtime_lateness_seconds histogram"), "{metrics}");
+    let wakes = || async {
+        let m = reqwest::get(format!("{}/metrics", http(&node))).await.unwrap().text().await.unwrap();
+        let line = m.lines().find(|l| l.starts_with("tandem_runtime_lateness_seconds_count{")).unwrap();
+        line.rsplit(' ').next().unwrap().parse::<f64>().unwrap()
+    };
+    while wakes().await < 3.0 && std::time::Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(wakes().await >= 3.0);
     node.shutdown().await;
 }
 

@@ -143,11 +143,35 @@ pub fn sync_quantiles_ms(before: &CommitStats, after: &CommitStats) -> Option<(f
 /// A registration's time inside the node during a step, from the committer's histograms:
 /// its wait for its round's synced write, that write, and its wait after it for its answer
 /// (p50 / p99 ms each). The rest of a client's latency is the HTTP request.
-fn stages_summary(before: &CommitStats, after: &CommitStats) -> String {
-    let q = |d: tandem::store::Durations| match (d.quantile_us(0.5), d.quantile_us(0.99)) {
+/// `p50 / p99` of `d` in ms, or `-` when empty.
+fn quantiles_ms(d: &tandem::store::Durations) -> String {
+    match (d.quantile_us(0.5), d.quantile_us(0.99)) {
         (Some(p50), Some(p99)) => format!("{} / {}", ms(p50 / 1e3), ms(p99 / 1e3)),
         _ => "-".into(),
-    };
+    }
+}
+
+/// The durations in `d` over 4.1 ms, by bucket: "3 up to 8.19 ms, 1 longer", or "none".
+fn over_4ms(d: &tandem::store::Durations) -> String {
+    let mut slow: Vec<String> = tandem::store::DURATION_BUCKETS_US
+        .iter()
+        .zip(d.buckets)
+        .filter(|(bound, n)| **bound > 4096 && *n > 0)
+        .map(|(bound, n)| format!("{n} up to {} ms", ms(*bound as f64 / 1e3)))
+        .collect();
+    let longer = d.buckets[tandem::store::DURATION_BUCKETS_US.len()];
+    if longer > 0 {
+        slow.push(format!("{longer} longer"));
+    }
+    if slow.is_empty() {
+        "none".into()
+    } else {
+        slow.join(", ")
+    }
+}
+
+fn stages_summary(before: &CommitStats, after: &CommitStats) -> String {
+    let q = |d: tandem::store::Durations| quantiles_ms(&d);
     format!(
         "the wait before its round's synced write (queue, round in progress, linger) p50 / p99 {} ms; \
          the synced write {} ms; the wait after it until the answer (the view's apply, the answers \
@@ -238,6 +262,7 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
         }
         let r = (best / divisor).max(1.0);
         let s0 = node.shared.committer.stats();
+        let late0 = node.shared.runtime_lateness.stats();
         let h0 = tandem::heap::stats();
         // Raw keep-alive connections (crate::raw): reqwest would cost the load core about
         // 0.1 ms per request and saturate it at this rate, so the step would measure the
@@ -266,22 +291,17 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
             rate(r)
         );
         let s1 = node.shared.committer.stats();
+        let late = node.shared.runtime_lateness.stats().wakes.since(&late0.wakes);
         register_row(ctx, label, &run, &s0, &s1);
         let h1 = tandem::heap::stats();
         let trims: u64 = h1.trims.iter().zip(h0.trims).map(|(a, b)| a - b).sum();
-        let d = s1.sync_durations.since(&s0.sync_durations);
-        let slow: Vec<String> = tandem::store::DURATION_BUCKETS_US
-            .iter()
-            .zip(d.buckets)
-            .filter(|(bound, n)| **bound > 4096 && *n > 0)
-            .map(|(bound, n)| format!("{n} up to {} ms", ms(*bound as f64 / 1e3)))
-            .collect();
-        let longer = d.buckets[tandem::store::DURATION_BUCKETS_US.len()];
         ctx.report.note(format!(
-            "stalls in this step: the committer's synced writes over 4.1 ms: {}{}; the process's heap trims \
-             (tandem::heap; each holds an allocator arena while it walks it): {trims}, {} ms in all",
-            if slow.is_empty() { "none".to_string() } else { slow.join(", ") },
-            if longer > 0 { format!(", {longer} longer") } else { String::new() },
+            "stalls in this step: the committer's synced writes over 4.1 ms: {}; the node's runtime, \
+             its 10 ms timer woken over 4.1 ms late: {} (p50 / p99 of its wakes {}); the process's heap \
+             trims (tandem::heap; each holds an allocator arena while it walks it): {trims}, {} ms in all",
+            over_4ms(&s1.sync_durations.since(&s0.sync_durations)),
+            over_4ms(&late),
+            quantiles_ms(&late),
             ms((h1.seconds - h0.seconds) * 1000.0)
         ));
         ctx.report.note(format!("inside the node in this step: {}", stages_summary(&s0, &s1)));

@@ -1,5 +1,6 @@
 //! The event log's part of `GET /metrics`: synced writes and their durations, group
-//! commit, the waits of a local write around its round, the WAL kept, the log's health.
+//! commit, the waits of a local write around its round, the WAL kept, the log's health; and
+//! the runtime's lateness, beside the waits it explains.
 
 use super::Metrics;
 use crate::shared::NodeShared;
@@ -59,6 +60,15 @@ impl NodeShared {
         ] {
             m.histogram(name, help, &[("dc", dc)], &bounds, &d.buckets, d.sum_us as f64 / 1e6);
         }
+        let late = self.runtime_lateness.stats();
+        m.histogram(
+            "tandem_runtime_lateness_seconds",
+            "Wakes of a timer due every 10 ms on the node's runtime by how late they came: time no worker could run it (every worker busy or blocked, or waiting for a CPU); under 1 ms is the timer's resolution",
+            &[("dc", dc)],
+            &bounds,
+            &late.wakes.buckets,
+            late.wakes.sum_us as f64 / 1e6,
+        );
         let health = self.committer.log_health();
         m.gauge(
             "tandem_log_writable",

@@ -30,7 +30,7 @@ pub struct Durations {
 }
 
 impl Durations {
-    pub(super) fn record(&mut self, took: std::time::Duration) {
+    pub(crate) fn record(&mut self, took: std::time::Duration) {
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         let i = DURATION_BUCKETS_US.partition_point(|b| *b < us);
         self.buckets[i] += 1;
