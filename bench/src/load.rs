@@ -93,6 +93,10 @@ pub struct Run {
     pub dropped: u64,
     pub elapsed: Duration,
     pub lat: Lat,
+    /// Open loop: each answered request's wait from its due time until a worker sent it
+    /// (the dispatcher's own lateness, a free worker, the load core): the part of `lat`
+    /// spent in the load generator before the request left it.
+    pub wait: Option<Lat>,
     pub cpu: CpuSplit,
     pub first_error: Option<String>,
 }
@@ -191,6 +195,7 @@ where
         dropped: 0,
         elapsed,
         lat: lat.finish(),
+        wait: None,
         cpu,
         first_error,
     }
@@ -219,7 +224,7 @@ where
     let op = Arc::new(op);
     let shared = Arc::new(Shared { errors: AtomicU64::new(0), first_error: Mutex::new(None) });
     let inflight = Arc::new(AtomicU64::new(0));
-    let lats = Arc::new(Mutex::new(Lat::default()));
+    let lats = Arc::new(Mutex::new((Lat::default(), Lat::default())));
     let ok = Arc::new(AtomicU64::new(0));
     let cpu0 = cpu();
     let start = tokio::time::Instant::now();
@@ -234,9 +239,12 @@ where
             loop {
                 let next = rx.lock().await.recv().await;
                 let Some((i, intended)) = next else { break };
+                let waited = intended.elapsed();
                 match op(worker, i).await {
                     Ok(()) => {
-                        lats.lock().push(intended.elapsed());
+                        let mut l = lats.lock();
+                        l.0.push(intended.elapsed());
+                        l.1.push(waited);
                         ok.fetch_add(1, Ordering::Relaxed);
                     }
                     Err(e) => shared.error(e),
@@ -291,14 +299,15 @@ where
     let mut cpu = cpu().since(cpu0);
     cpu.server = cpu.server.saturating_sub(dispatcher_cpu);
     cpu.load += dispatcher_cpu;
-    let lat = std::mem::take(&mut *lats.lock()).finish();
+    let (lat, wait) = std::mem::take(&mut *lats.lock());
     let first_error = shared.first_error.lock().take();
     Run {
         ok: ok.load(Ordering::Relaxed),
         errors: shared.errors.load(Ordering::Relaxed) + inflight.load(Ordering::Relaxed),
         dropped,
         elapsed,
-        lat,
+        lat: lat.finish(),
+        wait: Some(wait.finish()),
         cpu,
         first_error,
     }

@@ -305,6 +305,15 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
             ms((h1.seconds - h0.seconds) * 1000.0)
         ));
         ctx.report.note(format!("inside the node in this step: {}", stages_summary(&s0, &s1)));
+        if let Some(w) = run.wait.as_ref().filter(|w| w.count() > 0) {
+            ctx.report.note(format!(
+                "in the load generator in this step (counted in the latency above): each request's wait \
+                 from its due time to its send p50 / p99 / max {} / {} / {} ms",
+                ms(w.q_ms(0.5)),
+                ms(w.q_ms(0.99)),
+                ms(w.max_ms())
+            ));
+        }
         if divisor != 2.0 {
             continue;
         }
