@@ -263,6 +263,7 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
         let r = (best / divisor).max(1.0);
         let s0 = node.shared.committer.stats();
         let late0 = node.shared.runtime_lateness.stats();
+        let steal0 = crate::sys::steal_ms();
         let h0 = tandem::heap::stats();
         // Raw keep-alive connections (crate::raw): reqwest would cost the load core about
         // 0.1 ms per request and saturate it at this rate, so the step would measure the
@@ -292,6 +293,8 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
         );
         let s1 = node.shared.committer.stats();
         let late = node.shared.runtime_lateness.stats().wakes.since(&late0.wakes);
+        let steal: Vec<String> =
+            crate::sys::steal_ms().iter().zip(&steal0).map(|(a, b)| format!("{} ms", a.saturating_sub(*b))).collect();
         register_row(ctx, label, &run, &s0, &s1);
         let h1 = tandem::heap::stats();
         let trims: u64 = h1.trims.iter().zip(h0.trims).map(|(a, b)| a - b).sum();
@@ -305,6 +308,13 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
             ms((h1.seconds - h0.seconds) * 1000.0)
         ));
         ctx.report.note(format!("inside the node in this step: {}", stages_summary(&s0, &s1)));
+        if !steal.is_empty() {
+            ctx.report.note(format!(
+                "the host's steal time in this step (the hypervisor ran something else while a CPU of \
+                 this machine had work; 10 ms accounting), per CPU: {}",
+                steal.join(" / ")
+            ));
+        }
         if let Some(w) = run.wait.as_ref().filter(|w| w.count() > 0) {
             ctx.report.note(format!(
                 "in the load generator in this step (counted in the latency above): each request's wait \

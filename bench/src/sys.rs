@@ -26,6 +26,19 @@ const fn is_release() -> bool {
     matches!(tandem::BUILD_PROFILE.as_bytes(), b"release")
 }
 
+/// Each CPU's steal time so far (`/proc/stat`: time the hypervisor ran something else
+/// while this virtual CPU had work), in ms at the kernel's 10 ms accounting; empty when
+/// not readable. A step's difference says how much of its latency tail the machine's host
+/// took: a stall on every CPU at once is steal, not the process.
+pub fn steal_ms() -> Vec<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    stat.lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .filter_map(|l| l.split_whitespace().nth(8)?.parse::<u64>().ok())
+        .map(|jiffies| jiffies * 10)
+        .collect()
+}
+
 /// Prefix of the load generator's thread names; every other thread of the process except
 /// the main thread belongs to the server side.
 pub const LOAD_THREAD: &str = "bench-load";
