@@ -95,8 +95,12 @@ pub struct Run {
     pub lat: Lat,
     /// Open loop: each answered request's wait from its due time until a worker sent it
     /// (the dispatcher's own lateness, a free worker, the load core): the part of `lat`
-    /// spent in the load generator before the request left it.
+    /// spent in the load generator before the request left it. Every connection busy
+    /// (a server that stalls for longer than the connections cover) shows here too.
     pub wait: Option<Lat>,
+    /// Open loop: the dispatcher's own lateness, from each request's due time to its hand-off
+    /// to the workers: the load generator's share of `wait` that no server causes.
+    pub dispatch_late: Option<Lat>,
     pub cpu: CpuSplit,
     pub first_error: Option<String>,
 }
@@ -196,6 +200,7 @@ where
         elapsed,
         lat: lat.finish(),
         wait: None,
+        dispatch_late: None,
         cpu,
         first_error,
     }
@@ -263,12 +268,14 @@ where
     // reading, which would otherwise count that time as the server's.
     let dispatcher = std::thread::Builder::new().name(format!("{LOAD_THREAD}-open")).spawn(move || {
         let mut dropped = 0u64;
+        let mut late = Lat::default();
         for i in 0..total {
             let at = start_std + Duration::from_secs_f64(i as f64 / rate_per_s);
             let now = Instant::now();
             if at > now {
                 std::thread::sleep(at - now);
             }
+            late.push(at.elapsed());
             if dispatch_inflight.load(Ordering::Relaxed) >= inflight_max {
                 dropped += 1;
                 continue;
@@ -279,13 +286,15 @@ where
                 dropped += 1;
             }
         }
-        (dropped, crate::sys::this_thread_cpu())
+        (dropped, late, crate::sys::this_thread_cpu())
     });
-    let (dropped, dispatcher_cpu) = match dispatcher {
-        Ok(handle) => tokio::task::spawn_blocking(move || handle.join().unwrap_or((0, Duration::ZERO)))
+    let (dropped, dispatch_late, dispatcher_cpu) = match dispatcher {
+        Ok(handle) => tokio::task::spawn_blocking(move || handle.join().ok())
             .await
-            .unwrap_or((0, Duration::ZERO)),
-        Err(_) => (total, Duration::ZERO),
+            .ok()
+            .flatten()
+            .unwrap_or((0, Lat::default(), Duration::ZERO)),
+        Err(_) => (total, Lat::default(), Duration::ZERO),
     };
     let sent_until = start.elapsed();
     let drain_deadline = Instant::now() + drain_max;
@@ -308,6 +317,7 @@ where
         elapsed,
         lat: lat.finish(),
         wait: Some(wait.finish()),
+        dispatch_late: Some(dispatch_late.finish()),
         cpu,
         first_error,
     }

@@ -293,8 +293,11 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
         );
         let s1 = node.shared.committer.stats();
         let late = node.shared.runtime_lateness.stats().wakes.since(&late0.wakes);
-        let steal: Vec<String> =
-            crate::sys::steal_ms().iter().zip(&steal0).map(|(a, b)| format!("{} ms", a.saturating_sub(*b))).collect();
+        let steal: Vec<String> = crate::sys::steal_ms()
+            .iter()
+            .zip(&steal0)
+            .map(|(a, b)| format!("{} ms", a.saturating_sub(*b)))
+            .collect();
         register_row(ctx, label, &run, &s0, &s1);
         let h1 = tandem::heap::stats();
         let trims: u64 = h1.trims.iter().zip(h0.trims).map(|(a, b)| a - b).sum();
@@ -315,13 +318,16 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
                 steal.join(" / ")
             ));
         }
-        if let Some(w) = run.wait.as_ref().filter(|w| w.count() > 0) {
+        if let (Some(w), Some(d)) = (run.wait.as_ref(), run.dispatch_late.as_ref()) {
+            let q = |l: &crate::load::Lat| {
+                format!("{} / {} / {}", ms(l.q_ms(0.5)), ms(l.q_ms(0.99)), ms(l.max_ms()))
+            };
             ctx.report.note(format!(
-                "in the load generator in this step (counted in the latency above): each request's wait \
-                 from its due time to its send p50 / p99 / max {} / {} / {} ms",
-                ms(w.q_ms(0.5)),
-                ms(w.q_ms(0.99)),
-                ms(w.max_ms())
+                "in the load generator in this step (counted in the latency above), p50 / p99 / max: each \
+                 request's wait from its due time to its send {} ms (every connection busy while the \
+                 server stalls shows here too); of which the dispatcher's own lateness {} ms",
+                q(w),
+                q(d)
             ));
         }
         if divisor != 2.0 {
