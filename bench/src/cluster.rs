@@ -91,7 +91,7 @@ pub fn serve_member(dir: PathBuf, id: u64, members: &str) -> anyhow::Result<()> 
     let mut cfg = crate::bench_config(&dir.join(format!("n{id}")), DC);
     cfg.http_addr = me.http_addr;
     cfg.cluster = Some(ClusterSection::with_defaults(id, members.clone(), paths));
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let rt = tandem::node_runtime().worker_threads(1).build()?;
     rt.block_on(async {
         let node = tandem::node::Node::start(cfg, None).await?;
         println!("http={}", node.http_addr());

@@ -392,7 +392,8 @@ fn main() -> anyhow::Result<()> {
     scale::raise_open_files(65_536);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pin = !cli.opts.no_pin && cores >= 2;
-    let srv = tokio::runtime::Builder::new_multi_thread()
+    // The node's runtime as `tandem` builds it, on one worker.
+    let srv = tandem::node_runtime()
         .worker_threads(1)
         .thread_name(SERVER_THREAD)
         .on_thread_start(move || {
@@ -400,7 +401,6 @@ fn main() -> anyhow::Result<()> {
                 sys::pin_current_thread(0);
             }
         })
-        .enable_all()
         .build()?;
     let load = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

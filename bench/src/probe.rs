@@ -14,7 +14,7 @@ use crate::{bench_config, cpu_now, Ctx};
 /// `serve-probe`: one node in this process, for `memory`, `watch` and `detect`. Prints `http=ADDR`, then serves
 /// until stdin closes (the parent's guard), at most 10 minutes.
 pub fn serve_probe(base: std::path::PathBuf) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let rt = tandem::node_runtime().worker_threads(1).build()?;
     rt.block_on(async {
         let dir = tempfile::Builder::new().prefix("tandem-bench-memory").tempdir_in(&base)?;
         let node = tandem::node::Node::start(bench_config(dir.path(), "dc-a"), None).await?;

@@ -83,7 +83,7 @@ pub fn scale_config(dir: &std::path::Path, leases: u64, interval_ms: u64) -> Con
 /// `serve-scale-probe`: one node with [`scale_config`] in this process; prints
 /// `http=ADDR`, serves until stdin closes, at most an hour.
 pub fn serve_probe(base: std::path::PathBuf, leases: u64, interval_ms: u64) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let rt = tandem::node_runtime().worker_threads(1).build()?;
     rt.block_on(async {
         let dir = tempfile::Builder::new().prefix("tandem-bench-scale").tempdir_in(&base)?;
         let node = tandem::node::Node::start(scale_config(dir.path(), leases, interval_ms), None).await?;
