@@ -140,9 +140,6 @@ pub fn sync_quantiles_ms(before: &CommitStats, after: &CommitStats) -> Option<(f
     Some((d.quantile_us(0.5)? / 1e3, d.quantile_us(0.99)? / 1e3))
 }
 
-/// A registration's time inside the node during a step, from the committer's histograms:
-/// its wait for its round's synced write, that write, and its wait after it for its answer
-/// (p50 / p99 ms each). The rest of a client's latency is the HTTP request.
 /// `p50 / p99` of `d` in ms, or `-` when empty.
 fn quantiles_ms(d: &tandem::store::Durations) -> String {
     match (d.quantile_us(0.5), d.quantile_us(0.99)) {
@@ -170,6 +167,9 @@ fn over_4ms(d: &tandem::store::Durations) -> String {
     }
 }
 
+/// A registration's time inside the node during a step, from the committer's histograms:
+/// its wait for its round's synced write, that write, and its wait after it for its answer
+/// (p50 / p99 ms each). The rest of a client's latency is the HTTP request.
 fn stages_summary(before: &CommitStats, after: &CommitStats) -> String {
     let q = |d: tandem::store::Durations| quantiles_ms(&d);
     format!(

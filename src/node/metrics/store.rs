@@ -38,15 +38,13 @@ impl NodeShared {
             );
         }
         let bounds: Vec<f64> = crate::store::DURATION_BUCKETS_US.iter().map(|us| *us as f64 / 1e6).collect();
-        m.histogram(
-            "tandem_disk_sync_duration_seconds",
-            "Synced writes of the event log by duration: encoding, memtable, WAL write and its fsync",
-            &[("dc", dc)],
-            &bounds,
-            &stats.sync_durations.buckets,
-            stats.sync_durations.sum_us as f64 / 1e6,
-        );
+        let late = self.runtime_lateness.stats();
         for (name, help, d) in [
+            (
+                "tandem_disk_sync_duration_seconds",
+                "Synced writes of the event log by duration: encoding, memtable, WAL write and its fsync",
+                &stats.sync_durations,
+            ),
             (
                 "tandem_commit_queue_duration_seconds",
                 "Local writes (registrations, deregistrations, health changes) by their wait from the request to the start of their round's synced write: the committer's queue, the round in progress, the linger",
@@ -57,18 +55,14 @@ impl NodeShared {
                 "Local writes by their wait from the end of their round's synced write to their answer: the view's apply and the answers before theirs",
                 &stats.local_answered,
             ),
+            (
+                "tandem_runtime_lateness_seconds",
+                "Wakes of a timer due every 10 ms on the node's runtime by how late they came: time no worker could run it (every worker busy or blocked, or waiting for a CPU); under 1 ms is the timer's resolution",
+                &late.wakes,
+            ),
         ] {
             m.histogram(name, help, &[("dc", dc)], &bounds, &d.buckets, d.sum_us as f64 / 1e6);
         }
-        let late = self.runtime_lateness.stats();
-        m.histogram(
-            "tandem_runtime_lateness_seconds",
-            "Wakes of a timer due every 10 ms on the node's runtime by how late they came: time no worker could run it (every worker busy or blocked, or waiting for a CPU); under 1 ms is the timer's resolution",
-            &[("dc", dc)],
-            &bounds,
-            &late.wakes.buckets,
-            late.wakes.sum_us as f64 / 1e6,
-        );
         let health = self.committer.log_health();
         m.gauge(
             "tandem_log_writable",
