@@ -40,13 +40,13 @@ mod mem;
 mod raft_log;
 mod rocks;
 
-pub use commit_log::{CommitLog, Retirement};
+pub use commit_log::{CommitLog, Retirement, SyncParts};
 pub use committer::{
     AppendLocal, BuildEvents, Built, CommitError, CommitNotice, CommitStats, Committed, Committer,
     CommitterHandle, CommitterLimits, Durations, InlineCommitter, LogHealth, LogHealthReport, OnCommit,
-    Reply, Request, Settle, Settled, StateMarks, WithLogFn, DURATION_BUCKETS_US, GROUP_SIZE_BUCKETS,
-    LINGER_GAP_US_DEFAULT, LINGER_MAX_US_DEFAULT, LINGER_QUIET_GAPS, LINGER_TARGET_DEFAULT,
-    RECOVERY_BACKOFF_INITIAL_MS_DEFAULT, RECOVERY_BACKOFF_MAX_MS_DEFAULT,
+    Reply, Request, Settle, Settled, StateMarks, SyncBreakdown, WithLogFn, DURATION_BUCKETS_US,
+    GROUP_SIZE_BUCKETS, LINGER_GAP_US_DEFAULT, LINGER_MAX_US_DEFAULT, LINGER_QUIET_GAPS,
+    LINGER_TARGET_DEFAULT, RECOVERY_BACKOFF_INITIAL_MS_DEFAULT, RECOVERY_BACKOFF_MAX_MS_DEFAULT,
 };
 pub use mem::{MemFault, MemStore};
 pub use raft_log::{

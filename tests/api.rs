@@ -191,6 +191,16 @@ async fn every_synced_write_is_timed_in_the_disk_sync_histogram() {
         .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
         .collect();
     assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "cumulative: {buckets:?}");
+    // The same writes by part, as RocksDB timed them: each part counts every write.
+    for part in ["staged", "wal", "memtable"] {
+        let labels = format!("{{dc=\"dc-a\",part=\"{part}\"}}");
+        assert_eq!(
+            value(&format!("tandem_disk_sync_part_duration_seconds_count{labels}")),
+            writes,
+            "{metrics}"
+        );
+    }
+    assert!(value("tandem_disk_sync_part_duration_seconds_sum{dc=\"dc-a\",part=\"wal\"}") > 0.0);
     // Each registration's waits around its round's synced write, one observation each.
     assert!(metrics.contains("# TYPE tandem_commit_queue_duration_seconds histogram"), "{metrics}");
     assert_eq!(value("tandem_commit_queue_duration_seconds_count{"), 20.0, "{metrics}");

@@ -172,14 +172,43 @@ fn over_4ms(d: &tandem::store::Durations) -> String {
 /// (p50 / p99 ms each). The rest of a client's latency is the HTTP request.
 fn stages_summary(before: &CommitStats, after: &CommitStats) -> String {
     let q = |d: tandem::store::Durations| quantiles_ms(&d);
+    let parts = after.sync_parts.since(&before.sync_parts);
     format!(
         "the wait before its round's synced write (queue, round in progress, linger) p50 / p99 {} ms; \
-         the synced write {} ms; the wait after it until the answer (the view's apply, the answers \
+         the synced write {} ms (its parts: staged {} ms, WAL append with fsync {} ms, memtable \
+         inserts {} ms); the wait after it until the answer (the view's apply, the answers \
          before) {} ms; the rest of the latency is the HTTP request",
         q(after.local_queued.since(&before.local_queued)),
         q(after.sync_durations.since(&before.sync_durations)),
+        q(parts.staged),
+        q(parts.wal),
+        q(parts.memtable),
         q(after.local_answered.since(&before.local_answered)),
     )
+}
+
+/// Each server thread name's CPU over a step, the busiest first: microseconds per
+/// registration and per synced write.
+fn threads_cpu_summary(
+    before: &std::collections::BTreeMap<String, Duration>,
+    after: &std::collections::BTreeMap<String, Duration>,
+    ok: u64,
+    fsyncs: u64,
+) -> String {
+    let mut used: Vec<(&String, Duration)> = after
+        .iter()
+        .map(|(name, t)| (name, t.saturating_sub(before.get(name).copied().unwrap_or_default())))
+        .filter(|(_, t)| !t.is_zero())
+        .collect();
+    used.sort_by_key(|u| std::cmp::Reverse(u.1));
+    let per = |t: Duration, n: u64| t.as_secs_f64() * 1e6 / n.max(1) as f64;
+    let parts: Vec<String> =
+        used.iter().map(|(name, t)| format!("{name} {:.1} ({:.0})", per(*t, ok), per(*t, fsyncs))).collect();
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
 }
 
 fn sync_summary(before: &CommitStats, after: &CommitStats) -> String {
@@ -264,6 +293,7 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
         let s0 = node.shared.committer.stats();
         let late0 = node.shared.runtime_lateness.stats();
         let steal0 = crate::sys::steal_ms();
+        let threads0 = crate::sys::server_threads_cpu();
         let h0 = tandem::heap::stats();
         // Raw keep-alive connections (crate::raw): reqwest would cost the load core about
         // 0.1 ms per request and saturate it at this rate, so the step would measure the
@@ -311,6 +341,10 @@ pub async fn register(ctx: &mut Ctx) -> anyhow::Result<()> {
             ms((h1.seconds - h0.seconds) * 1000.0)
         ));
         ctx.report.note(format!("inside the node in this step: {}", stages_summary(&s0, &s1)));
+        ctx.report.note(format!(
+            "the node's CPU in this step by thread, us per registration (per synced write): {}",
+            threads_cpu_summary(&threads0, &crate::sys::server_threads_cpu(), run.ok, s1.fsyncs - s0.fsyncs)
+        ));
         if !steal.is_empty() {
             ctx.report.note(format!(
                 "the host's steal time in this step (the hypervisor ran something else while a CPU of \

@@ -153,6 +153,23 @@ impl CpuSplit {
     }
 }
 
+/// On-CPU time of this process's server-side threads so far, summed by thread name (the
+/// runtime's workers, the committer, RocksDB's background threads...), without the load
+/// generator's and the main thread. A thread that exits in between takes its time with it.
+pub fn server_threads_cpu() -> std::collections::BTreeMap<String, Duration> {
+    let pid = std::process::id().to_string();
+    let mut by_name = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        let name = comm.trim();
+        if e.file_name().to_string_lossy() == pid || name.starts_with(LOAD_THREAD) {
+            continue;
+        }
+        *by_name.entry(name.to_owned()).or_default() += thread_cpu(&e.path()).unwrap_or_default();
+    }
+    by_name
+}
+
 /// On-CPU time of the calling thread so far. A load thread that exits before a step's last
 /// [`CpuSplit::now`] reads it at its end: `/proc/self/stat` then keeps its time, which the
 /// split would count as the server's.

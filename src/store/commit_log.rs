@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tandem_replicator::log::{EventLog, LogError, StateChange};
 use tandem_schemas::{ChangeEvent, InstanceKey, Mark, Op};
@@ -69,6 +70,11 @@ pub trait CommitLog: EventLog {
     fn flush_idle_memtables(&mut self) -> Result<u64, LogError> {
         Ok(0)
     }
+    /// Where the last synced write's time went inside the store, when the store times it
+    /// (RocksDB does: its perf context); `None` otherwise.
+    fn last_sync_parts(&self) -> Option<SyncParts> {
+        None
+    }
     /// Begins an epoch of the next generation above `above` (with `tiebreak`) unless the
     /// own epoch already is above it; answers the own mark after. What the replication
     /// gateway asks when a peer holds a newer epoch of this DC (docs/replication.md).
@@ -80,6 +86,18 @@ pub trait CommitLog: EventLog {
         self.begin_epoch(tandem_replicator::epoch::above(above.max(own.epoch), tiebreak))?;
         Ok(self.own_mark())
     }
+}
+
+/// Where a synced write's time went inside RocksDB, by its perf context. What the call took
+/// beyond the two parts is RocksDB's own bookkeeping around them and its writer queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncParts {
+    /// The write call, whole.
+    pub call: Duration,
+    /// The WAL append and its fsync.
+    pub wal: Duration,
+    /// The inserts into the memtables.
+    pub memtable: Duration,
 }
 
 /// What retiring a DC did.
@@ -186,5 +204,8 @@ impl CommitLog for RocksLog {
     }
     fn flush_idle_memtables(&mut self) -> Result<u64, LogError> {
         RocksLog::flush_idle_memtables(self)
+    }
+    fn last_sync_parts(&self) -> Option<SyncParts> {
+        RocksLog::last_sync_parts(self)
     }
 }

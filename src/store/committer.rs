@@ -53,7 +53,7 @@ mod handle;
 mod linger;
 mod recovery;
 
-pub use durations::{Durations, DURATION_BUCKETS_US};
+pub use durations::{Durations, SyncBreakdown, DURATION_BUCKETS_US};
 pub use handle::{AppendLocal, CommitterHandle, InlineCommitter};
 use recovery::{InDoubt, Recovery};
 pub use recovery::{LogHealth, LogHealthReport};
@@ -307,6 +307,8 @@ pub struct CommitStats {
     pub local_group_requests: [u64; GROUP_SIZE_BUCKETS],
     /// How long the committer's successful synced writes took, of every kind.
     pub sync_durations: Durations,
+    /// The same synced writes split by where their time went, when the log times them.
+    pub sync_parts: SyncBreakdown,
     /// Local appends written, by the time from their request to the start of their
     /// round's synced write: the channel, the round in progress, the linger, the staging
     /// of the requests before them in the round.
@@ -726,6 +728,9 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
             stats.fsyncs = self.log.sync_writes() - self.sync_writes_at_start;
             if let Some(took) = synced_write {
                 stats.sync_durations.record(took);
+                if let Some(parts) = self.log.last_sync_parts() {
+                    stats.sync_parts.record(took, parts);
+                }
             }
         }
         self.own_seq.send_if_modified(|held| {

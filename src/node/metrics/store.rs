@@ -63,6 +63,17 @@ impl NodeShared {
         ] {
             m.histogram(name, help, &[("dc", dc)], &bounds, &d.buckets, d.sum_us as f64 / 1e6);
         }
+        let parts = &stats.sync_parts;
+        for (part, d) in [("staged", &parts.staged), ("wal", &parts.wal), ("memtable", &parts.memtable)] {
+            m.histogram(
+                "tandem_disk_sync_part_duration_seconds",
+                "The same synced writes by part, timed by RocksDB: staged (encoding before and around the write call), wal (the WAL append and its fsync), memtable (the inserts)",
+                &[("dc", dc), ("part", part)],
+                &bounds,
+                &d.buckets,
+                d.sum_us as f64 / 1e6,
+            );
+        }
         let health = self.committer.log_health();
         m.gauge(
             "tandem_log_writable",

@@ -81,6 +81,38 @@ impl Durations {
     }
 }
 
+/// The committer's synced writes split by where their time went ([`CommitStats`]): the
+/// staging in the log before and around RocksDB's write call (encoding the events and the
+/// state's records), the WAL append with its fsync, and the memtable inserts. The three
+/// count the same writes as `sync_durations`, when the log times its writes (RocksDB's perf
+/// context; `/metrics`: `tandem_disk_sync_part_duration_seconds`).
+///
+/// [`CommitStats`]: super::CommitStats
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncBreakdown {
+    pub staged: Durations,
+    pub wal: Durations,
+    pub memtable: Durations,
+}
+
+impl SyncBreakdown {
+    /// One synced write of `took` in all, `parts` of it inside RocksDB's write call.
+    pub(super) fn record(&mut self, took: std::time::Duration, parts: crate::store::SyncParts) {
+        self.staged.record(took.saturating_sub(parts.call));
+        self.wal.record(parts.wal);
+        self.memtable.record(parts.memtable);
+    }
+
+    /// The writes recorded since `before` (a copy taken earlier).
+    pub fn since(&self, before: &SyncBreakdown) -> SyncBreakdown {
+        SyncBreakdown {
+            staged: self.staged.since(&before.staged),
+            wal: self.wal.since(&before.wal),
+            memtable: self.memtable.since(&before.memtable),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -30,6 +30,7 @@ mod scope;
 mod snapshot;
 #[cfg(test)]
 mod tests;
+mod write;
 
 pub(super) use idle_flush::flush_idle;
 pub use idle_flush::{IDLE_FLUSH_AFTER, IDLE_FLUSH_MIN_BYTES};
@@ -47,9 +48,7 @@ use open::open_db;
 
 use parking_lot::Mutex;
 
-use rocksdb::{
-    ColumnFamily, DBWithThreadMode, IteratorMode, ReadOptions, SingleThreaded, WriteBatch, WriteOptions,
-};
+use rocksdb::{ColumnFamily, DBWithThreadMode, IteratorMode, ReadOptions, SingleThreaded, WriteBatch};
 use tandem_replicator::log::{EventLog, LogError, StateChange};
 use tandem_replicator::merge::{Effect, Held, Refusal};
 use tandem_schemas::{
@@ -179,6 +178,8 @@ pub struct RocksLog {
     /// `RocksLog::with_applied`).
     pending_applied: Option<Vec<u8>>,
     sync_writes: u64,
+    /// Where the last synced write's time went inside RocksDB (`write.rs`).
+    last_sync: Option<crate::store::commit_log::SyncParts>,
     /// Set when a write failed: the outcome on disk is unknown, so the in-memory marks may
     /// be wrong and every later write is refused until the log is reopened.
     poisoned: bool,
@@ -275,6 +276,7 @@ impl RocksLog {
             pending_index: None,
             pending_applied: None,
             sync_writes: 0,
+            last_sync: None,
             poisoned: false,
             owner_records: AtomicBool::new(false),
         };
@@ -642,33 +644,6 @@ impl RocksLog {
             return Ok(());
         }
         self.write(batch, true)
-    }
-
-    fn write(&mut self, mut batch: WriteBatch, sync: bool) -> Result<(), LogError> {
-        let index = if sync { self.pending_index } else { None };
-        if let Some(idx) = index {
-            batch.put_cf(self.cf(CF_META)?, META_INDEX, idx.to_be_bytes());
-        }
-        if sync {
-            if let Some(applied) = self.pending_applied.take() {
-                batch.put_cf(self.cf(CF_META)?, raft_state::META_RAFT_APPLIED, applied);
-            }
-        }
-        let mut opts = WriteOptions::default();
-        opts.set_sync(sync);
-        if let Err(e) = self.db()?.write_opt(batch, &opts) {
-            self.poisoned = true;
-            tracing::error!(dir = %self.dir.display(), error = %e, "event log write failed; refusing writes until recovered");
-            return Err(storage(e));
-        }
-        if sync {
-            self.sync_writes += 1;
-        }
-        if let Some(idx) = index {
-            self.index = idx;
-            self.pending_index = None;
-        }
-        Ok(())
     }
 
     fn db(&self) -> Result<&Db, LogError> {
