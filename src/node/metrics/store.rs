@@ -67,7 +67,7 @@ impl NodeShared {
         for (part, d) in [("staged", &parts.staged), ("wal", &parts.wal), ("memtable", &parts.memtable)] {
             m.histogram(
                 "tandem_disk_sync_part_duration_seconds",
-                "The same synced writes by part, timed by RocksDB: staged (encoding before and around the write call), wal (the WAL append and its fsync), memtable (the inserts)",
+                "The same synced writes by part: staged (the encoding before RocksDB's write call, timed by the committer), wal (the WAL append and its fsync) and memtable (the inserts), timed by RocksDB's perf context",
                 &[("dc", dc), ("part", part)],
                 &bounds,
                 &d.buckets,
