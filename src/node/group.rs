@@ -713,16 +713,15 @@ pub async fn lead(
 }
 
 /// Takes over as leader: see [`lead`]. Answers how many leases it started.
-async fn take_over(group: &Group, registry: &crate::registry::Registry) -> anyhow::Result<usize> {
+async fn take_over(group: &Group, registry: &Arc<crate::registry::Registry>) -> anyhow::Result<usize> {
     let within = group.forward_timeout();
     match tokio::time::timeout(within, group.raft.ensure_linearizable()).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => anyhow::bail!("not the leader: {e}"),
         Err(_) => anyhow::bail!("no quorum within {within:?}"),
     }
-    let owners = group.sm.with_log(|log| log.owners()).context("cannot read the instance owners")?;
-    registry.take_lead(owners);
-    Ok(registry.lease_count())
+    let sm = group.sm.clone();
+    registry.take_lead(move || sm.with_log(|log| log.owners())).await
 }
 
 /// How often a follower asks the leader how remote origins progress (what only the

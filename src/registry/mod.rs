@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use anyhow::Context as _;
 use parking_lot::{Mutex, RwLock};
 use tandem_schemas::Name;
 
@@ -179,10 +180,28 @@ impl Registry {
 
     /// This node now leads its DC's group (and has applied every earlier entry): it takes
     /// over the leases (as at a restart, see `restart_leases`) and the owners of the own
-    /// instances as the group's state holds them.
-    pub fn take_lead(&self, owners: Vec<(tandem_schemas::InstanceKey, Arc<str>)>) {
-        self.restart_leases();
-        self.owners.lock().load(owners);
+    /// instances as `owners` reads them from the group's state. Answers how many leases it
+    /// holds then.
+    ///
+    /// Both run on a blocking thread: at a million instances the owners' scan and the
+    /// leases' rebuild take about half a second, which would hold a runtime worker (and
+    /// every request queued on it) meanwhile.
+    pub async fn take_lead<E>(
+        self: &Arc<Self>,
+        owners: impl FnOnce() -> Result<Vec<(tandem_schemas::InstanceKey, Arc<str>)>, E> + Send + 'static,
+    ) -> anyhow::Result<usize>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let reg = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let owners = owners().context("cannot read the instance owners")?;
+            reg.restart_leases();
+            reg.owners.lock().load(owners);
+            Ok(reg.lease_count())
+        })
+        .await
+        .context("the take-over's blocking task")?
     }
 
     /// The owners of the own instances as the log holds them (at start, before any write).

@@ -146,6 +146,35 @@ mod dropped_callers {
     }
 
     #[test]
+    fn a_take_over_leaves_the_runtime_free_while_it_rebuilds_the_leases() {
+        // A new leader's take-over reads every owner and rebuilds every lease (about half a
+        // second at a million): on a runtime of one thread, a task queued meanwhile must
+        // run before the take-over ends, as it could not if the take-over held the thread.
+        let (reg, mut inline) = node();
+        for i in 0..200 {
+            let _ = reg.register(req(&format!("i{i}"))).now_or_never();
+        }
+        assert_eq!(inline.run_round(), 200);
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (leases, ran_before_the_end) = rt.block_on(async {
+            let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let seen = ended.clone();
+            let queued = tokio::spawn(async move { !seen.load(std::sync::atomic::Ordering::SeqCst) });
+            let leases =
+                reg.take_lead(|| Ok::<_, tandem_replicator::log::LogError>(Vec::new())).await.unwrap();
+            ended.store(true, std::sync::atomic::Ordering::SeqCst);
+            (leases, queued.await.unwrap())
+        });
+        assert_eq!(leases, 200, "every lease taken over");
+        assert!(ran_before_the_end, "the take-over held the runtime's only thread until it ended");
+        // An owners' read that fails fails the take-over (it retries), with its reason.
+        let failed =
+            rt.block_on(reg.take_lead(|| Err(tandem_replicator::log::LogError::Storage("disk gone".into()))));
+        let why = format!("{:#}", failed.unwrap_err());
+        assert!(why.contains("cannot read the instance owners") && why.contains("disk gone"), "{why}");
+    }
+
+    #[test]
     fn a_caller_dropped_before_its_builder_ran_leaves_no_overlay_entry() {
         let (reg, mut inline) = node();
         // Polled once: the request is queued and the caller waits for its answer; then the
@@ -303,6 +332,33 @@ fn a_replaced_record_is_uncounted_and_a_round_moves_each_service_it_touches() {
     view.apply(3, &[put(4, with_meta("i2", 20))]);
     assert_eq!(usage(&view), (2, 30));
     assert!(index(&view) > first && index(&view) == view.index());
+}
+
+#[test]
+fn a_lookup_by_a_key_of_its_own_allocations_finds_the_instance_of_its_owner_only() {
+    use tandem_replicator::log::StateChange;
+
+    // The view looks a request's key up with the service's shared names (the held keys
+    // share them): a key whose names are separate allocations still finds its instance,
+    // and the same id under another owner, or in an owner the service never had, does not.
+    let view = super::ViewCell::new("dc-a", 1, Arc::new(super::Counters::default()));
+    let put = |seq, record| StateChange::Put { seq, record };
+    let (a, b) = (rec(), tandem_replicator::log::conformance::record("dc-b", "i2"));
+    view.apply(2, &[put(1, a.clone()), put(2, b.clone())]);
+    let own = |k: &InstanceKey| InstanceKey {
+        owner_dc: k.owner_dc.to_string().into(),
+        namespace: k.namespace.to_string().into(),
+        service: k.service.to_string().into(),
+        instance_id: k.instance_id.to_string().into(),
+    };
+    assert_eq!(view.get(&own(&a.key)).map(|h| h.seq), Some(1));
+    assert_eq!(view.get(&own(&b.key)).map(|h| h.seq), Some(2));
+    let elsewhere = |k: &InstanceKey, dc: &str| InstanceKey { owner_dc: dc.into(), ..own(k) };
+    assert!(view.get(&elsewhere(&a.key, "dc-b")).is_none());
+    assert!(view.get(&elsewhere(&b.key, "dc-a")).is_none());
+    assert!(view.get(&elsewhere(&a.key, "dc-c")).is_none());
+    let other_service = InstanceKey { service: "nosuch".into(), ..own(&a.key) };
+    assert!(view.get(&other_service).is_none());
 }
 
 mod owner_records {

@@ -540,9 +540,21 @@ impl ViewCell {
         self.view.read().services.values().map(|s| s.instances.len()).sum()
     }
 
+    /// The instance held under `key`. The search goes down the service's tree with the
+    /// service's shared names and its owner's (every held key shares them, see
+    /// [`Service::put`]), so each comparison reads instance ids only, whatever allocations
+    /// `key`'s own names are (a request's are its own).
     pub(super) fn get(&self, key: &InstanceKey) -> Option<Held> {
         let v = self.view.read();
-        v.services.get(&SvcRef(&key.namespace, &key.service))?.instances.get(key).cloned()
+        let s = v.services.get(&SvcRef(&key.namespace, &key.service))?;
+        let owner = s.owners.iter().find(|o| **o == key.owner_dc)?;
+        let shared = InstanceKey {
+            owner_dc: owner.clone(),
+            namespace: s.names.0.clone(),
+            service: s.names.1.clone(),
+            instance_id: key.instance_id.clone(),
+        };
+        s.instances.get(&shared).cloned()
     }
 
     /// The shared names of a service the view holds.
