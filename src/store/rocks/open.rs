@@ -22,6 +22,40 @@ use super::{storage, Db, BLOCK_CACHE_BYTES};
 /// load), so the bound flushes only the rarely written ones, and seldom.
 pub const WAL_MAX_WRITE_BUFFERS: u64 = 8;
 
+/// WAL files RocksDB keeps, once obsolete, to write the next WALs over
+/// (`recycle_log_file_num`).
+///
+/// A synced write that appends to a file makes the filesystem write the file's metadata
+/// too (its new size, its newly allocated blocks) and wait for it: two writes to the disk
+/// per fsync. One that overwrites blocks already written makes one. A recycled WAL file
+/// keeps its blocks and its size, so the WAL's synced writes are overwrites until the new
+/// WAL outgrows the old file. RocksDB recycles a WAL file only once it is obsolete, and a
+/// start begins with fresh ones, so [`open_db`] writes WAL files full (two, at most
+/// [`WAL_PREFILL_ROUNDS`]; see [`wal_prefill_mib`]) and lets them go before the log's
+/// first write.
+pub const WAL_RECYCLED_FILES: usize = 2;
+
+/// The most rounds [`open_db`] writes a WAL file full and switches to the next one: the
+/// second round's switch is the first that can reuse a file (the first round's), and a
+/// round whose file RocksDB did not set aside in time (it does so after the flush returns)
+/// is made again.
+pub const WAL_PREFILL_ROUNDS: usize = 4;
+
+/// The most MiB [`open_db`] writes into each WAL file it prefills.
+pub const WAL_PREFILL_MAX_MIB: usize = 16;
+
+/// MiB written into each prefilled WAL file: one memtable of a column family, at most
+/// [`WAL_PREFILL_MAX_MIB`] (8 MiB for the event log at the default `[store]
+/// write_buffer_mib`, 16 MiB for a member's Raft log). A start's first WAL writes overwrite
+/// that much; a WAL file the log itself filled is reused after that, at its own size.
+pub fn wal_prefill_mib(write_buffer_mib: usize) -> usize {
+    write_buffer_mib.clamp(1, WAL_PREFILL_MAX_MIB)
+}
+
+/// The column family that holds the prefill's writes while [`open_db`] runs (dropped
+/// before it returns; a start after a crash in between drops it then).
+const PREFILL_CF: &str = "wal-prefill";
+
 /// Bytes and count of the WAL files (`NNNNNN.log`) in the RocksDB at `dir`.
 pub fn wal_files(dir: &Path) -> (u64, usize) {
     let (mut bytes, mut files) = (0, 0);
@@ -56,6 +90,7 @@ pub(in crate::store) fn open_db(
     // only writes that were never acknowledged.
     opts.set_wal_recovery_mode(DBRecoveryMode::PointInTime);
     opts.set_keep_log_file_num(4);
+    opts.set_recycle_log_file_num(WAL_RECYCLED_FILES);
     let write_buffer = write_buffer_mib.clamp(1, 1024) << 20;
     opts.set_max_total_wal_size(WAL_MAX_WRITE_BUFFERS * write_buffer as u64);
     // Flushes and compactions run at a lower CPU priority than the request path: on a
@@ -77,7 +112,9 @@ pub(in crate::store) fn open_db(
     if let Ok(existing) = Db::list_cf(&opts, dir) {
         for name in existing {
             if name != rocksdb::DEFAULT_COLUMN_FAMILY_NAME && !names.contains(&name) {
-                tracing::info!(column_family = %name, "opening a column family this build does not use");
+                if name != PREFILL_CF {
+                    tracing::info!(column_family = %name, "opening a column family this build does not use");
+                }
                 names.push(name);
             }
         }
@@ -90,5 +127,53 @@ pub(in crate::store) fn open_db(
         cf.set_block_based_table_factory(&table);
         ColumnFamilyDescriptor::new(name, cf)
     });
-    Db::open_cf_descriptors(&opts, dir, cfs).map_err(storage)
+    let mut db = Db::open_cf_descriptors(&opts, dir, cfs).map_err(storage)?;
+    let started = std::time::Instant::now();
+    let mib = wal_prefill_mib(write_buffer_mib);
+    let rounds = prefill_wal(&mut db, dir, mib)?;
+    tracing::debug!(rounds, mib, took_ms = started.elapsed().as_millis() as u64, "WAL files prefilled");
+    Ok(db)
+}
+
+/// Writes WAL files full and lets them go, until the live WAL is one RocksDB reused (see
+/// [`WAL_RECYCLED_FILES`]): each round puts `mib` MiB into [`PREFILL_CF`] and deletes it,
+/// syncs the WAL and flushes the column family, which switches to the next WAL file (the
+/// flush writes a tombstone only). Nothing else is written meanwhile, so the file is
+/// obsolete once the flush is done. Answers how many rounds it made.
+fn prefill_wal(db: &mut Db, dir: &Path, mib: usize) -> Result<usize, LogError> {
+    if db.cf_handle(PREFILL_CF).is_none() {
+        let mut cf = Options::default();
+        cf.set_write_buffer_size((mib + 4) << 20);
+        db.create_cf(PREFILL_CF, &cf).map_err(storage)?;
+    }
+    let value = vec![0u8; 1 << 20];
+    let mut rounds = 0;
+    while rounds < WAL_PREFILL_ROUNDS && (rounds < 2 || live_wal_bytes(dir) < (mib as u64) << 20) {
+        let cf =
+            db.cf_handle(PREFILL_CF).ok_or_else(|| LogError::Storage("no prefill column family".into()))?;
+        for _ in 0..mib {
+            db.put_cf(cf, b"fill", &value).map_err(storage)?;
+        }
+        db.delete_cf(cf, b"fill").map_err(storage)?;
+        db.flush_wal(true).map_err(storage)?;
+        db.flush_cf(cf).map_err(storage)?;
+        rounds += 1;
+    }
+    db.drop_cf(PREFILL_CF).map_err(storage)?;
+    Ok(rounds)
+}
+
+/// The size of the newest WAL file (`NNNNNN.log`, the highest number) in `dir`: a reused
+/// file keeps the size it had.
+pub(super) fn live_wal_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let number: u64 = name.to_str()?.strip_suffix(".log")?.parse().ok()?;
+            Some((number, e.metadata().ok()?.len()))
+        })
+        .max()
+        .map_or(0, |(_, bytes)| bytes)
 }

@@ -274,6 +274,33 @@ fn a_data_dir_with_a_column_family_of_a_newer_build_still_opens() {
 }
 
 #[test]
+fn a_fresh_log_writes_its_wal_over_a_file_it_prefilled_and_reads_it_back_after_a_restart() {
+    // The log's first synced writes go to a WAL file RocksDB reused (its blocks written,
+    // its size kept: the writes overwrite and the fsync writes no metadata), and a start
+    // replays such a file up to its last record of this life, not into the old records
+    // beyond.
+    let dir = TempDir::new().unwrap();
+    let mib = super::open::wal_prefill_mib(1);
+    let mut log = RocksLog::open_with_write_buffer(dir.path(), "dc-a", 1).unwrap();
+    let live = super::open::live_wal_bytes(dir.path());
+    assert!(live >= (mib as u64) << 20, "the live WAL file holds {live} B: not a prefilled one");
+    let epoch = log.own_mark().epoch;
+    log.append_local(&[
+        reg("dc-a", epoch, 1, "i1"),
+        reg("dc-a", epoch, 2, "i2"),
+        dereg("dc-a", epoch, 3, "i1"),
+    ])
+    .unwrap();
+    drop(log);
+    let names = Db::list_cf(&Options::default(), dir.path()).unwrap();
+    assert!(!names.iter().any(|n| n == "wal-prefill"), "the prefill's column family stays: {names:?}");
+    let log = RocksLog::open_with_write_buffer(dir.path(), "dc-a", 1).unwrap();
+    assert_eq!(log.own_mark(), Mark { epoch, seq: 3 });
+    assert_eq!(log.held(&key("dc-a", "i2")), Held::Live { seq: 2 });
+    assert_eq!(log.held(&key("dc-a", "i1")), Held::Tombstone { seq: 3 });
+}
+
+#[test]
 fn a_rarely_written_column_family_does_not_keep_every_wal_file() {
     // One deregistration is the tombstones' only write: its memtable holds the WAL file it
     // went to until a flush, so without a WAL bound every WAL file since would be kept (up
