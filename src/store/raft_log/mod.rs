@@ -57,7 +57,7 @@ use serde::Serialize;
 use tandem_replicator::log::LogError;
 
 use super::rocks::flush_idle;
-use super::rocks::open::open_db;
+use super::rocks::open::{open_db, Prefill};
 use super::rocks::Db;
 use crate::cluster::{NodeId, RaftEntry, TypeConfig, ENTRY_BYTES_MAX};
 
@@ -134,7 +134,7 @@ fn io_err(subject: ErrorSubject<NodeId>, verb: ErrorVerb, msg: impl ToString) ->
 impl RaftLogStore {
     /// Opens (or creates) a Raft log in its own RocksDB at `dir` (a member's `raft/`).
     pub fn open(dir: &Path) -> Result<RaftLogStore, LogError> {
-        let db = open_db(dir, &RAFT_COLUMN_FAMILIES, WRITE_BUFFER_MIB, MAX_OPEN_FILES)?;
+        let db = open_db(dir, &RAFT_COLUMN_FAMILIES, WRITE_BUFFER_MIB, MAX_OPEN_FILES, Prefill::AtStart)?;
         Ok(RaftLogStore { db: Arc::new(db), counters: Arc::default() })
     }
 

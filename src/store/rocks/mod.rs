@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use open::open_db;
+use open::{open_db, Prefill};
 
 use parking_lot::Mutex;
 
@@ -256,7 +256,8 @@ impl RocksLog {
         max_open_files: u32,
     ) -> Result<RocksLog, OpenError> {
         validate_dc("dc", dc)?;
-        let db = Arc::new(open_db(dir, &COLUMN_FAMILIES, write_buffer_mib, max_open_files)?);
+        let db =
+            Arc::new(open_db(dir, &COLUMN_FAMILIES, write_buffer_mib, max_open_files, Prefill::AtStart)?);
         let mut log = RocksLog {
             db: Some(db),
             write_buffer_mib,
@@ -317,8 +318,9 @@ impl RocksLog {
                 )));
             }
         }
-        self.db =
-            Some(Arc::new(open_db(&self.dir, &COLUMN_FAMILIES, self.write_buffer_mib, self.max_open_files)?));
+        let reopened =
+            open_db(&self.dir, &COLUMN_FAMILIES, self.write_buffer_mib, self.max_open_files, Prefill::Never)?;
+        self.db = Some(Arc::new(reopened));
         let stored = self.meta_get(META_DC)?;
         if stored.as_deref() != Some(self.dc.as_bytes()) {
             return Err(LogError::Corrupt(format!(

@@ -52,6 +52,27 @@ pub fn wal_prefill_mib(write_buffer_mib: usize) -> usize {
     write_buffer_mib.clamp(1, WAL_PREFILL_MAX_MIB)
 }
 
+/// A start prefills its WAL files only when the data dir's filesystem has at least this
+/// many MiB available (`statvfs`); below it the node starts without (its WAL appends as
+/// before) and logs why. A reopen after a failed write never prefills: the failure may be
+/// a full disk, and the space a recovery finds is for the log.
+pub const WAL_PREFILL_MIN_FREE_MIB: u64 = 1024;
+
+/// Whether a start prefills its WAL files, given the bytes available on the data dir's
+/// filesystem (`None`: not known, so not).
+pub fn wal_prefill_fits(available_bytes: Option<u64>) -> bool {
+    available_bytes.is_some_and(|bytes| bytes >= WAL_PREFILL_MIN_FREE_MIB << 20)
+}
+
+/// What [`open_db`] does about the WAL files it will write over (see [`WAL_RECYCLED_FILES`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::store) enum Prefill {
+    /// A start: prefill them when the disk has room ([`wal_prefill_fits`]).
+    AtStart,
+    /// A reopen after a failed write: do not.
+    Never,
+}
+
 /// The column family that holds the prefill's writes while [`open_db`] runs (dropped
 /// before it returns; a start after a crash in between drops it then).
 const PREFILL_CF: &str = "wal-prefill";
@@ -81,6 +102,7 @@ pub(in crate::store) fn open_db(
     column_families: &[&str],
     write_buffer_mib: usize,
     max_open_files: u32,
+    prefill: Prefill,
 ) -> Result<Db, LogError> {
     let mut opts = Options::default();
     opts.set_max_open_files(i32::try_from(max_open_files.max(16)).unwrap_or(i32::MAX));
@@ -128,11 +150,34 @@ pub(in crate::store) fn open_db(
         ColumnFamilyDescriptor::new(name, cf)
     });
     let mut db = Db::open_cf_descriptors(&opts, dir, cfs).map_err(storage)?;
-    let started = std::time::Instant::now();
-    let mib = wal_prefill_mib(write_buffer_mib);
-    let rounds = prefill_wal(&mut db, dir, mib)?;
-    tracing::debug!(rounds, mib, took_ms = started.elapsed().as_millis() as u64, "WAL files prefilled");
+    let available = available_bytes(dir);
+    if prefill == Prefill::AtStart && wal_prefill_fits(available) {
+        let started = std::time::Instant::now();
+        let mib = wal_prefill_mib(write_buffer_mib);
+        let rounds = prefill_wal(&mut db, dir, mib)?;
+        tracing::debug!(rounds, mib, took_ms = started.elapsed().as_millis() as u64, "WAL files prefilled");
+    } else {
+        if prefill == Prefill::AtStart {
+            tracing::info!(
+                dir = %dir.display(),
+                available_mib = available.map(|b| b >> 20),
+                needed_mib = WAL_PREFILL_MIN_FREE_MIB,
+                "WAL files not prefilled: too little space on the data dir's filesystem (the WAL appends)"
+            );
+        }
+        // A prefill a crash cut short leaves its column family, and its writes in the WAL.
+        if db.cf_handle(PREFILL_CF).is_some() {
+            db.drop_cf(PREFILL_CF).map_err(storage)?;
+        }
+    }
     Ok(db)
+}
+
+/// The bytes an unprivileged writer may still put on the filesystem of `dir` (`statvfs`'s
+/// available blocks), or `None` when it cannot be read.
+pub fn available_bytes(dir: &Path) -> Option<u64> {
+    let st = rustix::fs::statvfs(dir).ok()?;
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// Writes WAL files full and lets them go, until the live WAL is one RocksDB reused (see
