@@ -75,24 +75,23 @@ pub(in crate::store) enum Prefill {
 
 /// The column family that holds the prefill's writes while [`open_db`] runs (dropped
 /// before it returns; a start after a crash in between drops it then).
-const PREFILL_CF: &str = "wal-prefill";
+pub(super) const PREFILL_CF: &str = "wal-prefill";
+
+/// The WAL files (`NNNNNN.log`) in the RocksDB at `dir`: each one's number and bytes.
+pub(super) fn wal_file_sizes(dir: &Path) -> impl Iterator<Item = (u64, u64)> {
+    std::fs::read_dir(dir).into_iter().flatten().flatten().filter_map(|e| {
+        let name = e.file_name();
+        let stem = name.to_str()?.strip_suffix(".log")?;
+        if stem.is_empty() || !stem.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        Some((stem.parse().ok()?, e.metadata().ok()?.len()))
+    })
+}
 
 /// Bytes and count of the WAL files (`NNNNNN.log`) in the RocksDB at `dir`.
 pub fn wal_files(dir: &Path) -> (u64, usize) {
-    let (mut bytes, mut files) = (0, 0);
-    let Ok(entries) = std::fs::read_dir(dir) else { return (0, 0) };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".log")) else { continue };
-        if stem.is_empty() || !stem.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        if let Ok(meta) = e.metadata() {
-            bytes += meta.len();
-            files += 1;
-        }
-    }
-    (bytes, files)
+    wal_file_sizes(dir).fold((0, 0), |(bytes, files), (_, len)| (bytes + len, files + 1))
 }
 
 /// Opens (or creates) the RocksDB of a data dir with the log's options and (at least) the
@@ -150,14 +149,10 @@ pub(in crate::store) fn open_db(
         ColumnFamilyDescriptor::new(name, cf)
     });
     let mut db = Db::open_cf_descriptors(&opts, dir, cfs).map_err(storage)?;
-    let available = available_bytes(dir);
-    if prefill == Prefill::AtStart && wal_prefill_fits(available) {
-        let started = std::time::Instant::now();
-        let mib = wal_prefill_mib(write_buffer_mib);
-        let rounds = prefill_wal(&mut db, dir, mib)?;
-        tracing::debug!(rounds, mib, took_ms = started.elapsed().as_millis() as u64, "WAL files prefilled");
-    } else {
-        if prefill == Prefill::AtStart {
+    let room = prefill == Prefill::AtStart && {
+        let available = available_bytes(dir);
+        let fits = wal_prefill_fits(available);
+        if !fits {
             tracing::info!(
                 dir = %dir.display(),
                 available_mib = available.map(|b| b >> 20),
@@ -165,10 +160,16 @@ pub(in crate::store) fn open_db(
                 "WAL files not prefilled: too little space on the data dir's filesystem (the WAL appends)"
             );
         }
+        fits
+    };
+    if room {
+        let started = std::time::Instant::now();
+        let mib = wal_prefill_mib(write_buffer_mib);
+        let rounds = prefill_wal(&mut db, dir, mib)?;
+        tracing::debug!(rounds, mib, took_ms = started.elapsed().as_millis() as u64, "WAL files prefilled");
+    } else if db.cf_handle(PREFILL_CF).is_some() {
         // A prefill a crash cut short leaves its column family, and its writes in the WAL.
-        if db.cf_handle(PREFILL_CF).is_some() {
-            db.drop_cf(PREFILL_CF).map_err(storage)?;
-        }
+        db.drop_cf(PREFILL_CF).map_err(storage)?;
     }
     Ok(db)
 }
@@ -211,14 +212,5 @@ fn prefill_wal(db: &mut Db, dir: &Path, mib: usize) -> Result<usize, LogError> {
 /// The size of the newest WAL file (`NNNNNN.log`, the highest number) in `dir`: a reused
 /// file keeps the size it had.
 pub(super) fn live_wal_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name();
-            let number: u64 = name.to_str()?.strip_suffix(".log")?.parse().ok()?;
-            Some((number, e.metadata().ok()?.len()))
-        })
-        .max()
-        .map_or(0, |(_, bytes)| bytes)
+    wal_file_sizes(dir).max().map_or(0, |(_, bytes)| bytes)
 }

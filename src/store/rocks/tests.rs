@@ -296,8 +296,7 @@ fn a_fresh_log_writes_its_wal_over_a_file_it_prefilled_and_reads_it_back_after_a
     ])
     .unwrap();
     drop(log);
-    let names = Db::list_cf(&Options::default(), dir.path()).unwrap();
-    assert!(!names.iter().any(|n| n == "wal-prefill"), "the prefill's column family stays: {names:?}");
+    assert_no_prefill_column_family(dir.path());
     let log = RocksLog::open_with_write_buffer(dir.path(), "dc-a", 1).unwrap();
     assert_eq!(log.own_mark(), Mark { epoch, seq: 3 });
     assert_eq!(log.held(&key("dc-a", "i2")), Held::Live { seq: 2 });
@@ -338,8 +337,8 @@ fn a_start_after_a_crash_inside_the_prefill_drops_its_column_family_and_keeps_th
     let mut opts = Options::default();
     opts.create_missing_column_families(true);
     let mut db = Db::open_cf(&opts, dir.path(), COLUMN_FAMILIES).unwrap();
-    db.create_cf("wal-prefill", &Options::default()).unwrap();
-    let cf = db.cf_handle("wal-prefill").unwrap();
+    db.create_cf(super::open::PREFILL_CF, &Options::default()).unwrap();
+    let cf = db.cf_handle(super::open::PREFILL_CF).unwrap();
     db.put_cf(cf, b"fill", vec![0u8; 1 << 20]).unwrap();
     db.flush_wal(true).unwrap();
     drop(db);
@@ -348,8 +347,7 @@ fn a_start_after_a_crash_inside_the_prefill_drops_its_column_family_and_keeps_th
     assert_eq!(log.held(&key("dc-a", "i1")), Held::Live { seq: 1 });
     assert_eq!(log.instances().unwrap().len(), 2);
     drop(log);
-    let names = Db::list_cf(&Options::default(), dir.path()).unwrap();
-    assert!(!names.iter().any(|n| n == "wal-prefill"), "the prefill's column family stays: {names:?}");
+    assert_no_prefill_column_family(dir.path());
 }
 
 #[test]
@@ -387,15 +385,9 @@ fn a_rarely_written_column_family_does_not_keep_every_wal_file() {
     let live_wal = || {
         let db = log.db.as_ref().unwrap();
         let keep = db.property_int_value("rocksdb.min-log-number-to-keep").unwrap().unwrap();
-        let (mut bytes, mut files) = (0, 0);
-        for e in std::fs::read_dir(dir.path()).unwrap().flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.strip_suffix(".log").and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n >= keep) {
-                bytes += e.metadata().unwrap().len();
-                files += 1;
-            }
-        }
-        (bytes, files)
+        super::open::wal_file_sizes(dir.path())
+            .filter(|(number, _)| *number >= keep)
+            .fold((0, 0), |(bytes, files), (_, len)| (bytes + len, files + 1))
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while live_wal().0 > bound {
@@ -410,4 +402,13 @@ fn a_rarely_written_column_family_does_not_keep_every_wal_file() {
     let log = RocksLog::open(dir.path(), "dc-a").unwrap();
     assert_eq!(log.instances().unwrap().len() as u64, events);
     assert_eq!(log.tombstones().unwrap().len(), 1);
+}
+
+/// The prefill's scratch column family is gone from the RocksDB at `dir`.
+fn assert_no_prefill_column_family(dir: &std::path::Path) {
+    let names = Db::list_cf(&Options::default(), dir).unwrap();
+    assert!(
+        !names.iter().any(|n| n == super::open::PREFILL_CF),
+        "the prefill's column family stays: {names:?}"
+    );
 }
