@@ -15,11 +15,11 @@ use super::{storage, Db, BLOCK_CACHE_BYTES};
 /// holds of it, so one written rarely (the tombstones', which only a deregistration, an
 /// expiry or a replicated tombstone writes; the Raft log's vote and purge mark) would keep
 /// every WAL since its last write, up to RocksDB's own budget: four times every column
-/// family's memtables, 768 MiB for the event log with the defaults. Past this bound
-/// RocksDB flushes the column families that hold the oldest WAL file, so a start replays
-/// at most about this much. The column families written on every registration fill their
-/// memtables and free their WAL sooner (26 MiB of WAL live in the `restart` benchmark's
-/// load), so the bound flushes only the rarely written ones, and seldom.
+/// family's memtables, 768 MiB for the event log with the defaults. A full memtable's flush
+/// flushes them all ([`ATOMIC_FLUSH`]), so under load no column family keeps WAL files past
+/// the next one; this bound holds when the writes fill no memtable (and the idle flush
+/// leaves small ones). Past it RocksDB flushes the column families that hold the oldest WAL
+/// file, so a start replays at most about this much.
 pub const WAL_MAX_WRITE_BUFFERS: u64 = 8;
 
 /// WAL files RocksDB keeps, once obsolete, to write the next WALs over
@@ -28,12 +28,25 @@ pub const WAL_MAX_WRITE_BUFFERS: u64 = 8;
 /// A synced write that appends to a file makes the filesystem write the file's metadata
 /// too (its new size, its newly allocated blocks) and wait for it: two writes to the disk
 /// per fsync. One that overwrites blocks already written makes one. A recycled WAL file
-/// keeps its blocks and its size, so the WAL's synced writes are overwrites until the new
-/// WAL outgrows the old file. RocksDB recycles a WAL file only once it is obsolete, and a
+/// keeps its blocks, and the size its last life wrote (RocksDB cuts a WAL file to that
+/// when it closes it), so the WAL's synced writes are overwrites until the new WAL
+/// outgrows the old one. RocksDB recycles a WAL file only once it is obsolete, and a
 /// start begins with fresh ones, so [`open_db`] writes WAL files full (two, at most
 /// [`WAL_PREFILL_ROUNDS`]; see [`wal_prefill_mib`]) and lets them go before the log's
-/// first write.
+/// first write. Under load the WAL goes round these files only because every flush
+/// flushes every column family (see [`ATOMIC_FLUSH`]).
 pub const WAL_RECYCLED_FILES: usize = 2;
+
+/// Whether every flush flushes every column family that holds writes (RocksDB's
+/// `atomic_flush`). Each flush starts a new WAL file, and a WAL file is obsolete (so can
+/// be reused) only once every column family has flushed what it holds of it. Flushed one
+/// by one, as their memtables filled at their own rates, the log's column families started
+/// a WAL file at each flush while the others still held the older ones: in a `register`
+/// benchmark most WAL files were new, and cut short, and every synced write of the step at
+/// half of saturation appended (the filesystem wrote the file's inode with each). Flushed
+/// together, the WAL files come free at each flush, all about one memtable's fill apart,
+/// and the WAL goes round the WAL files it keeps (`WAL_RECYCLED_FILES`).
+pub const ATOMIC_FLUSH: bool = true;
 
 /// The most rounds [`open_db`] writes a WAL file full and switches to the next one: the
 /// second round's switch is the first that can reuse a file (the first round's), and a
@@ -112,6 +125,7 @@ pub(in crate::store) fn open_db(
     opts.set_wal_recovery_mode(DBRecoveryMode::PointInTime);
     opts.set_keep_log_file_num(4);
     opts.set_recycle_log_file_num(WAL_RECYCLED_FILES);
+    opts.set_atomic_flush(ATOMIC_FLUSH);
     let write_buffer = write_buffer_mib.clamp(1, 1024) << 20;
     opts.set_max_total_wal_size(WAL_MAX_WRITE_BUFFERS * write_buffer as u64);
     // Flushes and compactions run at a lower CPU priority than the request path: on a

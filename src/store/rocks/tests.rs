@@ -404,6 +404,74 @@ fn a_rarely_written_column_family_does_not_keep_every_wal_file() {
     assert_eq!(log.tombstones().unwrap().len(), 1);
 }
 
+#[test]
+fn under_load_the_wal_goes_round_the_files_it_keeps_and_makes_no_new_ones() {
+    // A WAL file is reused only once every column family has flushed what it holds of it.
+    // The log's column families fill their memtables at different rates: flushed one by
+    // one, each flush started a WAL file while the others still held the older ones, so
+    // most WAL files were new and every synced write appended (the filesystem then writes
+    // the file's inode with it). See `ATOMIC_FLUSH`.
+    let dir = TempDir::new().unwrap();
+    if !super::open::wal_prefill_fits(super::open::available_bytes(dir.path())) {
+        eprintln!("SKIPPED: the temp dir's filesystem has too little room for a start to prefill its WAL");
+        return;
+    }
+    let mut log = RocksLog::open_with_write_buffer(dir.path(), "dc-a", 1).unwrap();
+    let epoch = log.own_mark().epoch;
+    // Each WAL file present: its number and its inode (a reused file keeps its inode).
+    let wal_inodes = || -> std::collections::BTreeSet<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        super::open::wal_file_sizes(dir.path())
+            .filter_map(|(n, _)| {
+                Some((n, std::fs::metadata(dir.path().join(format!("{n:06}.log"))).ok()?.ino()))
+            })
+            .collect()
+    };
+    let mut seen = wal_inodes();
+    let inodes = |seen: &std::collections::BTreeSet<(u64, u64)>| {
+        seen.iter().map(|(_, ino)| *ino).collect::<std::collections::BTreeSet<_>>().len()
+    };
+    let at_start = inodes(&seen);
+    let first = seen.iter().map(|(n, _)| *n).max().unwrap_or(0);
+    // About 1 KiB of WAL per registration: 16 MiB, a dozen WAL files' worth at 1 MiB
+    // memtables.
+    let events = 16 * 1024;
+    let mut seq = 0;
+    while seq < events {
+        let chunk: Vec<_> = (seq + 1..=(seq + 250).min(events))
+            .map(|s| {
+                let mut ev = reg("dc-a", epoch, s, &format!("i{s}"));
+                if let tandem_schemas::Op::Register(r) = &mut ev.op {
+                    r.metadata.insert("pad".into(), "x".repeat(400));
+                }
+                ev
+            })
+            .collect();
+        seq += chunk.len() as u64;
+        log.append_local(&chunk).unwrap();
+        // The flushes the writes started are done before the next chunk (a flush that lags
+        // on a loaded machine would otherwise make a new file too).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while COLUMN_FAMILIES.iter().any(|name| {
+            let db = log.db().unwrap();
+            db.property_int_value_cf(log.cf(name).unwrap(), "rocksdb.num-immutable-mem-table").unwrap()
+                != Some(0)
+        }) {
+            assert!(std::time::Instant::now() < deadline, "the memtables were not flushed in 20 s");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        seen.extend(wal_inodes());
+    }
+    let new = inodes(&seen) - at_start;
+    let wals = seen.iter().filter(|(n, _)| *n > first).count();
+    eprintln!("WAL files at the start {at_start}; while {events} registrations were written: {wals} WALs, {new} of them in new files");
+    assert!(wals >= 6, "only {wals} WALs for {events} registrations: the test wrote too little");
+    assert_eq!(
+        new, 0,
+        "{new} new WAL files for {events} registrations: the WAL does not go round the kept ones"
+    );
+}
+
 /// The prefill's scratch column family is gone from the RocksDB at `dir`.
 fn assert_no_prefill_column_family(dir: &std::path::Path) {
     let names = Db::list_cf(&Options::default(), dir).unwrap();
