@@ -280,8 +280,7 @@ fn a_fresh_log_writes_its_wal_over_a_file_it_prefilled_and_reads_it_back_after_a
     // replays such a file up to its last record of this life, not into the old records
     // beyond.
     let dir = TempDir::new().unwrap();
-    if !super::open::wal_prefill_fits(super::open::available_bytes(dir.path())) {
-        eprintln!("SKIPPED: the temp dir's filesystem has too little room for a start to prefill its WAL");
+    if !prefill_has_room(&dir) {
         return;
     }
     let mib = super::open::wal_prefill_mib(1);
@@ -364,15 +363,7 @@ fn a_rarely_written_column_family_does_not_keep_every_wal_file() {
     let events = 4 * bound / 1024;
     let mut seq = 2;
     while seq < events + 2 {
-        let chunk: Vec<_> = (seq + 1..=(seq + 500).min(events + 2))
-            .map(|s| {
-                let mut ev = reg("dc-a", epoch, s, &format!("i{s}"));
-                if let tandem_schemas::Op::Register(r) = &mut ev.op {
-                    r.metadata.insert("pad".into(), "x".repeat(400));
-                }
-                ev
-            })
-            .collect();
+        let chunk = padded_registrations(epoch, seq + 1..=(seq + 500).min(events + 2));
         seq += chunk.len() as u64;
         log.append_local(&chunk).unwrap();
     }
@@ -412,8 +403,7 @@ fn under_load_the_wal_goes_round_the_files_it_keeps_and_makes_no_new_ones() {
     // most WAL files were new and every synced write appended (the filesystem then writes
     // the file's inode with it). See `ATOMIC_FLUSH`.
     let dir = TempDir::new().unwrap();
-    if !super::open::wal_prefill_fits(super::open::available_bytes(dir.path())) {
-        eprintln!("SKIPPED: the temp dir's filesystem has too little room for a start to prefill its WAL");
+    if !prefill_has_room(&dir) {
         return;
     }
     let mut log = RocksLog::open_with_write_buffer(dir.path(), "dc-a", 1).unwrap();
@@ -438,15 +428,7 @@ fn under_load_the_wal_goes_round_the_files_it_keeps_and_makes_no_new_ones() {
     let events = 16 * 1024;
     let mut seq = 0;
     while seq < events {
-        let chunk: Vec<_> = (seq + 1..=(seq + 250).min(events))
-            .map(|s| {
-                let mut ev = reg("dc-a", epoch, s, &format!("i{s}"));
-                if let tandem_schemas::Op::Register(r) = &mut ev.op {
-                    r.metadata.insert("pad".into(), "x".repeat(400));
-                }
-                ev
-            })
-            .collect();
+        let chunk = padded_registrations(epoch, seq + 1..=(seq + 250).min(events));
         seq += chunk.len() as u64;
         log.append_local(&chunk).unwrap();
         // The flushes the writes started are done before the next chunk (a flush that lags
@@ -470,6 +452,28 @@ fn under_load_the_wal_goes_round_the_files_it_keeps_and_makes_no_new_ones() {
         new, 0,
         "{new} new WAL files for {events} registrations: the WAL does not go round the kept ones"
     );
+}
+
+/// Whether a start in `dir` prefills its WAL (prints why a test is skipped when not).
+fn prefill_has_room(dir: &TempDir) -> bool {
+    let room = super::open::wal_prefill_fits(super::open::available_bytes(dir.path()));
+    if !room {
+        eprintln!("SKIPPED: the temp dir's filesystem has too little room for a start to prefill its WAL");
+    }
+    room
+}
+
+/// Registrations of `dc-a` at `seqs`, each padded to about 1 KiB of WAL (its event and its
+/// instance record).
+fn padded_registrations(epoch: u64, seqs: std::ops::RangeInclusive<u64>) -> Vec<tandem_schemas::ChangeEvent> {
+    seqs.map(|s| {
+        let mut ev = reg("dc-a", epoch, s, &format!("i{s}"));
+        if let tandem_schemas::Op::Register(r) = &mut ev.op {
+            r.metadata.insert("pad".into(), "x".repeat(400));
+        }
+        ev
+    })
+    .collect()
 }
 
 /// The prefill's scratch column family is gone from the RocksDB at `dir`.
