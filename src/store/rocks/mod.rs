@@ -34,7 +34,7 @@ mod write;
 
 pub(super) use idle_flush::flush_idle;
 pub use idle_flush::{IDLE_FLUSH_AFTER, IDLE_FLUSH_MIN_BYTES};
-pub use open::{wal_files, ATOMIC_FLUSH, WAL_MAX_WRITE_BUFFERS};
+pub use open::{wal_files, WAL_MAX_WRITE_BUFFERS};
 pub use raft_state::{RAFT_APPLIED_BYTES_MAX, STATE_FORMAT_V1};
 
 use std::collections::BTreeMap;

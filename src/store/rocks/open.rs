@@ -15,11 +15,11 @@ use super::{storage, Db, BLOCK_CACHE_BYTES};
 /// holds of it, so one written rarely (the tombstones', which only a deregistration, an
 /// expiry or a replicated tombstone writes; the Raft log's vote and purge mark) would keep
 /// every WAL since its last write, up to RocksDB's own budget: four times every column
-/// family's memtables, 768 MiB for the event log with the defaults. A full memtable's flush
-/// flushes them all ([`ATOMIC_FLUSH`]), so under load no column family keeps WAL files past
-/// the next one; this bound holds when the writes fill no memtable (and the idle flush
-/// leaves small ones). Past it RocksDB flushes the column families that hold the oldest WAL
-/// file, so a start replays at most about this much.
+/// family's memtables, 768 MiB for the event log with the defaults. A full memtable's
+/// flush flushes them all (`atomic_flush`, set in `open_db`), so under load no column
+/// family keeps WAL files past the next one; this bound holds when the writes fill no
+/// memtable (and the idle flush leaves small ones). Past it RocksDB flushes the column
+/// families that hold the oldest WAL file, so a start replays at most about this much.
 pub const WAL_MAX_WRITE_BUFFERS: u64 = 8;
 
 /// WAL files RocksDB keeps, once obsolete, to write the next WALs over
@@ -34,19 +34,8 @@ pub const WAL_MAX_WRITE_BUFFERS: u64 = 8;
 /// start begins with fresh ones, so [`open_db`] writes WAL files full (two, at most
 /// [`WAL_PREFILL_ROUNDS`]; see [`wal_prefill_mib`]) and lets them go before the log's
 /// first write. Under load the WAL goes round these files only because every flush
-/// flushes every column family (see [`ATOMIC_FLUSH`]).
+/// flushes every column family (`atomic_flush`, see [`open_db`]).
 pub const WAL_RECYCLED_FILES: usize = 2;
-
-/// Whether every flush flushes every column family that holds writes (RocksDB's
-/// `atomic_flush`). Each flush starts a new WAL file, and a WAL file is obsolete (so can
-/// be reused) only once every column family has flushed what it holds of it. Flushed one
-/// by one, as their memtables filled at their own rates, the log's column families started
-/// a WAL file at each flush while the others still held the older ones: in a `register`
-/// benchmark most WAL files were new, and cut short, and every synced write of the step at
-/// half of saturation appended (the filesystem wrote the file's inode with each). Flushed
-/// together, the WAL files come free at each flush, all about one memtable's fill apart,
-/// and the WAL goes round the WAL files it keeps (`WAL_RECYCLED_FILES`).
-pub const ATOMIC_FLUSH: bool = true;
 
 /// The most rounds [`open_db`] writes a WAL file full and switches to the next one: the
 /// second round's switch is the first that can reuse a file (the first round's), and a
@@ -130,7 +119,15 @@ pub(in crate::store) fn open_db(
     opts.set_wal_recovery_mode(DBRecoveryMode::PointInTime);
     opts.set_keep_log_file_num(4);
     opts.set_recycle_log_file_num(WAL_RECYCLED_FILES);
-    opts.set_atomic_flush(ATOMIC_FLUSH);
+    // Every flush flushes every column family that holds writes. Each flush starts a new
+    // WAL file, and a WAL file is obsolete (so can be reused) only once every column family
+    // has flushed what it holds of it. Flushed one by one, as their memtables filled at their
+    // own rates, the log's column families started a WAL file at each flush while the
+    // others still held the older ones: in a `register` benchmark most WAL files were new,
+    // or cut short, and every synced write of the step at half of saturation appended (the
+    // filesystem wrote the file's inode with each). Flushed together, the WAL files come
+    // free at each flush and the WAL goes round the ones it keeps.
+    opts.set_atomic_flush(true);
     let write_buffer = write_buffer_mib.clamp(1, 1024) << 20;
     opts.set_max_total_wal_size(WAL_MAX_WRITE_BUFFERS * write_buffer as u64);
     // Flushes and compactions run at a lower CPU priority than the request path: on a
@@ -229,7 +226,7 @@ fn prefill_wal(db: &mut Db, dir: &Path, mib: usize) -> Result<usize, LogError> {
 }
 
 /// The size of the newest WAL file (`NNNNNN.log`, the highest number) in `dir`: a reused
-/// file keeps the size it had.
+/// file keeps the size its last life wrote.
 pub(super) fn live_wal_bytes(dir: &Path) -> u64 {
     wal_file_sizes(dir).max().map_or(0, |(_, bytes)| bytes)
 }

@@ -401,7 +401,7 @@ fn under_load_the_wal_goes_round_the_files_it_keeps_and_makes_no_new_ones() {
     // The log's column families fill their memtables at different rates: flushed one by
     // one, each flush started a WAL file while the others still held the older ones, so
     // most WAL files were new and every synced write appended (the filesystem then writes
-    // the file's inode with it). See `ATOMIC_FLUSH`.
+    // the file's inode with it). See `open_db`'s `atomic_flush`.
     let dir = TempDir::new().unwrap();
     if !prefill_has_room(&dir) {
         return;
