@@ -253,3 +253,20 @@ fn a_registration_of_unknown_outcome_held_by_a_paused_owner_may_land_after_the_p
     let caught = run(false);
     assert!(caught.iter().any(|s| s.contains("improved from gone to healthy")), "{caught:?}");
 }
+
+#[test]
+fn a_paused_peer_is_silent_until_its_sigcont_is_sent_not_until_the_drill_notes_it() {
+    // The pause drill's seed 1 (CI): dc-b paused at 3_000 ms; the drill sent SIGCONT at
+    // 6_288 ms and noted `Resumed` once `kill -CONT` had exited, at 6_300 ms. dc-b shipped
+    // at once, and dc-a's read at 6_290 ms said fresh: right, and not a violation once the
+    // checker knows when the signal went out. A fresh read before that still is one.
+    for (read_at, want) in [(6_290, 0), (6_000, 1)] {
+        let mut c = checker();
+        c.process(B, 3_000, ProcessEvent::Paused);
+        c.resuming(6_288, B);
+        status(&mut c, A, read_at, 5, 5, false, false);
+        c.process(B, 6_300, ProcessEvent::Resumed);
+        let r = c.finish(8_000);
+        assert_eq!(staleness(&r), want, "read at {read_at}: {:#?}", r.result(Invariant::Staleness));
+    }
+}

@@ -76,6 +76,10 @@ pub(super) struct Staleness {
     pairs: BTreeMap<(String, String), Pair>,
     /// Packets from .0 to .1 cut: windows (down, up).
     links: BTreeMap<(String, String), Windows>,
+    /// Per DC, when a SIGCONT was about to be sent. `Resumed` comes once the signal was
+    /// sent (the rules that excuse a paused process need the later time); the process may
+    /// run, and ship, from the moment before.
+    resuming: BTreeMap<String, Vec<Ms>>,
     pub(super) required_fresh: u64,
     pub(super) required_stale: u64,
 }
@@ -93,6 +97,12 @@ impl Checker {
             (false, Some((_, end @ None))) => *end = Some(at),
             (false, _) => {}
         }
+    }
+
+    /// A SIGCONT is about to be sent to `dc` (its `Resumed` follows once it was sent): a
+    /// pause's silence ends here, not at the `Resumed`.
+    pub fn resuming(&mut self, at: Ms, dc: &str) {
+        self.stale.resuming.entry(dc.to_owned()).or_default().push(at);
     }
 
     /// `dc`'s link state started over in [from, to]: a restart, or a new leader (its
@@ -123,7 +133,10 @@ impl Checker {
                     }
                     ProcessEvent::Spawned | ProcessEvent::Resumed => {
                         if let Some((s, what)) = down.take() {
-                            out.push((s, Some(*t), format!("{peer} {what} at {s}ms")));
+                            // Silent until the signal that ended the pause was sent.
+                            let sent = self.stale.resuming.get(peer).into_iter().flatten();
+                            let end = sent.filter(|r| **r >= s && **r <= *t).max().copied().unwrap_or(*t);
+                            out.push((s, Some(end), format!("{peer} {what} at {s}ms")));
                         }
                     }
                     // A group without a leader ships nothing for a while, but when another

@@ -470,6 +470,10 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         for (side, ev) in process_events.before {
             ctx.checker.lock().process(&names[side], t0, ev);
         }
+        if let (true, Action::Resume { side }) = (real, step.action) {
+            // The process may run from the moment the signal is sent.
+            ctx.checker.lock().resuming(t0, &names[side]);
+        }
         if real && matches!(step.action, Action::Heal) {
             // Conservative: the link may flow again from the moment the heal starts.
             let mut c = ctx.checker.lock();
