@@ -67,6 +67,10 @@ async fn events_replicate_both_ways() {
     let st = b.status().await.unwrap();
     assert!(st["applied"]["dc-a"]["seq"].as_u64().unwrap() >= 2, "{st}");
     assert_eq!(st["peers"]["dc-a"]["inbound"]["state"], "up", "{st}");
+    // Each batch applied is one synced write: at least one, at most one per event.
+    let inbound = &st["peers"]["dc-a"]["inbound"];
+    let (events, batches) = (inbound["events_applied"].as_u64(), inbound["batches_applied"].as_u64());
+    assert!(batches >= Some(1) && batches <= events, "{st}");
     p.stop().await;
 }
 

@@ -92,6 +92,7 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             "applied at dc-b /s",
             "lag ms p50 / p99 / p999 / max (commit at dc-a -> durable at dc-b)",
             "gateway lag ms p50 / p99",
+            "events per synced write at dc-b",
             "drain after the step s",
             "CPU cores server / load",
             "errors",
@@ -118,6 +119,7 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             row.applied_per_s,
             row.lag.summary(),
             row.gateway_lag,
+            row.per_write,
             row.drain,
             format!("{:.2} / {:.2}", run.server_cores(), run.load_cores()),
             format!(
@@ -150,6 +152,7 @@ pub async fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             row.applied_per_s,
             row.lag.summary(),
             row.gateway_lag,
+            row.per_write,
             row.drain,
             format!("{:.2} / {:.2}", run.server_cores(), run.load_cores()),
             run.errors.to_string(),
@@ -195,6 +198,7 @@ async fn catch_up(ctx: &mut Ctx, a: &Node, b: &Node, relay: &Relay) -> anyhow::R
     let target = a.shared.live.read().own.seq;
     let at_heal = applied_of(b, "dc-a");
     let backlog = target.saturating_sub(at_heal);
+    let counts_at_heal = applied_counts(b);
     relay.handle().heal();
     let healed = Instant::now();
     let by = healed + Duration::from_secs(120);
@@ -210,12 +214,20 @@ async fn catch_up(ctx: &mut Ctx, a: &Node, b: &Node, relay: &Relay) -> anyhow::R
     let total = done.duration_since(healed).as_secs_f64();
     let draining = first_apply.map_or(total, |t| done.duration_since(t).as_secs_f64()).max(1e-3);
     let drain_rate = backlog as f64 / draining;
+    let counts = applied_counts(b);
+    let batches = counts.1.saturating_sub(counts_at_heal.1);
+    let per_write = if batches == 0 {
+        "-".into()
+    } else {
+        format!("{:.1}", counts.0.saturating_sub(counts_at_heal.0) as f64 / batches as f64)
+    };
     ctx.report.row(vec![
         format!("catch-up: link cut {:.0} s at {}/s ingest", cut.as_secs_f64(), rate(ingest)),
         rate(run.per_sec()),
         format!("backlog {} events drained at {}/s", rate(backlog as f64), rate(drain_rate)),
         "-".into(),
         "-".into(),
+        per_write,
         if caught_up {
             format!(
                 "{total:.2} after heal ({:.2} reconnecting, {draining:.2} draining)",
@@ -240,6 +252,8 @@ struct Sampler {
     stop: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<Samples>,
     own_at_start: u64,
+    /// dc-b's (events, batches) applied of dc-a when the step began.
+    applied_at_start: (u64, u64),
 }
 
 #[derive(Default)]
@@ -255,6 +269,7 @@ impl Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let (la, lb) = (a.shared.live.clone(), b.shared.live.clone());
         let own_at_start = la.read().own.seq;
+        let applied_at_start = applied_counts(b);
         let s = stop.clone();
         let thread = std::thread::Builder::new()
             .name(format!("{}-sampler", crate::sys::LOAD_THREAD))
@@ -284,14 +299,25 @@ impl Sampler {
                 out
             })
             .expect("spawning the sampler thread");
-        Sampler { stop, thread, own_at_start }
+        Sampler { stop, thread, own_at_start, applied_at_start }
     }
+}
+
+/// dc-b's gateway counts of dc-a's events and batches applied.
+fn applied_counts(b: &Node) -> (u64, u64) {
+    b.shared
+        .gateway_stats
+        .as_ref()
+        .and_then(|s| s.peers.lock().get("dc-a").map(|p| (p.events_applied, p.batches_applied)))
+        .unwrap_or_default()
 }
 
 struct StepRow {
     applied_per_s: String,
     lag: Lat,
     gateway_lag: String,
+    /// Events per batch dc-b applied in the step (each batch one synced write).
+    per_write: String,
     drain: String,
 }
 
@@ -323,6 +349,11 @@ async fn finish_step(a: &Node, b: &Node, sampler: Sampler, run: &Run) -> anyhow:
     tokio::time::sleep(Duration::from_millis(5)).await;
     sampler.stop.store(true, Ordering::Relaxed);
     let first = sampler.own_at_start + 1;
+    let (events_then, batches_then) = sampler.applied_at_start;
+    let (events_now, batches_now) = applied_counts(b);
+    let (events, batches) =
+        (events_now.saturating_sub(events_then), batches_now.saturating_sub(batches_then));
+    let per_write = if batches == 0 { "-".into() } else { format!("{:.1}", events as f64 / batches as f64) };
     let samples = tokio::task::spawn_blocking(move || sampler.thread.join())
         .await
         .context("sampler join")?
@@ -367,6 +398,7 @@ async fn finish_step(a: &Node, b: &Node, sampler: Sampler, run: &Run) -> anyhow:
         ),
         lag: lat,
         gateway_lag: gw,
+        per_write,
         drain: if drained { format!("{drain_s:.2}") } else { format!("not drained in {drain_s:.0} s") },
     })
 }

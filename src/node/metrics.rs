@@ -286,6 +286,12 @@ impl NodeShared {
                     p.log_unreadable,
                 );
                 m.counter(
+                    "tandem_peer_batches_applied_total",
+                    "Batches of the peer's events applied here, each with one synced write",
+                    &l,
+                    p.batches_applied,
+                );
+                m.counter(
                     "tandem_peer_snapshots_installed_total",
                     "Snapshots installed from the peer",
                     &l,

@@ -200,6 +200,8 @@ pub struct InboundStatus {
     pub lag_ms_p50: Option<u64>,
     pub lag_ms_p99: Option<u64>,
     pub events_applied: u64,
+    /// Batches applied here, each with one synced write.
+    pub batches_applied: u64,
     /// Events and snapshot entries outside the peer's replication scope here, applied as
     /// no-ops.
     pub events_out_of_scope: u64,
@@ -266,6 +268,7 @@ impl NodeShared {
                 lag_ms_p50: p.lag_ms_recent.quantile(0.5),
                 lag_ms_p99: p.lag_ms_recent.quantile(0.99),
                 events_applied: p.events_applied,
+                batches_applied: p.batches_applied,
                 events_out_of_scope: p.events_out_of_scope,
                 namespaces: cfg
                     .replication

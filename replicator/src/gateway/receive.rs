@@ -325,6 +325,7 @@ async fn receive_session<S: ReplicaStore>(
                         scope_log.note(peer_dc, &report);
                         stats.with_peer(peer_dc, |p| {
                             p.events_applied += report.applied as u64;
+                            p.batches_applied += 1;
                             p.events_out_of_scope += report.out_of_scope as u64;
                             let consumed =
                                 report.applied + report.superseded + report.duplicates + report.out_of_scope;

@@ -51,6 +51,9 @@ pub struct PeerLink {
     /// The peer's own last seq in `in_origin_epoch`, as it last told us.
     pub in_origin_last_seq: u64,
     pub events_applied: u64,
+    /// Batches applied here, each with one synced write (`events_applied` over this is
+    /// the events per write).
+    pub batches_applied: u64,
     /// Events and snapshot entries of the peer outside its replication scope here:
     /// applied as no-ops (a batch's consume their seqs), nothing written.
     pub events_out_of_scope: u64,
