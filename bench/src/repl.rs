@@ -214,13 +214,7 @@ async fn catch_up(ctx: &mut Ctx, a: &Node, b: &Node, relay: &Relay) -> anyhow::R
     let total = done.duration_since(healed).as_secs_f64();
     let draining = first_apply.map_or(total, |t| done.duration_since(t).as_secs_f64()).max(1e-3);
     let drain_rate = backlog as f64 / draining;
-    let counts = applied_counts(b);
-    let batches = counts.1.saturating_sub(counts_at_heal.1);
-    let per_write = if batches == 0 {
-        "-".into()
-    } else {
-        format!("{:.1}", counts.0.saturating_sub(counts_at_heal.0) as f64 / batches as f64)
-    };
+    let per_write = per_write(counts_at_heal, applied_counts(b));
     ctx.report.row(vec![
         format!("catch-up: link cut {:.0} s at {}/s ingest", cut.as_secs_f64(), rate(ingest)),
         rate(run.per_sec()),
@@ -312,6 +306,15 @@ fn applied_counts(b: &Node) -> (u64, u64) {
         .unwrap_or_default()
 }
 
+/// Events per batch dc-b applied between two [`applied_counts`] readings ("-": none).
+fn per_write((events_then, batches_then): (u64, u64), (events_now, batches_now): (u64, u64)) -> String {
+    let batches = batches_now.saturating_sub(batches_then);
+    if batches == 0 {
+        return "-".into();
+    }
+    format!("{:.1}", events_now.saturating_sub(events_then) as f64 / batches as f64)
+}
+
 struct StepRow {
     applied_per_s: String,
     lag: Lat,
@@ -349,11 +352,7 @@ async fn finish_step(a: &Node, b: &Node, sampler: Sampler, run: &Run) -> anyhow:
     tokio::time::sleep(Duration::from_millis(5)).await;
     sampler.stop.store(true, Ordering::Relaxed);
     let first = sampler.own_at_start + 1;
-    let (events_then, batches_then) = sampler.applied_at_start;
-    let (events_now, batches_now) = applied_counts(b);
-    let (events, batches) =
-        (events_now.saturating_sub(events_then), batches_now.saturating_sub(batches_then));
-    let per_write = if batches == 0 { "-".into() } else { format!("{:.1}", events as f64 / batches as f64) };
+    let per_write = per_write(sampler.applied_at_start, applied_counts(b));
     let samples = tokio::task::spawn_blocking(move || sampler.thread.join())
         .await
         .context("sampler join")?
