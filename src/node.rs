@@ -70,7 +70,7 @@ impl<L: CommitLog + Send + 'static> ReplicaStore for NodeStore<L> {
         &self,
         f: Box<dyn FnOnce(&dyn EventLog) -> R + Send>,
     ) -> Result<R, LogError> {
-        self.committer.with_log(move |log: &mut L| f(&*log)).await.map_err(log_err)
+        self.committer.read_log(move |log: &L| f(log)).await.map_err(log_err)
     }
     async fn apply_remote(
         &self,
@@ -101,7 +101,7 @@ impl<L: CommitLog + Send + 'static> ReplicaStore for NodeStore<L> {
     }
     async fn mark_of(&self, origin: String) -> Result<(Option<Mark>, Option<uuid::Uuid>), LogError> {
         self.committer
-            .with_log(move |log: &mut L| (log.mark_of(&origin), log.mark_event_id(&origin)))
+            .read_log(move |log: &L| (log.mark_of(&origin), log.mark_event_id(&origin)))
             .await
             .map_err(log_err)
     }
@@ -118,6 +118,9 @@ impl<L: CommitLog + Send + 'static> ReplicaStore for NodeStore<L> {
     }
     fn own_progress(&self) -> watch::Receiver<u64> {
         self.committer.own_seq()
+    }
+    fn own_epoch(&self) -> Option<u64> {
+        Some(self.live.read().own.epoch)
     }
     fn retired(&self, dc: &str) -> bool {
         self.live.read().retired.contains_key(dc)

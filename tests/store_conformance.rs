@@ -324,6 +324,40 @@ async fn one_bad_builder_fails_only_its_own_request() {
     assert!(matches!(handle.purge_own(1).await, Err(CommitError::Stopped)));
 }
 
+/// The replication gateway reads the log (the own events to ship, the marks it checks)
+/// while the DC's writers keep the committer busy. A read queued among local appends is
+/// served where it stands: the appends around it still go out in one synced write, and
+/// the read sees the log as of the last durable write. A `with_log`, which may write,
+/// still goes between two writes (it split the group, an fsync more per batch shipped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_among_local_appends_does_not_split_their_synced_write() {
+    let dir = TempDir::new().unwrap();
+    let (handle, _seen) = open_committer(dir.path(), 5);
+    let (gate_tx, held) = hold_committer(&handle).await;
+    let h = handle.clone();
+    let first =
+        tokio::spawn(async move { h.append_local(|m| vec![reg("dc-a", m.epoch, m.seq + 1, "a")]).await });
+    while handle.queued_requests() < 1 {
+        tokio::task::yield_now().await;
+    }
+    let h = handle.clone();
+    let read = tokio::spawn(async move { h.read_log(|log| log.own_mark().seq).await });
+    while handle.queued_requests() < 2 {
+        tokio::task::yield_now().await;
+    }
+    let h = handle.clone();
+    let second =
+        tokio::spawn(async move { h.append_local(|m| vec![reg("dc-a", m.epoch, m.seq + 1, "b")]).await });
+    release_when_queued(&handle, 3, gate_tx, held).await;
+
+    assert_eq!(first.await.unwrap().unwrap()[0].seq, 1);
+    assert_eq!(second.await.unwrap().unwrap()[0].seq, 2);
+    assert_eq!(read.await.unwrap().unwrap(), 0, "the read saw a write before it was durable");
+    assert_eq!(handle.stats().local_fsyncs, 1, "the read split the appends' group");
+    assert_eq!(handle.read_log(|log| log.own_mark().seq).await.unwrap(), 2);
+    handle.shutdown().await;
+}
+
 /// Remote batches, snapshots and purges through the committer are reported in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn committer_reports_every_kind_of_write() {

@@ -320,41 +320,7 @@ impl Sender {
                 }
             }
             (SenderPhase::Streaming, Frame::Ack { batch_id, mark }) => {
-                let Some(&(front_id, InFlight::Upto(front_seq))) = self.inflight.front() else {
-                    return Err(StreamError::new(
-                        RefuseCode::Invalid,
-                        format!("ack {batch_id} but in flight: {:?}", self.inflight.front()),
-                    ));
-                };
-                if batch_id != front_id {
-                    return Err(StreamError::new(
-                        RefuseCode::Invalid,
-                        format!("ack for batch {batch_id}, expected {front_id}"),
-                    ));
-                }
-                if mark.seq < self.acked_seq || mark.epoch != log.own_mark().epoch {
-                    return Err(StreamError::new(
-                        RefuseCode::CursorRegressed,
-                        format!("ack at {}:{} after {}", mark.epoch, mark.seq, self.acked_seq),
-                    ));
-                }
-                if mark.seq < front_seq {
-                    return Err(StreamError::new(
-                        RefuseCode::Invalid,
-                        format!("ack at seq {} does not cover batch end {front_seq}", mark.seq),
-                    ));
-                }
-                self.inflight.pop_front();
-                self.acked_seq = mark.seq;
-                if let Some((_, snapshot_id)) = self.snapshot_final.filter(|(b, _)| *b == batch_id) {
-                    // Installed: the snapshot is done, its cut may go (unless a newer one
-                    // replaced it meanwhile).
-                    self.snapshot_final = None;
-                    if self.reader.as_ref().is_some_and(|r| r.lock().snapshot_id() == snapshot_id) {
-                        self.reader = None;
-                    }
-                }
-                Ok(vec![SenderEvent::PeerAcked(mark)])
+                self.on_ack(batch_id, mark, log.own_mark().epoch)
             }
             (SenderPhase::Closed, _) => Err(StreamError::new(RefuseCode::Invalid, "stream closed")),
             (_, Frame::Refuse { code: RefuseCode::Fenced, message }) => {
@@ -370,6 +336,60 @@ impl Sender {
                 format!("unexpected {} in phase {phase:?}", frame_name(&other)),
             )),
         }
+    }
+
+    /// [`Sender::handle_frame`] for an `Ack`, given the epoch the own log holds now: the
+    /// one frame a driver can handle without reading the log, so that an ack does not
+    /// queue behind the writes the log is busy with.
+    pub fn handle_ack(
+        &mut self,
+        batch_id: u64,
+        mark: Mark,
+        own_epoch: u64,
+    ) -> Result<Vec<SenderEvent>, StreamError> {
+        match self.phase {
+            SenderPhase::Streaming => self.on_ack(batch_id, mark, own_epoch),
+            SenderPhase::Closed => Err(StreamError::new(RefuseCode::Invalid, "stream closed")),
+            phase => Err(StreamError::new(RefuseCode::Invalid, format!("unexpected Ack in phase {phase:?}"))),
+        }
+    }
+
+    fn on_ack(&mut self, batch_id: u64, mark: Mark, own_epoch: u64) -> Result<Vec<SenderEvent>, StreamError> {
+        let Some(&(front_id, InFlight::Upto(front_seq))) = self.inflight.front() else {
+            return Err(StreamError::new(
+                RefuseCode::Invalid,
+                format!("ack {batch_id} but in flight: {:?}", self.inflight.front()),
+            ));
+        };
+        if batch_id != front_id {
+            return Err(StreamError::new(
+                RefuseCode::Invalid,
+                format!("ack for batch {batch_id}, expected {front_id}"),
+            ));
+        }
+        if mark.seq < self.acked_seq || mark.epoch != own_epoch {
+            return Err(StreamError::new(
+                RefuseCode::CursorRegressed,
+                format!("ack at {}:{} after {}", mark.epoch, mark.seq, self.acked_seq),
+            ));
+        }
+        if mark.seq < front_seq {
+            return Err(StreamError::new(
+                RefuseCode::Invalid,
+                format!("ack at seq {} does not cover batch end {front_seq}", mark.seq),
+            ));
+        }
+        self.inflight.pop_front();
+        self.acked_seq = mark.seq;
+        if let Some((_, snapshot_id)) = self.snapshot_final.filter(|(b, _)| *b == batch_id) {
+            // Installed: the snapshot is done, its cut may go (unless a newer one
+            // replaced it meanwhile).
+            self.snapshot_final = None;
+            if self.reader.as_ref().is_some_and(|r| r.lock().snapshot_id() == snapshot_id) {
+                self.reader = None;
+            }
+        }
+        Ok(vec![SenderEvent::PeerAcked(mark)])
     }
 
     /// Whether the peer's mark `m` (of the own epoch) shows that this origin's history went

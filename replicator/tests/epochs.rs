@@ -293,3 +293,41 @@ fn writes_of_a_fresh_dir_before_its_first_handshake_reach_the_peer() {
     sync(&mut new, &mut b, 2_000);
     assert_same(&b, &new);
 }
+
+/// The gateway checks a peer's ack against the own epoch it holds where the ack arrives
+/// (`Sender::handle_ack`), not with the log. An ack of an epoch the origin has left since
+/// it shipped the batch is refused as a cursor that went back, exactly as with the log; an
+/// ack before the handshake is refused too, and the one of the current epoch is taken.
+#[test]
+fn an_ack_checked_without_the_log_refuses_an_epoch_the_origin_left() {
+    let setup = || {
+        let mut a = MemLog::new("dc-a", 5 << 20 | 77);
+        let mut b = MemLog::new("dc-b", 9 << 20 | 3);
+        let (mut sender, hello) = Sender::new(&a, "dc-b", StreamTuning::default(), 0);
+        let mut receiver = Receiver::new("dc-b", "dc-a");
+        for f in receive(&mut b, &mut receiver, hello).unwrap() {
+            assert!(sender.handle_frame(&a, f).unwrap().is_empty());
+        }
+        register(&mut a, 1, "p1");
+        let (batch, _) = sender.poll_transmit(&a, 0).unwrap().expect("a batch to ship");
+        let ack = receive(&mut b, &mut receiver, batch).unwrap().pop().expect("an ack");
+        let Frame::Ack { batch_id, mark } = ack else { panic!("not an ack: {ack:?}") };
+        (a, sender, batch_id, mark)
+    };
+
+    let (a, mut sender, batch_id, mark) = setup();
+    let events = sender.handle_ack(batch_id, mark, a.own_mark().epoch).unwrap();
+    assert_eq!(events, vec![SenderEvent::PeerAcked(mark)]);
+    assert_eq!(sender.inflight_batches(), 0);
+
+    let (mut a, mut sender, batch_id, mark) = setup();
+    a.begin_epoch(epoch::above(a.own_mark().epoch, 1)).unwrap();
+    let err = sender.handle_ack(batch_id, mark, a.own_mark().epoch).unwrap_err();
+    assert_eq!(err.code, tandem_schemas::RefuseCode::CursorRegressed, "{err}");
+    assert_eq!(sender.inflight_batches(), 1, "a refused ack released its batch");
+
+    let a = MemLog::new("dc-a", 5 << 20 | 77);
+    let (mut fresh, _hello) = Sender::new(&a, "dc-b", StreamTuning::default(), 0);
+    let err = fresh.handle_ack(1, mark, a.own_mark().epoch).unwrap_err();
+    assert!(err.to_string().contains("unexpected Ack"), "{err}");
+}

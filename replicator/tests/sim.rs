@@ -964,7 +964,14 @@ impl World {
     fn at_sender(&mut self, stream: usize, conn: &mut Conn, frame: Frame) -> Result<(), StreamError> {
         let (origin, peer) = (self.streams[stream].origin, self.streams[stream].peer);
         self.trace(|| format!("{origin} <- {peer}: {}", describe(&frame)));
-        let events = conn.sender.handle_frame(&self.dcs[origin].log, frame)?;
+        // As the gateway drives it: an ack is checked against the own epoch where it
+        // arrives, without the log; every other answer is handled with the log.
+        let events = match frame {
+            Frame::Ack { batch_id, mark } => {
+                conn.sender.handle_ack(batch_id, mark, self.dcs[origin].log.own_mark().epoch)?
+            }
+            frame => conn.sender.handle_frame(&self.dcs[origin].log, frame)?,
+        };
         self.streams[stream].failures = 0;
         for e in events {
             match e {

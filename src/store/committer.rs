@@ -99,6 +99,12 @@ pub struct Settled {
 /// durable but is not reported to `on_commit`.
 pub type WithLogFn<L = RocksLog> = Box<dyn FnOnce(&mut L) + Send>;
 
+/// Runs on the committer thread with the log, read only. It sees the log as of the last
+/// durable write, as every reader does, so it is served where it stands in a round of
+/// local appends without splitting their group into two synced writes, and while a
+/// linger gathers writers without ending it (see [`Request::ReadLog`]).
+pub type ReadLogFn<L = RocksLog> = Box<dyn FnOnce(&L) + Send>;
+
 /// Called on the committer thread after every durable write, in commit order, before any
 /// caller of that write is answered. It must be quick and must not wait for the committer.
 pub type OnCommit = Box<dyn FnMut(&CommitNotice) + Send>;
@@ -139,6 +145,10 @@ pub enum Request<L = RocksLog> {
     Unretire { dc: String, reply: Reply<bool> },
     /// Run a function with the log (see [`WithLogFn`]).
     WithLog(WithLogFn<L>),
+    /// Run a read-only function with the log (see [`ReadLogFn`]): the replication
+    /// gateway's reads of the own events to ship and of the marks it checks, which come
+    /// while the DC's writers keep the committer busy.
+    ReadLog(ReadLogFn<L>),
     /// Serve what came before, close the log, then answer. Requests after it are dropped
     /// unanswered: their callers get [`CommitError::Stopped`].
     Shutdown { reply: oneshot::Sender<()> },
@@ -475,7 +485,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                 }
                 continue;
             }
-            if !matches!(req, Request::LocalAppend { .. }) {
+            if !matches!(req, Request::LocalAppend { .. } | Request::ReadLog(_)) {
                 // Keep commit order: the local appends taken before this request go first.
                 self.flush_local(&mut group);
             }
@@ -642,6 +652,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
                     }
                     self.stats.lock().requests += 1;
                 }
+                Request::ReadLog(f) => self.serve_read(f),
                 Request::Shutdown { reply } => shutdown_replies.push(reply),
             }
         }

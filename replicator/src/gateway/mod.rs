@@ -91,6 +91,12 @@ pub trait ReplicaStore: Clone + Send + Sync + 'static {
     fn begin_epoch(&self, above: u64, tiebreak: u64) -> impl Future<Output = Result<Mark, LogError>> + Send;
     /// Changes whenever the own origin's last seq does.
     fn own_progress(&self) -> watch::Receiver<u64>;
+    /// The own origin's epoch as of its last durable write, when the store can say without
+    /// a read of the log: a peer's ack is then checked against it where it arrives, not
+    /// behind the writes the log is busy with. `None`: acks are handled with the log.
+    fn own_epoch(&self) -> Option<u64> {
+        None
+    }
     /// True when this side's operator retired `dc`: its connections are refused and it is
     /// not dialed (see docs/replication.md, "Retiring a DC").
     fn retired(&self, _dc: &str) -> bool {
@@ -537,6 +543,33 @@ async fn send_session<S: ReplicaStore>(
     res
 }
 
+/// Records a peer's acks of the own origin (the purge floor's input) as they come, the
+/// latest one each time the store is free: a record that waits for the log's writes does
+/// not hold up the stream. Ends only when a record fails, with the error.
+async fn record_acks<S: ReplicaStore>(
+    store: S,
+    peer: String,
+    mut acks: watch::Receiver<Option<Mark>>,
+) -> String {
+    while acks.changed().await.is_ok() {
+        let Some(mark) = *acks.borrow_and_update() else { continue };
+        if let Err(e) = store.peer_acked(peer.clone(), mark).await {
+            return e.to_string();
+        }
+    }
+    // The session dropped its side; the task is aborted with it before this is seen.
+    std::future::pending().await
+}
+
+/// A task aborted when its handle is dropped (a session's helper ends with the session).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// One send session on a connection `dial` made.
 async fn session_on<S: ReplicaStore>(
     conn: &quinn::Connection,
@@ -569,6 +602,8 @@ async fn session_on<S: ReplicaStore>(
     let mut tick = tokio::time::interval(Duration::from_millis(cfg.stream.ping_interval_ms.clamp(10, 1000)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_snapshot_log: Option<tokio::time::Instant> = None;
+    let (acks, recorded) = watch::channel(None);
+    let mut recorder = AbortOnDrop(tokio::spawn(record_acks(store.clone(), peer.dc.clone(), recorded)));
     loop {
         // Send everything the window allows.
         let now = now_ms(clock);
@@ -667,14 +702,20 @@ async fn session_on<S: ReplicaStore>(
                     return Err(format!("peer speaks schema version {answered_in}; reconnecting in it"));
                 }
                 stats.frames_received.fetch_add(1, Ordering::Relaxed);
-                let (s, res) = store
-                    .with_log(Box::new(move |log: &dyn EventLog| {
-                        let r = sender.handle_frame(log, f);
-                        (sender, r)
-                    }))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                sender = s;
+                let res = match (f, store.own_epoch()) {
+                    (Frame::Ack { batch_id, mark }, Some(epoch)) => sender.handle_ack(batch_id, mark, epoch),
+                    (f, _) => {
+                        let (s, res) = store
+                            .with_log(Box::new(move |log: &dyn EventLog| {
+                                let r = sender.handle_frame(log, f);
+                                (sender, r)
+                            }))
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        sender = s;
+                        res
+                    }
+                };
                 match res {
                     Ok(evs) => {
                         for ev in evs {
@@ -688,7 +729,9 @@ async fn session_on<S: ReplicaStore>(
                                         // The oldest unacked batch is now a younger one.
                                         p.out_oldest_unacked_wall_ms = if left == 0 { 0 } else { wall_ms() };
                                     });
-                                    store.peer_acked(peer.dc.clone(), m).await.map_err(|e| e.to_string())?;
+                                    // Recorded off this loop (the latest ack wins), so the
+                                    // next batch does not wait for the record.
+                                    acks.send_replace(Some(m));
                                 }
                                 SenderEvent::ChunkAcked { .. } => {
                                     stats.with_peer(&peer.dc, |p| p.snapshot_chunks_acked += 1);
@@ -734,6 +777,9 @@ async fn session_on<S: ReplicaStore>(
             _ = progress.changed() => {}
             _ = tick.tick() => {}
             r = conn.closed() => return Err(format!("connection closed: {r}")),
+            e = &mut recorder.0 => {
+                return Err(format!("recording the peer's ack: {}", e.unwrap_or_else(|e| e.to_string())));
+            }
         }
     }
 }

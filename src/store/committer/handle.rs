@@ -11,8 +11,8 @@ use tandem_schemas::{ChangeEvent, Mark, Snapshot, SnapshotChunk};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{
-    BuildEvents, Built, CommitError, CommitLog, CommitStats, Committer, LogHealth, LogHealthReport, Reply,
-    Request, Settle, WithLogFn,
+    BuildEvents, Built, CommitError, CommitLog, CommitStats, Committer, LogHealth, LogHealthReport,
+    ReadLogFn, Reply, Request, Settle, WithLogFn,
 };
 use crate::store::RocksLog;
 
@@ -111,6 +111,21 @@ impl<L: CommitLog + Send + 'static> CommitterHandle<L> {
             let _ = tx.send(f(log));
         });
         self.send(Request::WithLog(run)).await?;
+        rx.await.map_err(|_| CommitError::Stopped)
+    }
+
+    /// Runs `f` with the log, read only, on the committer thread (see [`ReadLogFn`]): it
+    /// does not split a group of local appends, nor end a linger.
+    pub async fn read_log<R, F>(&self, f: F) -> Result<R, CommitError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&L) -> R + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let run: ReadLogFn<L> = Box::new(move |log| {
+            let _ = tx.send(f(log));
+        });
+        self.send(Request::ReadLog(run)).await?;
         rx.await.map_err(|_| CommitError::Stopped)
     }
 

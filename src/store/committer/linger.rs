@@ -1,8 +1,9 @@
 //! The group-commit linger: how long a round waits for more writers before its fsync.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
-use super::{CommitLog, Committer, Request, LINGER_QUIET_GAPS};
+use super::{CommitLog, Committer, ReadLogFn, Request, LINGER_QUIET_GAPS};
 
 impl<L: CommitLog + Send + 'static> Committer<L> {
     /// Group-commit linger. Only when writers are evidently concurrent (the round already
@@ -16,10 +17,17 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
     /// waits; a few writers wait only until all of them are in; many writers fill the
     /// round up to the target. The thread sleeps (it does not spin), which leaves the core
     /// to the request handlers producing the next writes.
+    ///
+    /// Reads ([`Request::ReadLog`]) taken while it lingers are served at once rather than
+    /// ending it: they neither wait for the round's fsync nor cost the writers their group.
     pub(super) fn linger(&mut self, round: &mut Vec<Request<L>>) {
         let l = self.limits;
         let want = self.last_round.min(l.linger_target).min(l.group_requests_max.get());
-        if l.linger_max.is_zero() || round.len() < 2 {
+        if l.linger_max.is_zero() {
+            return;
+        }
+        self.serve_reads_among_appends(round);
+        if round.len() < 2 {
             return;
         }
         let quiet = l.linger_gap * LINGER_QUIET_GAPS;
@@ -33,6 +41,7 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
             std::thread::sleep(l.linger_gap);
             let before = round.len();
             self.take_waiting(round);
+            self.serve_reads_among_appends(round);
             let now = Instant::now();
             if round.len() > before {
                 last_arrival = now;
@@ -41,6 +50,35 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
             }
             if now >= deadline {
                 return;
+            }
+        }
+    }
+}
+
+impl<L: CommitLog + Send + 'static> Committer<L> {
+    /// Runs a read with the log. A panicking function must not take the sequencer down;
+    /// its caller sees its reply channel dropped.
+    pub(super) fn serve_read(&mut self, f: ReadLogFn<L>) {
+        if catch_unwind(AssertUnwindSafe(|| f(&self.log))).is_err() {
+            tracing::error!("a read_log function panicked on the committer thread");
+        }
+        self.stats.lock().requests += 1;
+    }
+
+    /// Serves the reads of `round` that only local appends precede (an append is not
+    /// written before its round's fsync, so a read sees the same log before or after it),
+    /// and takes them out of the round. A read behind any other request waits for it.
+    fn serve_reads_among_appends(&mut self, round: &mut Vec<Request<L>>) {
+        let mut i = 0;
+        while i < round.len() {
+            match &round[i] {
+                Request::LocalAppend { .. } => i += 1,
+                Request::ReadLog(_) => {
+                    if let Request::ReadLog(f) = round.remove(i) {
+                        self.serve_read(f);
+                    }
+                }
+                _ => return,
             }
         }
     }
@@ -86,6 +124,32 @@ mod tests {
         assert!(
             waited >= c.limits.linger_gap * LINGER_QUIET_GAPS,
             "it ended before a quiet window: {waited:?}"
+        );
+    }
+
+    /// A read taken while the round lingers (the gateway reading what to ship) is answered
+    /// at once, and the linger goes on gathering the writers. It used to end the linger:
+    /// the writers lost their group to a read that changes nothing.
+    #[test]
+    fn a_read_taken_while_lingering_is_served_and_the_linger_goes_on() {
+        use tandem_replicator::log::EventLog;
+        let (mut c, handle) = committer(Duration::from_secs(5));
+        c.last_round = 64;
+        let (tx, mut answered) = oneshot::channel();
+        let read = Request::ReadLog(Box::new(move |log: &MemStore| {
+            let _ = tx.send(log.own_mark().seq);
+        }));
+        handle.tx.blocking_send(read).unwrap();
+        let mut round = vec![append(), append()];
+        let t = Instant::now();
+        c.linger(&mut round);
+        let waited = t.elapsed();
+        assert_eq!(answered.try_recv().ok(), Some(0), "the read was not served while lingering");
+        assert_eq!(round.len(), 2);
+        assert!(round.iter().all(|r| matches!(r, Request::LocalAppend { .. })));
+        assert!(
+            waited >= c.limits.linger_gap * LINGER_QUIET_GAPS,
+            "the read ended the linger after {waited:?}"
         );
     }
 

@@ -225,7 +225,9 @@ impl<L: CommitLog + Send + 'static> Committer<L> {
             Request::PurgeRemoteTombstones { reply, .. } | Request::PeerAck { reply, .. } => {
                 self.answer(reply, Err(e));
             }
-            other @ (Request::WithLog(_) | Request::Shutdown { .. }) => return Some(other),
+            other @ (Request::WithLog(_) | Request::ReadLog(_) | Request::Shutdown { .. }) => {
+                return Some(other)
+            }
         }
         None
     }
