@@ -44,7 +44,7 @@ pub use commit_log::{CommitLog, Retirement, SyncParts};
 pub use committer::{
     AppendLocal, BuildEvents, Built, CommitError, CommitNotice, CommitStats, Committed, Committer,
     CommitterHandle, CommitterLimits, Durations, InlineCommitter, LogHealth, LogHealthReport, OnCommit,
-    Reply, Request, Settle, Settled, StateMarks, SyncBreakdown, WithLogFn, DURATION_BUCKETS_US,
+    ReadLogFn, Reply, Request, Settle, Settled, StateMarks, SyncBreakdown, WithLogFn, DURATION_BUCKETS_US,
     GROUP_SIZE_BUCKETS, LINGER_GAP_US_DEFAULT, LINGER_MAX_US_DEFAULT, LINGER_QUIET_GAPS,
     LINGER_TARGET_DEFAULT, RECOVERY_BACKOFF_INITIAL_MS_DEFAULT, RECOVERY_BACKOFF_MAX_MS_DEFAULT,
 };

@@ -331,3 +331,31 @@ fn an_ack_checked_without_the_log_refuses_an_epoch_the_origin_left() {
     let err = fresh.handle_ack(1, mark, a.own_mark().epoch).unwrap_err();
     assert!(err.to_string().contains("unexpected Ack"), "{err}");
 }
+
+/// The gateway reads its mark of the origin only for the frames that need it
+/// (`Receiver::needs_mark`): a batch is handled without, so it costs the receiver one trip
+/// to its log (the apply), not two. Its handling must then be the same whatever mark is
+/// given, and every other frame must still ask for the mark.
+#[test]
+fn a_batch_is_handled_the_same_without_the_mark() {
+    let mut a = MemLog::new("dc-a", 5 << 20 | 77);
+    let mut b = MemLog::new("dc-b", 9 << 20 | 3);
+    register(&mut a, 1, "p1");
+    assert_eq!(sync(&mut a, &mut b, 0).last(), Some(&Outcome::Idle));
+    register(&mut a, 1, "p2");
+    let held = b.mark_of("dc-a");
+    assert!(held.is_some());
+    let batch = Frame::Batch { batch_id: 7, events: a.read_own(1, 16).unwrap() };
+    assert!(!Receiver::needs_mark(&batch));
+    let hello = Frame::Hello { dc: "dc-a".into(), epoch: a.own_mark().epoch, last_seq: a.own_mark().seq };
+    let streaming = || {
+        let mut r = Receiver::new("dc-b", "dc-a");
+        r.handle_frame(held, b.mark_event_id("dc-a"), hello.clone()).unwrap();
+        r
+    };
+    let with = streaming().handle_frame(held, b.mark_event_id("dc-a"), batch.clone()).unwrap();
+    let without = streaming().handle_frame(None, None, batch).unwrap();
+    assert_eq!(with, without);
+    let ping = Frame::Ping { last_seq: 2, floor_seq: 0, now_ms: 0 };
+    assert!(Receiver::needs_mark(&hello) && Receiver::needs_mark(&ping));
+}

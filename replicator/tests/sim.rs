@@ -822,8 +822,12 @@ impl World {
         let (origin, peer) = (self.streams[stream].origin, self.streams[stream].peer);
         let oname = self.dcs[origin].name;
         self.trace(|| format!("{peer} <- {origin}: {}", describe(&frame)));
-        let mark = self.dcs[peer].log.mark_of(oname);
-        let mark_id = self.dcs[peer].log.mark_event_id(oname);
+        // As the gateway drives it: the mark is read only for a frame that needs it.
+        let (mark, mark_id) = if Receiver::needs_mark(&frame) {
+            (self.dcs[peer].log.mark_of(oname), self.dcs[peer].log.mark_event_id(oname))
+        } else {
+            (None, None)
+        };
         let actions = receiver.handle_frame(mark, mark_id, frame).map_err(Fail::Stream)?;
         for action in actions {
             match action {

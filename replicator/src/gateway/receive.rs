@@ -299,7 +299,12 @@ async fn receive_session<S: ReplicaStore>(
             stats.frames_received.fetch_add(1, Ordering::Relaxed);
             let mono = now_ms(started);
             stats.with_peer(peer_dc, |p| p.on_frame(wall_ms(), mono));
-            let (mark, mark_id) = store.mark_of(peer_dc.to_owned()).await.map_err(|e| e.to_string())?;
+            // A batch is handled without the mark: it costs one trip to the log, its apply.
+            let (mark, mark_id) = if Receiver::needs_mark(&frame) {
+                store.mark_of(peer_dc.to_owned()).await.map_err(|e| e.to_string())?
+            } else {
+                (None, None)
+            };
             let actions = match receiver.handle_frame(mark, mark_id, frame) {
                 Ok(a) => a,
                 Err(e) => {

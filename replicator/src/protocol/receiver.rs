@@ -83,8 +83,16 @@ impl Receiver {
         self.chunks = None;
     }
 
+    /// Whether [`Receiver::handle_frame`] reads the mark for `frame`. A batch's does not
+    /// (its apply checks the events against the mark where it writes them), so a driver
+    /// need not read the mark for each batch: `None` stands in for it.
+    pub fn needs_mark(frame: &Frame) -> bool {
+        !matches!(frame, Frame::Batch { .. })
+    }
+
     /// Handles a frame from the sender. `mark` is the receiver's current mark of the
-    /// channel's origin and `mark_event_id` the id of the event at it, when known.
+    /// channel's origin and `mark_event_id` the id of the event at it, when known (for a
+    /// frame that [`Receiver::needs_mark`] says does not need it, anything may be given).
     pub fn handle_frame(
         &mut self,
         mark: Option<Mark>,
