@@ -492,14 +492,22 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
         // of it (a request read the base before its invocation time). Times are in ms: a
         // request that read the old base in the same ms as the switch must not count as
         // invoked after the declaration, so the declaration waits for the next ms.
-        if follow_bases(&ctx, &cluster) {
+        let moved_at = follow_bases(&ctx, &cluster);
+        if moved_at.is_some() {
             tokio::time::sleep(Duration::from_millis(3)).await;
         }
         let t1 = ctx.now();
+        // A split's replacement answers every request that read the new base: from the ms
+        // after the switch, not from the declaration 3 ms later (a heartbeat in between got
+        // the replacement's "unknown instance" and was judged against the old process).
+        let t_after = match (step.action, moved_at) {
+            (Action::Split { .. }, Some(at)) => at,
+            _ => t1,
+        };
         let label = ledger.label(step.action);
         ctx.say(&format!("fault: {label}{}", note.map(|n| format!(" ({n})")).unwrap_or_default()));
         for (side, ev) in process_events.after {
-            ctx.checker.lock().process(&names[side], t1, ev);
+            ctx.checker.lock().process(&names[side], t_after, ev);
         }
         if let (true, Action::Cut(cut)) = (real, step.action) {
             // The cut is certain once applied.
@@ -701,14 +709,17 @@ pub async fn run_drill(opts: &DrillOptions, bin: &Path) -> anyhow::Result<DrillR
 }
 
 /// The drill's clients use the member each DC's [`Cluster`] names. Whether one moved.
-fn follow_bases(ctx: &Ctx, cluster: &Cluster) -> bool {
-    let mut moved = false;
+/// Moves the clients to the DCs' current bases; returns when the last move counts from
+/// (the ms after its switch), if one moved.
+fn follow_bases(ctx: &Ctx, cluster: &Cluster) -> Option<u64> {
+    let mut moved = None;
     for side in 0..2 {
         if *ctx.bases[side].read() != cluster.dcs[side].base {
             *ctx.bases[side].write() = cluster.dcs[side].base.clone();
             // After the ms of the switch: a read that took the old base in it is before.
-            ctx.checker.lock().client_moved(&ctx.names[side], ctx.now() + 1);
-            moved = true;
+            let at = ctx.now() + 1;
+            ctx.checker.lock().client_moved(&ctx.names[side], at);
+            moved = Some(at);
         }
     }
     moved
