@@ -43,8 +43,8 @@ pub mod tls;
 
 pub use admin::TRANSFER_LEADER_PATH;
 
-/// Largest accepted request body.
-pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;
+/// Largest accepted request body (the contract's constant: the SDK sizes its batches by it).
+pub const REQUEST_BODY_BYTES_MAX: usize = tandem_client::api::REQUEST_BODY_BYTES_MAX;
 /// Blocking queries wait this long when `wait` is absent.
 pub const WAIT_DEFAULT: Duration = Duration::from_secs(30);
 /// And never longer than this.

@@ -24,9 +24,12 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 /// Most entries one `POST /v1/heartbeats` may carry; the SDK sends larger sets in chunks.
 pub const HEARTBEAT_BATCH_MAX: usize = 512;
 
-/// Most entries one `POST /v1/registrations` may carry (the request body's 64 KiB bound
-/// comes first for entries with much metadata).
+/// Most entries one `POST /v1/registrations` may carry (the request body's bound,
+/// [`REQUEST_BODY_BYTES_MAX`], comes first for entries with much metadata).
 pub const REGISTER_BATCH_MAX: usize = 256;
+
+/// Largest request body the registry accepts (a larger one is refused with 413).
+pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;
 
 // ---------------------------------------------------------------------------------------
 // Requests.

@@ -99,3 +99,40 @@ async fn two_principals_racing_for_a_new_id_cannot_both_win() {
     }
     owner.stop().await;
 }
+
+/// Providers of one process that hold different tokens renew each with its own: the SDK's
+/// heartbeat batcher groups instances by their token too. One group for both sent every
+/// renewal with the first one's token, and the registry refused the batch (403) for the
+/// instance the other principal owns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn providers_with_different_tokens_in_one_process_renew_each_with_its_own() {
+    use std::time::Duration;
+    use tandem_client::sdk::{ClientConfig, InstanceSpec, Provider};
+    let t = Acl::start().await;
+    let cfg = |who: &str| {
+        let mut c = ClientConfig::new([t.base.clone()]);
+        c.token = t.token(who).map(tandem_client::client::Token::new);
+        c.retry.initial = Duration::from_millis(50);
+        c.retry.max = Duration::from_millis(200);
+        c
+    };
+    let ttl = Duration::from_millis(1_600);
+    let orders =
+        Provider::register(cfg("orders"), InstanceSpec::new("orders", "10.0.0.7", 1).ttl(ttl)).await.unwrap();
+    let team_b = Provider::register(
+        cfg("team-b"),
+        InstanceSpec::new("orders", "10.0.0.8", 2).namespace("team-b").ttl(ttl),
+    )
+    .await
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while [&orders, &team_b].iter().any(|p| p.state().heartbeats_ok < 3) {
+        assert!(tokio::time::Instant::now() < deadline, "{:?} / {:?}", orders.state(), team_b.state());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for p in [&orders, &team_b] {
+        assert_eq!(p.state().heartbeats_failed, 0, "{:?}", p.state());
+    }
+    drop((orders, team_b));
+    t.stop().await;
+}

@@ -7,9 +7,12 @@
 //! started at different times fall into step after one round and stay there. Above
 //! [`HEARTBEAT_BATCH_MAX`] instances the batch goes out in chunks. Each entry of the
 //! answer is handled per instance, as a single heartbeat's answer would be: `unknown`
-//! (404) registers the instance again (in a task of its own, so that a slow write never
-//! delays the other instances' beats), `conflict` (409, another DC owns it) and failed
-//! requests count as failed beats and retry with the member's own capped backoff.
+//! (404) registers the instance again, `conflict` (409, another DC owns it) and failed
+//! requests count as failed beats and retry with the member's own capped backoff. The
+//! instances one round found unknown register again together (`POST /v1/registrations`,
+//! as `Provider::register_all`), in a task of their own, so that a slow write never delays
+//! the other instances' beats: a registry that lost its data gets one request per chunk
+//! back from each process, not one per instance.
 //!
 //! The task runs while the group has members and ends with the last one.
 
@@ -23,18 +26,19 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::provider::Shared;
+use super::provider::{reregister_together, Shared};
 use super::{jittered, Backoff, RetryConfig};
 use crate::api::{HeartbeatBatch, HeartbeatItem, HEARTBEAT_BATCH_MAX};
 use crate::client::{Client, ClientError};
 
-/// Providers with equal keys share a group (and its requests).
+/// Providers with equal keys share a group (and its requests, sent with the token).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct GroupKey {
     addrs: Vec<String>,
     connect_timeout: Duration,
     request_timeout: Duration,
     tls: Option<crate::ClientTls>,
+    token: Option<crate::client::Token>,
 }
 
 /// The groups of this process (dead entries are swept on each join).
@@ -83,6 +87,7 @@ pub(crate) fn join(provider: Arc<Shared>, interval: Duration) -> Membership {
         connect_timeout: cfg.connect_timeout,
         request_timeout: cfg.request_timeout,
         tls: cfg.tls.clone(),
+        token: cfg.token.clone(),
     };
     let group = {
         let mut groups = GROUPS.lock();
@@ -166,20 +171,27 @@ async fn run(group: Arc<Group>) {
             continue;
         }
         let beats = beat(&group, &due).await;
+        let mut unknown = Vec::new();
         for ((id, provider), beat) in due.into_iter().zip(beats) {
             if let Beat::Unknown = beat {
-                // Registering again is a durable write, slower than a heartbeat: it runs on
-                // its own, so that the other instances' beats never wait for it.
+                // Not sent again while it is being registered again.
                 group.reschedule(id, None);
-                let g = group.clone();
-                tokio::spawn(async move {
-                    let ok = settle(&provider, Beat::Unknown).await;
-                    g.reschedule(id, Some(ok));
-                });
+                unknown.push((id, provider));
             } else {
                 let ok = settle(&provider, beat).await;
                 group.reschedule(id, Some(ok));
             }
+        }
+        if !unknown.is_empty() {
+            // Registering again is a durable write, slower than a heartbeat: it runs on its
+            // own, so that the other instances' beats never wait for it.
+            let g = group.clone();
+            tokio::spawn(async move {
+                let oks = settle_unknown(&unknown).await;
+                for ((id, _), ok) in unknown.iter().zip(oks) {
+                    g.reschedule(*id, Some(ok));
+                }
+            });
         }
     }
 }
@@ -247,28 +259,12 @@ async fn beat(group: &Group, due: &[(u64, Arc<Shared>)]) -> Vec<Beat> {
     out
 }
 
-/// Applies one beat's outcome to the provider's state; whether it counts as a good beat.
+/// Applies one beat's outcome (renewed or failed) to the provider's state; whether it
+/// counts as a good beat.
 async fn settle(provider: &Shared, beat: Beat) -> bool {
     let ok = match beat {
         Beat::Renewed => true,
-        Beat::Unknown => {
-            let id = provider.state.borrow().instance_id.clone();
-            tracing::warn!(instance = %id, "registry does not know this instance; registering again");
-            let _w = provider.write.lock().await;
-            // A status change or shutdown may have run meanwhile; only register again if
-            // the id is still the one reported unknown.
-            if provider.state.borrow().instance_id != id || provider.stopped.load(Ordering::Relaxed) {
-                true
-            } else {
-                match provider.reregister().await {
-                    Ok(()) => true,
-                    Err(e) => {
-                        provider.state.send_modify(|s| s.last_error = Some(e.to_string()));
-                        false
-                    }
-                }
-            }
-        }
+        Beat::Unknown => return settle_unknown(&[(0, provider)]).await[0],
         Beat::Failed(e) => {
             let id = provider.state.borrow().instance_id.clone();
             tracing::warn!(instance = %id, error = %e, "heartbeat failed");
@@ -276,6 +272,49 @@ async fn settle(provider: &Shared, beat: Beat) -> bool {
             false
         }
     };
+    count(provider, ok);
+    ok
+}
+
+/// The members a round found unknown (in the group's order) register again together;
+/// whether each counts as a good beat.
+///
+/// Each one's `write` is held meanwhile, taken in the group's order (every caller takes
+/// them so, and no other holder waits for a second one). A status change or a shutdown
+/// may have run before: only a member whose id is still the one reported unknown, and
+/// that is not stopped, registers again.
+async fn settle_unknown<P: std::ops::Deref<Target = Shared>>(members: &[(u64, P)]) -> Vec<bool> {
+    let ids: Vec<String> = members.iter().map(|(_, p)| p.state.borrow().instance_id.clone()).collect();
+    for id in &ids {
+        tracing::warn!(instance = %id, "registry does not know this instance; registering again");
+    }
+    let mut held = Vec::with_capacity(members.len());
+    for (_, p) in members {
+        held.push(p.write.lock().await);
+    }
+    let due: Vec<usize> = (0..members.len())
+        .filter(|&i| {
+            let p = &members[i].1;
+            p.state.borrow().instance_id == ids[i] && !p.stopped.load(Ordering::Relaxed)
+        })
+        .collect();
+    let shared: Vec<&Shared> = due.iter().map(|&i| &*members[i].1).collect();
+    let mut oks = vec![true; members.len()];
+    for (&i, res) in due.iter().zip(reregister_together(&shared).await) {
+        if let Err(e) = res {
+            members[i].1.state.send_modify(|s| s.last_error = Some(e.to_string()));
+            oks[i] = false;
+        }
+    }
+    drop(held);
+    for ((_, p), &ok) in members.iter().zip(&oks) {
+        count(p, ok);
+    }
+    oks
+}
+
+/// Counts one beat of `provider`, good or failed.
+fn count(provider: &Shared, ok: bool) {
     provider.state.send_modify(|s| {
         if ok {
             s.heartbeats_ok += 1;
@@ -285,5 +324,4 @@ async fn settle(provider: &Shared, beat: Beat) -> bool {
             s.consecutive_failures = s.consecutive_failures.saturating_add(1);
         }
     });
-    ok
 }

@@ -1,4 +1,5 @@
-//! The client SDK: a [`Provider`] that keeps one instance registered, and a [`Consumer`]
+//! The client SDK: a [`Provider`] that keeps one instance registered (or many, registered
+//! together with [`Provider::register_all`]), and a [`Consumer`]
 //! that keeps one service's instance list fresh, survives registry restarts and outages,
 //! and picks instances with outlier ejection.
 //!
@@ -106,8 +107,8 @@ pub struct RetryConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProviderConfig {
     /// Heartbeat period; `None`: an eighth of the lease the registry granted. The registry
-    /// marks an instance suspect after a sixth of its lease without a heartbeat (5 s of 30 s,
-    /// as Nacos), so a beat every eighth stays clear of that even with jitter; a longer
+    /// marks an instance suspect after a quarter of its lease without a heartbeat (7.5 s of
+    /// 30 s), so a beat every eighth stays clear of that even with jitter; a longer
     /// period makes the instance go suspect and back between beats, each a durable health
     /// event.
     pub heartbeat_interval: Option<Duration>,

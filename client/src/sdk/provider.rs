@@ -10,6 +10,11 @@
 //! then: the re-registration gets a new one, since the old instance is gone (a new process
 //! life is a new instance).
 //!
+//! [`Provider::register_all`] registers the instances one process holds together: one
+//! `POST /v1/registrations` (one durable write on the registry) per chunk of at most
+//! [`REGISTER_BATCH_MAX`] entries and [`REQUEST_BODY_BYTES_MAX`] bytes, all or nothing. The
+//! batcher registers the instances one round found unknown together in the same way.
+//!
 //! [`Provider::shutdown`] is the graceful way out: status draining (heartbeats go on), wait
 //! until a discovery read shows the draining status (bounded) and a linger time so that
 //! consumers' caches update, stop heartbeats, deregister.
@@ -17,7 +22,9 @@
 //! Dropping a `Provider` without `shutdown` stops the heartbeats only; the lease then
 //! expires on the registry.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +35,9 @@ use tokio::sync::{watch, Mutex};
 use super::beats::{self, Membership};
 use super::model::{Answer, Status};
 use super::{Backoff, ClientConfig, SdkError};
-use crate::api::{RegisterAnswer, RegisterRequest, StatusName};
+use crate::api::{
+    RegisterAnswer, RegisterBatch, RegisterRequest, StatusName, REGISTER_BATCH_MAX, REQUEST_BODY_BYTES_MAX,
+};
 use crate::client::{Client, ClientError};
 
 /// What to register.
@@ -110,6 +119,12 @@ impl InstanceSpec {
         self.namespace.as_deref().unwrap_or("default")
     }
 
+    /// The names checked before anything is sent (the registry would refuse them).
+    fn check_names(&self) -> Result<(), String> {
+        tandem_schemas::validate_name("service", &self.service).map_err(|e| e.to_string())?;
+        tandem_schemas::validate_name("namespace", self.ns()).map_err(|e| e.to_string())
+    }
+
     /// The body of POST /v1/register.
     fn request(&self, instance_id: Option<&str>, status: StatusName) -> RegisterRequest {
         RegisterRequest {
@@ -171,28 +186,68 @@ impl Provider {
     /// registration are retried up to `provider.register_attempts_max` times with backoff.
     pub async fn register(cfg: ClientConfig, spec: InstanceSpec) -> Result<Provider, SdkError> {
         cfg.validate()?;
-        tandem_schemas::validate_name("service", &spec.service)
-            .map_err(|e| SdkError::Config(e.to_string()))?;
-        tandem_schemas::validate_name("namespace", spec.ns()).map_err(|e| SdkError::Config(e.to_string()))?;
+        spec.check_names().map_err(SdkError::Config)?;
         let client = cfg.client();
-        let mut backoff = Backoff::new(cfg.retry);
-        let mut attempt = 0;
-        let resp = loop {
-            attempt += 1;
-            match client.register_instance(&spec.request(spec.instance_id.as_deref(), StatusName::Up)).await {
-                Ok(r) => break r,
-                Err(e) => {
-                    let e = SdkError::from(e);
-                    if !e.is_retryable() || attempt >= cfg.provider.register_attempts_max {
-                        return Err(e);
-                    }
-                    let d = backoff.next_delay(&mut rand::thread_rng());
-                    tracing::warn!(error = %e, retry_in_ms = d.as_millis() as u64, "registration failed");
-                    tokio::time::sleep(d).await;
+        let req = spec.request(spec.instance_id.as_deref(), StatusName::Up);
+        let answer = with_attempts(&cfg, || client.register_instance(&req)).await?;
+        Provider::start(&cfg, spec, answer)
+    }
+
+    /// Registers every spec of `specs` together and starts heartbeating them: one
+    /// `POST /v1/registrations` per chunk of at most [`REGISTER_BATCH_MAX`] entries and
+    /// [`REQUEST_BODY_BYTES_MAX`] bytes, each chunk one durable write on the registry,
+    /// instead of a request and a write per instance. Each chunk is retried as
+    /// [`Provider::register`] retries.
+    ///
+    /// All or nothing: a spec the SDK can tell is wrong (a bad name, an instance id given
+    /// twice) fails the call before anything is sent, naming its place (`specs[3]`); when
+    /// the registry refuses a chunk, or a chunk runs out of attempts, the instances of the
+    /// chunks before it are deregistered again (best effort) and the error is returned.
+    /// The providers come back in the order of `specs`, each as `register` makes it.
+    pub async fn register_all(
+        cfg: ClientConfig,
+        specs: Vec<InstanceSpec>,
+    ) -> Result<Vec<Provider>, SdkError> {
+        cfg.validate()?;
+        let mut given: HashMap<(&str, &str, &str), usize> = HashMap::new();
+        for (i, spec) in specs.iter().enumerate() {
+            spec.check_names().map_err(|e| SdkError::Config(format!("specs[{i}]: {e}")))?;
+            if let Some(id) = spec.instance_id.as_deref() {
+                if let Some(first) = given.insert((spec.ns(), &spec.service, id), i) {
+                    return Err(SdkError::Config(format!(
+                        "specs[{i}]: instance id {id:?} of service {:?} is already given by specs[{first}]",
+                        spec.service
+                    )));
                 }
             }
-        };
-        let (instance_id, owner_dc, lease_ttl) = parse_registered(resp)?;
+        }
+        let client = cfg.client();
+        let reqs: Vec<RegisterRequest> =
+            specs.iter().map(|s| s.request(s.instance_id.as_deref(), StatusName::Up)).collect();
+        let mut answers: Vec<RegisterAnswer> = Vec::with_capacity(specs.len());
+        for range in chunks(&reqs) {
+            let batch = RegisterBatch { instances: reqs[range.clone()].to_vec() };
+            let sent = with_attempts(&cfg, || register_chunk(&client, &batch)).await;
+            match sent {
+                Ok(a) => answers.extend(a),
+                Err(e) => {
+                    undo(&client, &specs, &answers).await;
+                    return Err(e);
+                }
+            }
+        }
+        let mut providers = Vec::with_capacity(specs.len());
+        for (spec, answer) in specs.into_iter().zip(answers) {
+            providers.push(Provider::start(&cfg, spec, answer)?);
+        }
+        tracing::info!(instances = providers.len(), "registered together");
+        Ok(providers)
+    }
+
+    /// The provider of a registration the registry answered: its state, and its place in
+    /// the heartbeat batcher (none for persistent instances).
+    fn start(cfg: &ClientConfig, spec: InstanceSpec, a: RegisterAnswer) -> Result<Provider, SdkError> {
+        let (instance_id, owner_dc, lease_ttl) = parse_registered(a)?;
         let interval =
             cfg.provider.heartbeat_interval.unwrap_or_else(|| (lease_ttl / 8).max(Duration::from_millis(10)));
         let state = ProviderState {
@@ -210,8 +265,8 @@ impl Provider {
         tracing::info!(instance = %state.instance_id, dc = %state.owner_dc, lease_ms = lease_ttl.as_millis() as u64,
             "registered");
         let shared = Arc::new(Shared {
-            client,
-            cfg,
+            client: cfg.client(),
+            cfg: cfg.clone(),
             spec,
             state: watch::channel(state).0,
             write: Mutex::new(()),
@@ -311,17 +366,149 @@ fn parse_registered(a: RegisterAnswer) -> Result<(String, String, Duration), Sdk
     Ok((a.instance_id, a.owner_dc, Duration::from_millis(a.lease_ttl_ms)))
 }
 
+/// Runs `send` until it succeeds, fails for good (an error that is not retryable), or
+/// `provider.register_attempts_max` attempts are spent, with backoff between attempts.
+async fn with_attempts<T, F, Fut>(cfg: &ClientConfig, mut send: F) -> Result<T, SdkError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, ClientError>>,
+{
+    let mut backoff = Backoff::new(cfg.retry);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match send().await {
+            Ok(r) => return Ok(r),
+            Err(e) => {
+                let e = SdkError::from(e);
+                if !e.is_retryable() || attempt >= cfg.provider.register_attempts_max {
+                    return Err(e);
+                }
+                let d = backoff.next_delay(&mut rand::thread_rng());
+                tracing::warn!(error = %e, retry_in_ms = d.as_millis() as u64, "registration failed");
+                tokio::time::sleep(d).await;
+            }
+        }
+    }
+}
+
+/// One chunk of a registration together: its answers, one per entry and each usable, or
+/// the error (an answer of another length or with an empty id is a decode error).
+async fn register_chunk(client: &Client, batch: &RegisterBatch) -> Result<Vec<RegisterAnswer>, ClientError> {
+    let a = client.register_batch(batch).await?;
+    if a.instances.len() != batch.instances.len()
+        || a.instances.iter().any(|r| r.instance_id.is_empty() || r.owner_dc.is_empty())
+    {
+        return Err(ClientError::Decode(format!(
+            "{} answers to a batch of {} registrations, or one without an id",
+            a.instances.len(),
+            batch.instances.len()
+        )));
+    }
+    Ok(a.instances)
+}
+
+/// The chunks `reqs` go out in, in order: at most [`REGISTER_BATCH_MAX`] entries each, and
+/// a body within [`REQUEST_BODY_BYTES_MAX`] (an entry larger than that alone goes alone,
+/// and the registry refuses it).
+pub(crate) fn chunks(reqs: &[RegisterRequest]) -> Vec<Range<usize>> {
+    // `{"instances":[` and `]}`, and a comma after every entry (one more than needed).
+    const ENVELOPE: usize = r#"{"instances":[]}"#.len();
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, ENVELOPE);
+    for (i, r) in reqs.iter().enumerate() {
+        let len = serde_json::to_vec(r).map_or(0, |v| v.len()) + 1;
+        if i > start && (i - start == REGISTER_BATCH_MAX || bytes + len > REQUEST_BODY_BYTES_MAX) {
+            out.push(start..i);
+            (start, bytes) = (i, ENVELOPE);
+        }
+        bytes += len;
+    }
+    if start < reqs.len() {
+        out.push(start..reqs.len());
+    }
+    out
+}
+
+/// Whether a refusal of a batch may be about one of its entries, not the request as a
+/// whole (a bad token, a rate limit, a registry that cannot write): invalid, forbidden,
+/// another DC's, too large, over a namespace's quota.
+fn refuses_an_entry(status: u16) -> bool {
+    matches!(status, 400 | 403 | 409 | 413 | 422 | 507)
+}
+
+/// A registration together that failed part way: deregisters what its first chunks
+/// registered (`answers`, in the order of `specs`), best effort.
+async fn undo(client: &Client, specs: &[InstanceSpec], answers: &[RegisterAnswer]) {
+    if answers.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        instances = answers.len(),
+        "registration together failed; deregistering what it registered"
+    );
+    for (spec, a) in specs.iter().zip(answers) {
+        match client.deregister(spec.ns(), &spec.service, &a.instance_id).await {
+            Ok(_) | Err(ClientError::Api { status: 404, .. }) => {}
+            Err(e) => tracing::warn!(instance = %a.instance_id, error = %e, "could not deregister"),
+        }
+    }
+}
+
+/// Registers `ps` again together (each with its spec and current status), in chunks as
+/// [`Provider::register_all`] sends them; one outcome per provider, in order. Every
+/// provider of `ps` shares the client settings of the first (the batcher groups them so).
+/// The callers hold each one's `write`.
+///
+/// A chunk the registry refuses for what an entry holds ([`refuses_an_entry`]) is sent
+/// again one registration at a time, so that an instance it refuses (its namespace's
+/// quota, say) keeps none of the others unregistered.
+pub(crate) async fn reregister_together(ps: &[&Shared]) -> Vec<Result<(), SdkError>> {
+    let Some(first) = ps.first() else { return Vec::new() };
+    let reqs: Vec<RegisterRequest> = ps.iter().map(|p| p.current_request()).collect();
+    let mut out = Vec::with_capacity(ps.len());
+    for range in chunks(&reqs) {
+        let batch = RegisterBatch { instances: reqs[range.clone()].to_vec() };
+        match register_chunk(&first.client, &batch).await {
+            Ok(answers) => {
+                for (p, a) in ps[range].iter().zip(answers) {
+                    out.push(p.registered_again(a));
+                }
+            }
+            Err(ClientError::Api { status, .. }) if refuses_an_entry(status) => {
+                for p in &ps[range] {
+                    out.push(p.reregister().await);
+                }
+            }
+            Err(e) => {
+                let e = e.to_string();
+                out.extend(range.map(|_| Err(SdkError::Registry(ClientError::Unreachable(e.clone())))));
+            }
+        }
+    }
+    out
+}
+
 impl Shared {
     pub(crate) fn ids(&self) -> (String, String, String) {
         (self.spec.ns().to_owned(), self.spec.service.clone(), self.state.borrow().instance_id.clone())
     }
 
+    /// The body of a registration again: the same spec, the current status.
+    fn current_request(&self) -> RegisterRequest {
+        let status = StatusName::try_from(self.state.borrow().status).unwrap_or(StatusName::Up);
+        self.spec.request(self.spec.instance_id.as_deref(), status)
+    }
+
     /// Registers again with the same spec and the current status. The caller holds `write`.
     pub(crate) async fn reregister(&self) -> Result<(), SdkError> {
-        let status = StatusName::try_from(self.state.borrow().status).unwrap_or(StatusName::Up);
-        let req = self.spec.request(self.spec.instance_id.as_deref(), status);
-        let resp = self.client.register_instance(&req).await?;
-        let (id, dc, ttl) = parse_registered(resp)?;
+        let resp = self.client.register_instance(&self.current_request()).await?;
+        self.registered_again(resp)
+    }
+
+    /// The registry's answer to a registration again.
+    fn registered_again(&self, a: RegisterAnswer) -> Result<(), SdkError> {
+        let (id, dc, ttl) = parse_registered(a)?;
         tracing::info!(instance = %id, "registered again");
         self.state.send_modify(|s| {
             s.instance_id = id;
@@ -366,6 +553,50 @@ impl Shared {
                 Err(_) => {
                     tokio::time::sleep(left.min(Duration::from_millis(100))).await;
                 }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(i: usize, meta_bytes: usize) -> RegisterRequest {
+        InstanceSpec::new("svc", "10.0.0.1", 1)
+            .meta("m", "x".repeat(meta_bytes))
+            .request(Some(&format!("i-{i}")), StatusName::Up)
+    }
+
+    fn body_bytes(reqs: &[RegisterRequest]) -> usize {
+        serde_json::to_vec(&RegisterBatch { instances: reqs.to_vec() }).unwrap().len()
+    }
+
+    #[test]
+    fn chunks_cover_every_entry_in_order_within_both_bounds_and_are_no_more_than_needed() {
+        let sizes = [(0, 0), (1, 0), (256, 0), (257, 0), (600, 0), (100, 3_000), (40, 1_500), (3, 70_000)];
+        for (n, meta) in sizes {
+            let reqs: Vec<RegisterRequest> = (0..n).map(|i| req(i, meta)).collect();
+            let cs = chunks(&reqs);
+            let mut next = 0;
+            for c in &cs {
+                assert_eq!(c.start, next, "{n} x {meta}: {cs:?}");
+                assert!(!c.is_empty() && c.len() <= REGISTER_BATCH_MAX, "{n} x {meta}: {cs:?}");
+                assert!(
+                    c.len() == 1 || body_bytes(&reqs[c.clone()]) <= REQUEST_BODY_BYTES_MAX,
+                    "{n} x {meta}: {c:?} holds {} bytes",
+                    body_bytes(&reqs[c.clone()])
+                );
+                next = c.end;
+            }
+            assert_eq!(next, n, "{n} x {meta}: {cs:?}");
+            // Each chunk but the last ends where one more entry would break a bound.
+            for c in cs.iter().take(cs.len().saturating_sub(1)) {
+                let more = &reqs[c.start..c.end + 1];
+                assert!(
+                    more.len() > REGISTER_BATCH_MAX || body_bytes(more) > REQUEST_BODY_BYTES_MAX,
+                    "{n} x {meta}: {c:?} could have taken one more"
+                );
             }
         }
     }
