@@ -3,6 +3,8 @@
 //! Every wait is bounded.
 
 mod common;
+#[path = "sdk/together.rs"]
+mod together;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -230,105 +232,6 @@ async fn one_process_renews_all_its_instances_in_batched_requests_chunked_at_the
     let d = c.discover("default", "fleet", "dc=all").await.unwrap();
     assert_eq!(d["instances"].as_array().map(Vec::len), Some(count));
     drop(providers);
-    node.shutdown().await;
-}
-
-/// A process with many instances: `register_all` registers them in batched requests (one
-/// durable write each), and when the registry has lost them all, the heartbeat batcher
-/// registers them again together, not one request per instance.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_process_registers_its_instances_together_and_again_together_once_the_registry_lost_them() {
-    use tandem_client::api::REGISTER_BATCH_MAX;
-    let dir = tempfile::tempdir().unwrap();
-    let node_cfg = fixed_port_config(dir.path());
-    let node = Node::start(node_cfg.clone(), None).await.unwrap();
-    let addrs = [url(&node)];
-    // More than one request may carry: two requests.
-    let count = REGISTER_BATCH_MAX + 44;
-    let ttl = Duration::from_millis(2_400);
-    let mut specs: Vec<InstanceSpec> = (0..count)
-        .map(|i| InstanceSpec::new("herd", "10.0.0.1", 1 + i as u16).instance_id(format!("h-{i}")).ttl(ttl))
-        .collect();
-    specs[7] = InstanceSpec::new("herd", "10.0.0.2", 7).ttl(ttl);
-    specs.push(InstanceSpec::new("herd-p", "10.0.0.3", 3).instance_id("p-1").persistent());
-    let batches0 = metric(&node, "tandem_registration_batches_total").await;
-    let regs0 = metric(&node, "tandem_registrations_total").await;
-    let providers = Provider::register_all(sdk_config(&addrs), specs).await.unwrap();
-    assert_eq!(providers.len(), count + 1);
-    assert_eq!(metric(&node, "tandem_registration_batches_total").await - batches0, 2);
-    assert_eq!(metric(&node, "tandem_registrations_total").await - regs0, count as u64 + 1);
-    // In the order of the specs, a generated id where none was given.
-    assert_eq!(providers[3].instance_id(), "h-3");
-    let generated = providers[7].instance_id();
-    assert!(generated.starts_with("herd#10.0.0.2:7#"), "{generated}");
-    assert_eq!(providers[count].state().lease_ttl, Duration::ZERO, "persistent");
-    let c = client(&node);
-    assert_eq!(ids(&c.discover("default", "herd", "dc=all").await.unwrap()).len(), count);
-    assert_eq!(ids(&c.discover("default", "herd-p", "").await.unwrap()), ["p-1"]);
-    let leased = &providers[..count];
-    eventually(Duration::from_secs(5), "every leased instance renewed", || async move {
-        leased.iter().all(|p| p.state().heartbeats_ok >= 1)
-    })
-    .await;
-
-    // The registry loses its data: a node on an empty dir at the same address.
-    node.shutdown().await;
-    let empty = tempfile::tempdir().unwrap();
-    let mut fresh_cfg = single_config(empty.path(), "dc-a");
-    fresh_cfg.http_addr = node_cfg.http_addr;
-    let fresh = Node::start(fresh_cfg, None).await.unwrap();
-    eventually(Duration::from_secs(10), "every leased instance registered again", || async move {
-        leased.iter().all(|p| p.state().reregistrations >= 1)
-    })
-    .await;
-    let c = client(&fresh);
-    let back = ids(&c.discover("default", "herd", "dc=all").await.unwrap());
-    assert_eq!(back.len(), count, "{back:?}");
-    assert!(back.contains(&"h-3".to_owned()) && !back.contains(&generated), "a generated id is not reused");
-    let batches = metric(&fresh, "tandem_registration_batches_total").await;
-    let regs = metric(&fresh, "tandem_registrations_total").await;
-    // Rounds after the outage may take the instances in a few sets; one request each would
-    // make it `count` single registrations and no batch.
-    assert!(
-        batches >= 2 && batches <= count as u64 / 10 && regs >= count as u64,
-        "{regs} registrations again in {batches} batched requests"
-    );
-    drop(providers);
-    fresh.shutdown().await;
-}
-
-/// `register_all` registers everything or nothing: specs it can tell are wrong fail before
-/// a request, and a chunk the registry refuses undoes the chunks before it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn registering_together_is_all_or_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut node_cfg = single_config(dir.path(), "dc-a");
-    node_cfg.limits.namespace_instances_max = 300;
-    let node = Node::start(node_cfg, None).await.unwrap();
-    let mut cfg = sdk_config(&[url(&node)]);
-    cfg.provider.register_attempts_max = 1;
-    let spec = |i: usize| InstanceSpec::new("all", "10.0.0.1", 1).instance_id(format!("a-{i}"));
-
-    let e = Provider::register_all(cfg.clone(), vec![spec(0), InstanceSpec::new("bad name", "10.0.0.1", 1)])
-        .await
-        .err()
-        .unwrap();
-    assert!(e.to_string().contains("specs[1]") && !e.is_retryable(), "{e}");
-    let e = Provider::register_all(cfg.clone(), vec![spec(0), spec(1), spec(0)]).await.err().unwrap();
-    assert!(e.to_string().contains("specs[2]") && e.to_string().contains("specs[0]"), "{e}");
-    assert_eq!(metric(&node, "tandem_registration_batches_total").await, 0, "nothing was sent");
-
-    // 400 in two chunks: the second breaks the namespace's quota of 300.
-    let e = Provider::register_all(cfg.clone(), (0..400).map(spec).collect()).await.err().unwrap();
-    assert!(e.to_string().contains("quota"), "{e}");
-    assert_eq!(metric(&node, "tandem_registration_batches_total").await, 2);
-    let c = client(&node);
-    assert!(ids(&c.discover("default", "all", "dc=all").await.unwrap()).is_empty(), "the first chunk undone");
-
-    // Within the quota, the same call registers them all.
-    let ps = Provider::register_all(cfg, (0..250).map(spec).collect()).await.unwrap();
-    assert_eq!(ids(&c.discover("default", "all", "dc=all").await.unwrap()).len(), 250);
-    drop(ps);
     node.shutdown().await;
 }
 

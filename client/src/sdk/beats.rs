@@ -170,13 +170,16 @@ async fn run(group: Arc<Group>) {
         if due.is_empty() {
             continue;
         }
+        // What each member was when its beat went out: an "unknown" about an instance that
+        // was registered again meanwhile is stale.
+        let sent: Vec<Sent> = due.iter().map(|(_, p)| Sent::of(p)).collect();
         let beats = beat(&group, &due).await;
         let mut unknown = Vec::new();
-        for ((id, provider), beat) in due.into_iter().zip(beats) {
+        for (((id, provider), beat), sent) in due.into_iter().zip(beats).zip(sent) {
             if let Beat::Unknown = beat {
                 // Not sent again while it is being registered again.
                 group.reschedule(id, None);
-                unknown.push((id, provider));
+                unknown.push((id, provider, sent));
             } else {
                 let ok = settle(&provider, beat).await;
                 group.reschedule(id, Some(ok));
@@ -188,7 +191,7 @@ async fn run(group: Arc<Group>) {
             let g = group.clone();
             tokio::spawn(async move {
                 let oks = settle_unknown(&unknown).await;
-                for ((id, _), ok) in unknown.iter().zip(oks) {
+                for ((id, _, _), ok) in unknown.iter().zip(oks) {
                     g.reschedule(*id, Some(ok));
                 }
             });
@@ -264,7 +267,7 @@ async fn beat(group: &Group, due: &[(u64, Arc<Shared>)]) -> Vec<Beat> {
 async fn settle(provider: &Shared, beat: Beat) -> bool {
     let ok = match beat {
         Beat::Renewed => true,
-        Beat::Unknown => return settle_unknown(&[(0, provider)]).await[0],
+        Beat::Unknown => return settle_unknown(&[(0, provider, Sent::of(provider))]).await[0],
         Beat::Failed(e) => {
             let id = provider.state.borrow().instance_id.clone();
             tracing::warn!(instance = %id, error = %e, "heartbeat failed");
@@ -276,26 +279,42 @@ async fn settle(provider: &Shared, beat: Beat) -> bool {
     ok
 }
 
+/// A member as its beat found it: its instance id, and how often it had registered again.
+struct Sent {
+    instance_id: String,
+    reregistrations: u64,
+}
+
+impl Sent {
+    fn of(p: &Shared) -> Sent {
+        let st = p.state.borrow();
+        Sent { instance_id: st.instance_id.clone(), reregistrations: st.reregistrations }
+    }
+}
+
 /// The members a round found unknown (in the group's order) register again together;
 /// whether each counts as a good beat.
 ///
 /// Each one's `write` is held meanwhile, taken in the group's order (every caller takes
-/// them so, and no other holder waits for a second one). A status change or a shutdown
-/// may have run before: only a member whose id is still the one reported unknown, and
-/// that is not stopped, registers again.
-async fn settle_unknown<P: std::ops::Deref<Target = Shared>>(members: &[(u64, P)]) -> Vec<bool> {
-    let ids: Vec<String> = members.iter().map(|(_, p)| p.state.borrow().instance_id.clone()).collect();
-    for id in &ids {
-        tracing::warn!(instance = %id, "registry does not know this instance; registering again");
+/// them so, and no other holder waits for a second one). Only a member that is as its beat
+/// found it registers again: not one stopped since, nor one registered again since (a
+/// status change's, or the one an earlier round started, still in flight when this beat
+/// went out: registering it once more would be a durable write for nothing).
+async fn settle_unknown<P: std::ops::Deref<Target = Shared>>(members: &[(u64, P, Sent)]) -> Vec<bool> {
+    for (_, _, sent) in members {
+        tracing::warn!(instance = %sent.instance_id, "registry does not know this instance; registering again");
     }
     let mut held = Vec::with_capacity(members.len());
-    for (_, p) in members {
+    for (_, p, _) in members {
         held.push(p.write.lock().await);
     }
     let due: Vec<usize> = (0..members.len())
         .filter(|&i| {
-            let p = &members[i].1;
-            p.state.borrow().instance_id == ids[i] && !p.stopped.load(Ordering::Relaxed)
+            let (_, p, sent) = &members[i];
+            let st = p.state.borrow();
+            st.instance_id == sent.instance_id
+                && st.reregistrations == sent.reregistrations
+                && !p.stopped.load(Ordering::Relaxed)
         })
         .collect();
     let shared: Vec<&Shared> = due.iter().map(|&i| &*members[i].1).collect();
@@ -307,7 +326,7 @@ async fn settle_unknown<P: std::ops::Deref<Target = Shared>>(members: &[(u64, P)
         }
     }
     drop(held);
-    for ((_, p), &ok) in members.iter().zip(&oks) {
+    for ((_, p, _), &ok) in members.iter().zip(&oks) {
         count(p, ok);
     }
     oks
