@@ -3,12 +3,23 @@
 
 use std::time::Duration;
 
+use tandem::config::Config;
 use tandem::node::Node;
 use tandem_client::api::REGISTER_BATCH_MAX;
 use tandem_client::sdk::{InstanceSpec, Provider};
 
 use super::common::*;
 use super::{fixed_port_config, metric, sdk_config, url};
+
+/// The registry loses its data: `node` stops, and a node on an empty dir (returned with
+/// it) starts at the same address.
+async fn lose_data(node: Node, node_cfg: &Config) -> (Node, tempfile::TempDir) {
+    node.shutdown().await;
+    let empty = tempfile::tempdir().unwrap();
+    let mut fresh_cfg = single_config(empty.path(), "dc-a");
+    fresh_cfg.http_addr = node_cfg.http_addr;
+    (Node::start(fresh_cfg, None).await.unwrap(), empty)
+}
 
 /// A process with many instances: `register_all` registers them in batched requests (one
 /// durable write each), and when the registry has lost them all, the heartbeat batcher
@@ -47,12 +58,7 @@ async fn a_process_registers_its_instances_together_and_again_together_once_the_
     })
     .await;
 
-    // The registry loses its data: a node on an empty dir at the same address.
-    node.shutdown().await;
-    let empty = tempfile::tempdir().unwrap();
-    let mut fresh_cfg = single_config(empty.path(), "dc-a");
-    fresh_cfg.http_addr = node_cfg.http_addr;
-    let fresh = Node::start(fresh_cfg, None).await.unwrap();
+    let (fresh, _empty) = lose_data(node, &node_cfg).await;
     eventually(Duration::from_secs(10), "every leased instance registered again", || async move {
         leased.iter().all(|p| p.state().reregistrations >= 1)
     })
@@ -125,11 +131,7 @@ async fn an_instance_is_registered_again_once_however_many_beats_found_it_unknow
         InstanceSpec::new("quick", "10.0.0.1", 1).instance_id(format!("q-{i}")).ttl(Duration::from_secs(60))
     });
     let providers = Provider::register_all(cfg, specs.collect()).await.unwrap();
-    node.shutdown().await;
-    let empty = tempfile::tempdir().unwrap();
-    let mut fresh_cfg = single_config(empty.path(), "dc-a");
-    fresh_cfg.http_addr = node_cfg.http_addr;
-    let fresh = Node::start(fresh_cfg, None).await.unwrap();
+    let (fresh, _empty) = lose_data(node, &node_cfg).await;
     let ps = &providers;
     eventually(Duration::from_secs(10), "every instance registered again", || async move {
         ps.iter().all(|p| p.state().reregistrations >= 1)
