@@ -18,7 +18,7 @@ use crate::api::{
 };
 
 /// Errors of the client, split by who must react.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ClientError {
     /// The registry answered with an error: the request was understood and refused.
     #[error("{status} {code}: {message}")]

@@ -411,7 +411,7 @@ async fn register_chunk(client: &Client, batch: &RegisterBatch) -> Result<Vec<Re
 /// The chunks `reqs` go out in, in order: at most [`REGISTER_BATCH_MAX`] entries each, and
 /// a body within [`REQUEST_BODY_BYTES_MAX`] (an entry larger than that alone goes alone,
 /// and the registry refuses it).
-pub(crate) fn chunks(reqs: &[RegisterRequest]) -> Vec<Range<usize>> {
+fn chunks(reqs: &[RegisterRequest]) -> Vec<Range<usize>> {
     // `{"instances":[` and `]}`, and a comma after every entry (one more than needed).
     const ENVELOPE: usize = r#"{"instances":[]}"#.len();
     let mut out = Vec::new();
@@ -480,10 +480,7 @@ pub(crate) async fn reregister_together(ps: &[&Shared]) -> Vec<Result<(), SdkErr
                     out.push(p.reregister().await);
                 }
             }
-            Err(e) => {
-                let e = e.to_string();
-                out.extend(range.map(|_| Err(SdkError::Registry(ClientError::Unreachable(e.clone())))));
-            }
+            Err(e) => out.extend(range.map(|_| Err(SdkError::Registry(e.clone())))),
         }
     }
     out
